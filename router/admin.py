@@ -1,0 +1,82 @@
+"""Admin endpoints: drain, undrain, restart one worker; supervisor reports; graceful shutdown.
+
+Restart is cooperative: the router drains the worker (no new requests, wait for in-flight ones up
+to a timeout), then sends it ``Shutdown``; the worker exits with code 0 and the launcher's
+supervisor starts it again on the same device, where it says Hello and rejoins once ready.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from router.errors import ApiError
+from router.openai_api import API
+
+log = logging.getLogger(__name__)
+
+
+def _worker_id(request: web.Request) -> int:
+    try:
+        return int(request.match_info["worker_id"])
+    except ValueError:
+        raise ApiError(400, "worker id must be an integer", param="worker_id") from None
+
+
+def _float(request: web.Request, name: str, default: float) -> float:
+    try:
+        return float(request.query.get(name, default))
+    except ValueError:
+        raise ApiError(400, f"{name} must be a number", param=name) from None
+
+
+async def drain(request: web.Request) -> web.Response:
+    api = request.app[API]
+    wid = _worker_id(request)
+    emptied = await api.pool.drain(wid, _float(request, "timeout", api.cfg.supervisor.drain_timeout_s))
+    return web.json_response({"worker": api.pool.get(wid).info(), "drained": emptied})
+
+
+async def undrain(request: web.Request) -> web.Response:
+    api = request.app[API]
+    wid = _worker_id(request)
+    api.pool.undrain(wid)
+    return web.json_response({"worker": api.pool.get(wid).info()})
+
+
+async def restart(request: web.Request) -> web.Response:
+    """``?drain=1`` waits for in-flight requests first (``timeout`` seconds at most)."""
+    api = request.app[API]
+    wid = _worker_id(request)
+    emptied = True
+    if request.query.get("drain", "0").lower() in ("1", "true", "yes"):
+        emptied = await api.pool.drain(wid, _float(request, "timeout", api.cfg.supervisor.drain_timeout_s))
+    log.info("restarting worker %d (drained: %s)", wid, emptied)
+    await api.pool.shutdown_worker(wid, "restart requested")
+    return web.json_response({"worker": api.pool.get(wid).info(), "drained": emptied, "restarting": True})
+
+
+async def exited(request: web.Request) -> web.Response:
+    """The supervisor reports that a worker process ended: ``{"reason": str, "failed": bool}``."""
+    api = request.app[API]
+    wid = _worker_id(request)
+    body = await request.json()
+    api.pool.mark_lost(wid, str(body.get("reason", "exited")), failed=bool(body.get("failed", False)))
+    return web.json_response({"worker": api.pool.get(wid).info()})
+
+
+async def shutdown(request: web.Request) -> web.Response:
+    """Refuse new requests (503) and wait up to ``grace`` seconds for in-flight ones to finish."""
+    api = request.app[API]
+    api.pool.accepting = False
+    done = await api.pool.wait_idle(list(api.pool.workers.values()), _float(request, "grace", api.cfg.supervisor.shutdown_grace_s))
+    return web.json_response({"idle": done, "in_flight": sum(w.in_flight for w in api.pool.workers.values())})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/workers/{worker_id}/drain", drain)
+    app.router.add_post("/admin/workers/{worker_id}/undrain", undrain)
+    app.router.add_post("/admin/workers/{worker_id}/restart", restart)
+    app.router.add_post("/admin/workers/{worker_id}/exited", exited)
+    app.router.add_post("/admin/shutdown", shutdown)

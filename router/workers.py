@@ -1,0 +1,307 @@
+"""The router's table of workers and its ZeroMQ ROUTER socket.
+
+One receive task reads every frame from every worker, updates the table (``Hello``, ``Ready``,
+``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request ``asyncio.Queue``
+that the HTTP handler waits on. A watchdog declares a worker dead after ``heartbeat_timeout_s``
+of silence; the launcher's supervisor reports exits at once through the admin API.
+
+Worker states: ``starting → ready ⇄ draining``; any state ``→ dead`` (process gone or silent)
+``→ starting`` (it said Hello again) or ``→ failed`` (the supervisor gave up). Only ``ready``
+workers receive new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from router.errors import ApiError
+from router.policies import make_policy
+from worker.protocol import (Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready, Shutdown, Tokens,
+                             decode_for_router, encode, worker_identity)
+
+log = logging.getLogger(__name__)
+
+
+class State(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    DEAD = "dead"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class WorkerLost(Exception):
+    """Put on a request's queue when its worker dies with the request in flight."""
+
+
+@dataclass
+class Worker:
+    """The router's view of one worker slot (its id survives restarts)."""
+
+    worker_id: int
+    state: State = State.STARTING
+    device: str = ""
+    pid: int = 0
+    max_num_seqs: int = 1
+    max_waiting: int = 0
+    kv_budget_tokens: int = 0
+    in_flight: int = 0
+    served: int = 0
+    failed_requests: int = 0
+    restarts: int = 0
+    started_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+    load_seconds: float = 0.0
+    heartbeat: Heartbeat | None = None
+    requests: set[str] = field(default_factory=set)
+    exit_reason: str = ""
+
+    @property
+    def capacity(self) -> int:
+        """Requests this worker may hold at once: its batch plus its waiting queue."""
+        return self.max_num_seqs + self.max_waiting
+
+    def info(self) -> dict:
+        hb = self.heartbeat
+        return {
+            "id": self.worker_id, "device": self.device, "pid": self.pid, "state": self.state.value,
+            "in_flight": self.in_flight, "served": self.served, "failed_requests": self.failed_requests,
+            "restarts": self.restarts,
+            "uptime_s": round(time.time() - self.started_at, 1) if self.state in (State.READY, State.DRAINING) else 0.0,
+            "running": hb.running if hb else 0, "waiting": hb.waiting if hb else 0,
+            "peak_running": hb.peak_running if hb else 0,
+            "kv_used_tokens": hb.kv_used_tokens if hb else 0, "kv_budget_tokens": self.kv_budget_tokens,
+            "mem_bytes": hb.mem_bytes if hb else 0, "max_num_seqs": self.max_num_seqs,
+            "max_waiting": self.max_waiting, "load_seconds": round(self.load_seconds, 2),
+            "exit_reason": self.exit_reason,
+        }
+
+
+class Overloaded(ApiError):
+    def __init__(self) -> None:
+        super().__init__(429, "every worker's queue is full; retry later", code="overloaded", headers={"Retry-After": "1"})
+
+
+class NoWorker(ApiError):
+    def __init__(self, why: str = "no worker is ready") -> None:
+        super().__init__(503, why, code="no_ready_worker", headers={"Retry-After": "5"})
+
+
+class WorkerPool:
+    """Owns the ROUTER socket, the worker table and the request queues of one router."""
+
+    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float):
+        self.address = address
+        self.policy = make_policy(policy)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.workers: dict[int, Worker] = {}
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.owner: dict[str, int] = {}
+        self.accepting = True
+        self.ctx = zmq.asyncio.Context()
+        self.sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.changed = asyncio.Event()  # set on every state change (drain waits on it)
+
+    async def start(self) -> None:
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.address)
+        self._tasks = [asyncio.create_task(self._receive(), name="zmq-receive"),
+                       asyncio.create_task(self._watchdog(), name="heartbeat-watchdog")]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.sock is not None:
+            self.sock.close()
+        self.ctx.term()
+
+    # ---- dispatch ---------------------------------------------------------------------
+
+    def ready_workers(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.state == State.READY]
+
+    def pick(self, exclude: set[int] = frozenset()) -> Worker:
+        """Choose a ready worker with room by policy. Raises ``NoWorker`` (503) or ``Overloaded`` (429)."""
+        if not self.accepting:
+            raise NoWorker("the server is shutting down")
+        ready = [w for w in self.ready_workers() if w.worker_id not in exclude]
+        if not ready:
+            raise NoWorker()
+        room = [w for w in ready if w.in_flight < w.capacity]
+        if not room:
+            raise Overloaded()
+        return self.policy.pick(room)
+
+    async def submit(self, worker: Worker, gen: Generate) -> asyncio.Queue:
+        """Count ``gen`` against ``worker`` at once and send it. Returns its event queue."""
+        q: asyncio.Queue = asyncio.Queue()
+        self.queues[gen.request_id] = q
+        self.owner[gen.request_id] = worker.worker_id
+        worker.in_flight += 1
+        worker.requests.add(gen.request_id)
+        try:
+            await self._send(worker.worker_id, gen)
+        except zmq.ZMQError:
+            q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable"))
+        return q
+
+    async def cancel(self, request_id: str) -> None:
+        """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
+        wid = self.owner.get(request_id)
+        if wid is not None and self.workers[wid].state not in (State.DEAD, State.FAILED):
+            try:
+                await self._send(wid, Cancel(request_id=request_id))
+            except zmq.ZMQError:
+                pass
+
+    def finish(self, request_id: str, ok: bool) -> None:
+        """Release ``request_id``: on every ending path (done, error, cancel, timeout, loss)."""
+        self.queues.pop(request_id, None)
+        wid = self.owner.pop(request_id, None)
+        if wid is None:
+            return
+        w = self.workers[wid]
+        w.in_flight -= 1
+        w.requests.discard(request_id)
+        if ok:
+            w.served += 1
+        else:
+            w.failed_requests += 1
+        self.changed.set()
+
+    @staticmethod
+    def new_request_id() -> str:
+        return f"req-{uuid.uuid4().hex}"
+
+    # ---- operations -------------------------------------------------------------------
+
+    def get(self, worker_id: int) -> Worker:
+        if worker_id not in self.workers:
+            raise ApiError(404, f"no worker {worker_id}", param="worker_id", code="worker_not_found")
+        return self.workers[worker_id]
+
+    async def drain(self, worker_id: int, timeout_s: float) -> bool:
+        """Stop routing to the worker and wait for its in-flight requests; True if it emptied in time."""
+        w = self.get(worker_id)
+        if w.state == State.READY:
+            self._set(w, State.DRAINING)
+        return await self.wait_idle([w], timeout_s)
+
+    async def wait_idle(self, workers: list[Worker], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while any(w.in_flight for w in workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout=min(left, 0.5))
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    def undrain(self, worker_id: int) -> None:
+        w = self.get(worker_id)
+        if w.state == State.DRAINING:
+            self._set(w, State.READY)
+
+    async def shutdown_worker(self, worker_id: int, reason: str) -> None:
+        """Ask the worker process to exit (code 0); the supervisor restarts it if it should."""
+        try:
+            await self._send(worker_id, Shutdown(reason=reason))
+        except zmq.ZMQError:
+            pass
+
+    def mark_lost(self, worker_id: int, reason: str, failed: bool = False) -> None:
+        """The worker process is gone (or given up on): fail over its in-flight requests."""
+        w = self.workers.setdefault(worker_id, Worker(worker_id))
+        w.exit_reason = reason
+        self._set(w, State.FAILED if failed else State.DEAD)
+        for rid in list(w.requests):
+            q = self.queues.get(rid)
+            if q is not None:
+                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})"))
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _set(self, w: Worker, state: State) -> None:
+        if w.state != state:
+            log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
+            w.state = state
+            self.changed.set()
+
+    async def _send(self, worker_id: int, msg) -> None:
+        await self.sock.send_multipart([worker_identity(worker_id), encode(msg)])
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            if len(frames) != 2:
+                log.warning("dropped a message of %d frames", len(frames))
+                continue
+            identity, frame = frames
+            try:
+                msg = decode_for_router(frame)
+                wid = int(identity.decode().removeprefix("worker-"))
+            except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
+                log.warning("dropped an invalid frame from %r: %s", identity[:32], exc)
+                continue
+            if isinstance(msg, (Tokens, Failed)):
+                q = self.queues.get(msg.request_id)
+                if q is not None:
+                    q.put_nowait(msg)
+                continue
+            if getattr(msg, "worker_id", wid) != wid:
+                log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
+                continue
+            self._on_control(wid, msg)
+
+    def _on_control(self, wid: int, msg) -> None:
+        w = self.workers.get(wid)
+        if isinstance(msg, Hello):
+            if w is None:
+                w = self.workers[wid] = Worker(wid)
+            elif w.pid and w.pid != msg.pid:
+                w.restarts += 1
+                if w.requests:  # the old process died without us noticing yet
+                    self.mark_lost(wid, "replaced by a new process")
+            w.pid, w.device = msg.pid, msg.device
+            w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
+            w.started_at, w.last_seen, w.heartbeat, w.exit_reason = time.time(), time.monotonic(), None, ""
+            self._set(w, State.STARTING)
+            return
+        if w is None:
+            return  # a heartbeat from a worker that has not said Hello (e.g. router restarted)
+        w.last_seen = time.monotonic()
+        if isinstance(msg, Ready):
+            w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
+            if w.state == State.STARTING:
+                self._set(w, State.READY)
+        elif isinstance(msg, Heartbeat):
+            w.heartbeat = msg
+        elif isinstance(msg, Bye):
+            w.exit_reason = msg.reason
+            self._set(w, State.STOPPED)
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.heartbeat_timeout_s / 4))
+            now = time.monotonic()
+            for w in self.workers.values():
+                silent = now - w.last_seen
+                if w.state in (State.READY, State.DRAINING) and silent > self.heartbeat_timeout_s:
+                    log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
+                    self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s")

@@ -1,0 +1,172 @@
+"""Worker process entry: ``python -m worker.main --config RUN/config.json --worker-id N ...``.
+
+Only the launcher starts this. It has already put ``CUDA_VISIBLE_DEVICES`` in the environment;
+CPU affinity and thread counts are set here before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from launcher.config import DeployConfig
+from launcher.logs import setup_logging
+from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, SamplingParams, Shutdown
+
+log = logging.getLogger("worker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", required=True, help="resolved deployment config (JSON)")
+    ap.add_argument("--worker-id", type=int, required=True)
+    ap.add_argument("--device", choices=["cpu", "cuda"], required=True)
+    ap.add_argument("--cpus", default="", help="comma-separated core ids (CPU workers)")
+    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--address", required=True, help="the router's ZeroMQ endpoint")
+    return ap.parse_args(argv)
+
+
+def pin_cpus(cpus: list[int]) -> None:
+    """Restrict this process to ``cpus`` and size the math libraries' thread pools to match."""
+    os.sched_setaffinity(0, cpus)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(len(cpus))
+
+
+def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus: list[int],
+                       model_path: str, address: str) -> int:
+    """Load the replica, serve until told to stop. Returns the process exit code."""
+    started = time.monotonic()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    engine_ref: dict = {}
+
+    def stats() -> dict:  # called from the I/O thread; must not import anything heavy
+        engine = engine_ref.get("engine")
+        return engine.stats() if engine else {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 0}
+
+    from worker.transport import Transport
+
+    transport = Transport(address, worker_id, inbox, stats, cfg.workers.heartbeat_s)
+    transport.start()
+    out = transport.sender()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    out.send(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
+                   device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+                   model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
+                   max_waiting=cfg.workers.max_waiting))
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
+
+    import torch
+
+    from worker import model as model_mod
+    from worker.engine import Engine
+    from worker.scheduler import Scheduler
+
+    if cpus:
+        torch.set_num_threads(len(cpus))
+    device = model_mod.pick_device(device_kind)
+    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
+    model, tokenizer = model_mod.load(model_path, device, dtype)
+    budget = kv_budget_tokens(cfg, model.config, dtype, device)
+    log.info("loaded %s as %s on %s in %.1fs; KV budget %d tokens", cfg.model.public_name, dtype, device,
+             time.monotonic() - started, budget)
+    scheduler = Scheduler(cfg.workers.max_num_seqs, cfg.workers.max_waiting, budget, cfg.workers.max_prefill_tokens)
+    engine = Engine(model, tokenizer, scheduler, cfg.model.max_model_len, out.send, device)
+    warm_up(engine, tokenizer)
+    engine_ref["engine"] = engine
+    out.send(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
+                   kv_budget_tokens=budget))
+    log.info("ready after %.1fs", time.monotonic() - started)
+
+    reason = serve(engine, inbox, stop)
+    for seq in list(engine.by_id.values()):
+        out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {worker_id} is shutting down"))
+    out.send(Bye(worker_id=worker_id, reason=reason))
+    out.close()
+    transport.stop()
+    transport.join(timeout=5)
+    log.info("stopped (%s)", reason)
+    return 0
+
+
+def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
+    """The engine loop: take messages, step while there is work, block briefly when idle."""
+    while not stop.is_set():
+        try:
+            msg = inbox.get_nowait() if engine.has_work else inbox.get(timeout=0.2)
+        except queue.Empty:
+            msg = None
+        while msg is not None:
+            if isinstance(msg, Generate):
+                engine.submit(msg)
+            elif isinstance(msg, Cancel):
+                engine.cancel(msg.request_id)
+            elif isinstance(msg, Shutdown):
+                return msg.reason
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+        if engine.has_work:
+            engine.step()
+    return "SIGTERM"
+
+
+def kv_budget_tokens(cfg: DeployConfig, config, dtype, device) -> int:
+    """KV-cache budget in tokens: ``kv_cache_gib`` on CPU; on GPU, ``gpu_memory_utilization`` of the
+    card's memory minus what the weights already take."""
+    import torch
+
+    from worker.model import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(config, dtype)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        budget_bytes = max(0, int(total * cfg.workers.gpu_memory_utilization) - used)
+    else:
+        budget_bytes = int(cfg.workers.kv_cache_gib * 2**30)
+    return budget_bytes // per_token
+
+
+def warm_up(engine, tokenizer) -> None:
+    """One short generation through the real engine path, its output discarded."""
+    sent = engine.emit
+    engine.emit = lambda msg: None
+    try:
+        ids = tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
+        engine.submit(Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0)))
+        while engine.has_work:
+            engine.step()
+    finally:
+        engine.emit = sent
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    cpus = [int(c) for c in args.cpus.split(",") if c]
+    if cpus:
+        pin_cpus(cpus)
+    with open(args.config) as f:
+        cfg = DeployConfig.model_validate_json(f.read())
+    setup_logging(f"worker-{args.worker_id} {args.device}", cfg.logging.format, cfg.logging.level)
+    try:
+        code = run_worker_process(cfg, args.worker_id, args.device, cpus, args.model_path, args.address)
+    except Exception:
+        log.exception("worker failed")
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Wire messages between the router and its workers: the one definition both sides import.
+
+Every message is a ``msgspec.Struct`` tagged by class name and encoded as msgpack. Decoding goes
+through :func:`decode`, which checks the schema and raises :class:`ProtocolError` on anything
+else, so a malformed or hostile frame never reaches the engine. Nothing is ever pickled.
+
+Transport (ZeroMQ): the router binds a ROUTER socket; each worker connects a DEALER whose
+identity is ``worker_identity(worker_id)`` (stable across restarts). Every frame is one message.
+
+This module must stay import-light (no torch, no transformers): the router imports it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
+    """Base of all wire messages; the class name is the msgpack tag."""
+
+
+# ---- worker -> router ---------------------------------------------------------------
+
+
+class Hello(Msg):
+    """First message after connecting (state ``starting``): who the worker is and its capacity.
+
+    ``max_num_seqs`` caps its running batch; ``max_waiting`` bounds its queue.
+    """
+
+    protocol: int
+    worker_id: int
+    pid: int
+    device: str
+    model: str
+    max_num_seqs: int
+    max_waiting: int
+
+
+class Ready(Msg):
+    """Model loaded and warm-up generation done; ``load_seconds`` is wall time since start,
+    ``kv_budget_tokens`` the KV-cache budget in tokens."""
+
+    worker_id: int
+    load_seconds: float
+    kv_budget_tokens: int
+    visible_devices: str = ""
+
+
+class Heartbeat(Msg):
+    """Periodic load report. ``kv_used_tokens`` counts reserved worst-case tokens; bytes are RSS
+    on CPU and ``torch.cuda.memory_allocated`` on GPU."""
+
+    worker_id: int
+    running: int
+    waiting: int
+    kv_used_tokens: int
+    mem_bytes: int
+    peak_running: int = 0
+    served: int = 0
+
+
+class Usage(msgspec.Struct, forbid_unknown_fields=True):
+    """Token counts of one finished request, OpenAI's ``usage`` object."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Tokens(Msg):
+    """A streamed delta. ``finish_reason`` is ``"stop"`` or ``"length"`` on the last one only,
+    which also carries ``usage``. ``text_delta`` is always whole UTF-8 characters."""
+
+    request_id: str
+    text_delta: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    ttft_s: float | None = None
+
+
+class Failed(Msg):
+    """The worker could not serve ``request_id``. ``code`` is an HTTP status (400, 429, 500)."""
+
+    request_id: str
+    code: int
+    message: str
+
+
+class Bye(Msg):
+    """The worker is leaving on purpose (shutdown or restart); sent before it exits."""
+
+    worker_id: int
+    reason: str
+
+
+# ---- router -> worker ---------------------------------------------------------------
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
+    """Per-request sampling. ``temperature == 0`` means greedy; ``top_k == 0`` means off."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = []
+    ignore_eos: bool = False
+
+
+class Generate(Msg):
+    """Generate a continuation of ``prompt_token_ids`` (already templated and tokenized)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class Cancel(Msg):
+    """Stop generating ``request_id`` and free its KV cache; no reply is sent."""
+
+    request_id: str
+
+
+class Shutdown(Msg):
+    """Finish nothing further, send :class:`Bye` and exit with code 0."""
+
+    reason: str = "shutdown"
+
+
+WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Failed | Bye
+RouterToWorker = Generate | Cancel | Shutdown
+
+_encoder = msgspec.msgpack.Encoder()
+_to_router = msgspec.msgpack.Decoder(WorkerToRouter)
+_to_worker = msgspec.msgpack.Decoder(RouterToWorker)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message for this direction (wrong schema, garbage bytes)."""
+
+
+def encode(msg: Msg) -> bytes:
+    """Serialize one message to msgpack bytes."""
+    return _encoder.encode(msg)
+
+
+def decode_for_router(frame: bytes) -> WorkerToRouter:
+    """Decode a worker's frame. Raises :class:`ProtocolError` on anything invalid."""
+    try:
+        return _to_router.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(str(exc)) from exc
+
+
+def decode_for_worker(frame: bytes) -> RouterToWorker:
+    """Decode a router's frame. Raises :class:`ProtocolError` on anything invalid."""
+    try:
+        return _to_worker.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(str(exc)) from exc
+
+
+def worker_identity(worker_id: int) -> bytes:
+    """ZeroMQ routing identity of worker slot ``worker_id`` (stable across restarts)."""
+    return f"worker-{worker_id}".encode()
