@@ -13,6 +13,7 @@ from aiohttp import web
 
 from router.errors import ApiError
 from router.openai_api import API
+from router.policies import POLICIES, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,20 @@ async def shutdown(request: web.Request) -> web.Response:
     return web.json_response({"idle": done, "in_flight": sum(w.in_flight for w in api.pool.workers.values())})
 
 
+async def set_policy(request: web.Request) -> web.Response:
+    """Switch the load-balancing policy at run time: ``{"policy": "round_robin" | "least_loaded"}``."""
+    api = request.app[API]
+    body = await request.json()
+    name = body.get("policy") if isinstance(body, dict) else None
+    if name not in POLICIES:
+        raise ApiError(400, f"policy must be one of {sorted(POLICIES)}", param="policy")
+    api.pool.policy = make_policy(name)
+    log.info("policy set to %s", name)
+    return web.json_response({"policy": name})
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_post("/admin/policy", set_policy)
     app.router.add_post("/admin/workers/{worker_id}/drain", drain)
     app.router.add_post("/admin/workers/{worker_id}/undrain", undrain)
     app.router.add_post("/admin/workers/{worker_id}/restart", restart)
