@@ -20,7 +20,7 @@ from launcher.logs import setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas.")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("launcher")
 
 CONFIG_ARG = typer.Argument(None, help="deploy.yaml (default: ./deploy.yaml if present, else built-in defaults)")

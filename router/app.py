@@ -43,7 +43,7 @@ async def request_id_middleware(request: web.Request, handler):
     return resp
 
 
-def error_middleware(public: bool):
+def error_middleware():
     @web.middleware
     async def middleware(request: web.Request, handler):
         try:
@@ -93,7 +93,7 @@ async def workers(request: web.Request) -> web.Response:
 def create_app(api: Api) -> web.Application:
     """The public application. ``api.pool`` is started and closed with it."""
     app = web.Application(
-        middlewares=[request_id_middleware, error_middleware(True),
+        middlewares=[request_id_middleware, error_middleware(),
                      auth_middleware(lambda r: r.app[API].cfg.router.api_keys)],
         client_max_size=api.cfg.limits.max_body_bytes)
     app[API] = api
@@ -117,7 +117,7 @@ def create_app(api: Api) -> web.Application:
 def create_admin_app(api: Api) -> web.Application:
     """The admin application (shares ``api.pool``; does not start it)."""
     token = api.cfg.router.admin_token
-    app = web.Application(middlewares=[request_id_middleware, error_middleware(False),
+    app = web.Application(middlewares=[request_id_middleware, error_middleware(),
                                        auth_middleware(lambda r: [token] if token else [])])
     app[API] = api
     app.router.add_get("/admin/workers", workers)

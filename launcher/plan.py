@@ -1,0 +1,307 @@
+"""Memory planning: weights + KV cache + overhead against each GPU, before anything is loaded.
+
+The arithmetic (the article's §2; the same terms vLLM's and TGI's memory profilers use):
+
+* weights = parameters × bytes per parameter (4 float32, 2 bfloat16/float16, 1 int8, 0.5 int4);
+  the parameter count comes from the config (:attr:`ModelShape.params`);
+* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (2, or 4 in
+  float32; int8/int4 weights still keep a 16-bit cache); the deployment wants it for
+  ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
+* overhead = a CUDA context and workspace allowance per GPU per worker (1 GiB; 0.75 GiB of process
+  memory on CPU) + one prefill chunk's activations (``max_prefill_tokens × (2 × intermediate +
+  4 × hidden)`` elements) + the last-position float32 logits of a full batch.
+
+A GPU's budget is what a worker is allowed: ``gpu_memory_utilization × total − already used``,
+the worker's own rule, times its share when replicas share the GPU. GB means 1e9 bytes, GiB 2^30.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from launcher.config import DeployConfig
+from launcher.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
+from launcher.shapes import ModelShape
+
+log = logging.getLogger(__name__)
+
+GB = 10**9
+GiB = 2**30
+DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+SERVABLE_DTYPES = ("float32", "bfloat16", "float16")
+GPU_CONTEXT_BYTES = GiB
+CPU_PROCESS_BYTES = 3 * GiB // 4
+MAX_RECOMMENDED_SEQS = 256  # beyond this a batch is compute-bound; more sequences only add latency
+BUSY_FRACTION = 0.10  # a GPU with more than this share in use by others is reported
+
+
+def weight_bytes(shape: ModelShape, dtype: str) -> int:
+    """Bytes of the weights at ``dtype`` (one of :data:`DTYPE_BYTES`); quantized formats' scales
+    (a few percent) are not counted."""
+    return int(shape.params * DTYPE_BYTES[dtype])
+
+
+def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
+    """2 × layers × kv_heads × head_dim × element bytes; with GQA, kv_heads < heads shrinks it.
+
+    Llama-2-70B (80 layers, 8 KV heads of 128, 16-bit): 327,680 bytes (320 KiB) per token, 8×
+    less than its 64 heads would need without GQA. Formula as vLLM's ``get_cache_block_size``.
+    """
+    element = 4 if dtype == "float32" else 2
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * element
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Device-independent arithmetic for one model, dtype and set of limits (bytes)."""
+
+    shape: ModelShape
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_prefill_tokens: int
+    weights: int
+    kv_per_token: int
+    activations: int
+
+    @property
+    def kv_per_seq(self) -> int:
+        return self.kv_per_token * self.max_model_len
+
+    @property
+    def kv_full(self) -> int:
+        return self.kv_per_seq * self.max_num_seqs
+
+    def overhead(self, gpus: int) -> int:
+        """Context allowance for ``gpus`` GPUs (0 = CPU) plus activations."""
+        return (GPU_CONTEXT_BYTES * gpus if gpus else CPU_PROCESS_BYTES) + self.activations
+
+    def need(self, gpus: int, seqs: int = 1) -> int:
+        """Bytes one replica on ``gpus`` GPUs needs to hold ``seqs`` full-length sequences."""
+        return self.weights + self.overhead(gpus) + seqs * self.kv_per_seq
+
+
+def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
+    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
+    act_bytes = 4 if dtype == "float32" else 2
+    prefill = min(max_prefill_tokens, max_model_len * max_num_seqs)
+    activations = prefill * (2 * shape.intermediate_size + 4 * shape.hidden_size) * act_bytes
+    logits = max_num_seqs * shape.vocab_size * 4
+    return Sizing(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens, weight_bytes(shape, dtype),
+                  kv_bytes_per_token(shape, dtype), activations + logits)
+
+
+def resize(sizing: Sizing, dtype: str) -> Sizing:
+    """The same model and limits at another ``dtype``."""
+    return size(sizing.shape, dtype, sizing.max_model_len, sizing.max_num_seqs, sizing.max_prefill_tokens)
+
+
+def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
+    """Bytes a worker may use on ``gpu``: ``utilization × total − used`` (0 at least)."""
+    return max(0, int(gpu.total_bytes * utilization) - gpu.used_bytes)
+
+
+def min_gpus(sizing: Sizing, budget_per_gpu: int, available: int) -> int | None:
+    """Fewest GPUs (≤ ``available``) whose summed budget holds weights, overhead and one full
+    sequence; ``None`` if even all of them do not."""
+    return next((k for k in range(1, available + 1) if sizing.need(k) <= k * budget_per_gpu), None)
+
+
+@dataclass(frozen=True)
+class WorkerFit:
+    """How one placed worker fares: ``budget`` it may use, ``kv_room`` left for the KV cache,
+    ``seqs`` full-length sequences that fit in it."""
+
+    spec: WorkerSpec
+    budget: int
+    overhead: int
+    kv_room: int
+    seqs: int
+
+    @property
+    def fits(self) -> bool:
+        return self.seqs >= 1
+
+
+def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit:
+    """GPU: budget = share × Σ gpu_budget; KV room = budget − weights − overhead. CPU: the KV room
+    is ``kv_cache_gib`` (RAM is checked across workers by :func:`make_plan`)."""
+    if spec.device == "cuda":
+        budget = int(spec.share * sum(gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in spec.gpu_info))
+        overhead = sizing.overhead(len(spec.gpus))
+        room = max(0, budget - sizing.weights - overhead)
+    else:
+        room = int(cfg.workers.kv_cache_gib * GiB)
+        overhead = sizing.overhead(0)
+        budget = sizing.weights + overhead + room
+    return WorkerFit(spec, budget, overhead, room, room // sizing.kv_per_seq)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to configure on these GPUs (or CPU); ``note`` explains when nothing fits."""
+
+    device: str
+    replicas: int
+    gpus_per_replica: int
+    max_num_seqs: int
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.replicas == 0:
+            return self.note
+        gpus = f"gpus_per_replica: {self.gpus_per_replica}, " if self.device == "cuda" else "devices: cpu, "
+        return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (f" ({self.note})" if self.note else "")
+
+
+def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
+    """Data parallel when one replica fits a GPU, else the fewest GPUs per replica (layer split);
+    ``max_num_seqs`` = full-length sequences that fit the KV room (at most 256)."""
+    if not gpus:
+        seqs = int(cfg.workers.kv_cache_gib * GiB) // sizing.kv_per_seq
+        if seqs < 1:
+            return Recommendation("cpu", 0, 0, 0, f"raise workers.kv_cache_gib to at least "
+                                  f"{sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len")
+        return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
+    budget = min(gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in gpus)
+    k = min_gpus(sizing, budget, len(gpus))
+    if k is None:
+        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, budget, len(gpus)))
+    seqs = (k * budget - sizing.weights - sizing.overhead(k)) // sizing.kv_per_seq
+    note = "layer split across GPUs, not tensor parallel" if k > 1 else ""
+    return Recommendation("cuda", len(gpus) // k, k, min(seqs, MAX_RECOMMENDED_SEQS), note)
+
+
+def _no_fit_note(sizing: Sizing, budget: int, n: int) -> str:
+    note = (f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
+            f"{n * budget / GiB:.1f} GiB; use more or larger GPUs")
+    for dtype in ("int8", "int4"):
+        if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
+            lighter = resize(sizing, dtype)
+            if (k := min_gpus(lighter, budget, n)) is not None:
+                return note + f", or a {dtype}-quantized model ({k} GPU(s); served by another engine, "
+                              "llamadeploy loads float weights)"
+    return note + ", or a smaller model.max_model_len"
+
+
+@dataclass
+class Plan:
+    """The plan for one deployment: sizing, placed workers and how each fits, the problems
+    (``errors`` stop ``up``), and a recommendation for this hardware."""
+
+    sizing: Sizing
+    gpus: list[GpuInfo]
+    specs: list[WorkerSpec]
+    fits: list[WorkerFit]
+    recommendation: Recommendation
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def plan_dtype(cfg: DeployConfig, on_gpu: bool, override: str | None = None) -> str:
+    """``override`` or ``model.dtype``; ``auto`` is bfloat16 on GPU and float32 on CPU (as the worker)."""
+    dtype = override or cfg.model.dtype
+    if dtype == "auto":
+        return "bfloat16" if on_gpu else "float32"
+    return dtype
+
+
+def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str | None = None,
+              specs: list[WorkerSpec] | None = None) -> Plan:
+    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``.
+
+    A placement error, a worker whose budget cannot hold weights + overhead + one full-length
+    sequence, or CPU workers needing more RAM than is available are ``errors``.
+    """
+    errors: list[str] = []
+    try:
+        specs = specs if specs is not None else place(cfg.workers, inv)
+        gpus = visible_gpus(inv)
+    except PlacementError as exc:
+        errors.append(f"workers: {exc}")
+        specs, gpus = [], []
+    on_gpu = any(s.device == "cuda" for s in specs) if specs else bool(gpus) and cfg.workers.devices != "cpu"
+    w = cfg.workers
+    sizing = size(shape, plan_dtype(cfg, on_gpu, dtype), cfg.model.max_model_len, w.max_num_seqs, w.max_prefill_tokens)
+    rec = recommend(sizing, gpus if on_gpu else [], cfg)
+    fits = [fit_worker(s, sizing, cfg) for s in specs]
+    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    _check(plan, cfg, inv)
+    return plan
+
+
+def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
+    s = plan.sizing
+    fix = f"fix: {plan.recommendation.describe()}" if plan.recommendation.replicas else plan.recommendation.note
+    for f in plan.fits:
+        if not f.fits:
+            plan.errors.append(
+                f"worker {f.spec.worker_id} on {f.spec.label} may use {f.budget / GiB:.2f} GiB but needs "
+                f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {f.overhead / GiB:.2f} GiB overhead + "
+                f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
+                f"{(s.weights + f.overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}")
+        elif f.seqs < s.max_num_seqs:
+            plan.warnings.append(
+                f"worker {f.spec.worker_id}: KV room {f.kv_room / GiB:.2f} GiB holds {f.seqs} sequence(s) of "
+                f"{s.max_model_len} tokens, fewer than max_num_seqs={s.max_num_seqs}; the rest wait when "
+                f"prompts are long (max_num_seqs: {f.seqs} or a smaller max_model_len make it exact)")
+    cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
+    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
+        plan.errors.append(f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
+                           f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
+                           "workers.kv_cache_gib")
+    used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
+    for g in used.values():
+        if g.used_bytes > BUSY_FRACTION * g.total_bytes:
+            plan.warnings.append(f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
+                                 "GiB already in use by other processes; the budget above excludes it")
+    if s.dtype not in SERVABLE_DTYPES:
+        plan.warnings.append(f"{s.dtype} is for sizing only: llamadeploy serves float32, bfloat16 or float16 weights")
+
+
+def parse_gpus(text: str) -> list[GpuInfo]:
+    """``"8x80GB"``, ``"2x24GiB,1x48GiB"`` or ``"80GB,80GB"`` → idle hypothetical GPUs.
+
+    GB = 1e9 bytes, GiB = 2^30. Raises ``ValueError`` naming the bad part.
+    """
+    gpus: list[GpuInfo] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"(?:(\d+)\s*[x×*]\s*)?(\d+(?:\.\d+)?)\s*(GB|GiB)", part, re.IGNORECASE)
+        if not m:
+            raise ValueError(f"--gpus: {part!r} is not like 80GB, 24GiB or 4x80GB")
+        unit = GiB if m.group(3).lower() == "gib" else GB
+        total = int(float(m.group(2)) * unit)
+        for _ in range(int(m.group(1) or 1)):
+            gpus.append(GpuInfo(len(gpus), f"given {m.group(2)} {m.group(3)}", f"GPU-given-{len(gpus)}", total, total))
+    if not gpus:
+        raise ValueError("--gpus: empty; give sizes like 4x80GB")
+    return gpus
+
+
+def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str | None:
+    """The check ``llamadeploy up`` runs before loading: ``None`` when the deployment fits (or its
+    config cannot be read here: resolving the model reports that), else the errors and a fix."""
+    from launcher.models import ModelNotFound
+    from launcher.shapes import ShapeError, read_shape
+
+    try:
+        shape = read_shape(cfg.model.name)
+    except (ModelNotFound, ShapeError) as exc:
+        log.warning("memory plan skipped: %s", exc)
+        return None
+    plan = make_plan(cfg, inv, shape, specs=specs)
+    for warning in plan.warnings:
+        log.warning("plan: %s", warning)
+    if plan.ok:
+        s = plan.sizing
+        log.info("plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s", shape.name, s.dtype, s.weights / GiB,
+                 s.kv_per_token / 1024, ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs"
+                                                  for f in plan.fits))
+        return None
+    return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(plan.errors)

@@ -1,0 +1,82 @@
+"""Rich tables for a :class:`launcher.plan.Plan`: the sizing table (per dtype, like the article's)
+and the placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from launcher.config import DeployConfig
+from launcher.plan import GB, GiB, Plan, gpu_budget, min_gpus, resize
+
+ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
+
+
+def render(plan: Plan, cfg: DeployConfig) -> Group:
+    """Everything ``llamadeploy plan`` prints, as one renderable."""
+    parts = [sizing_table(plan, cfg), placement_table(plan)]
+    for e in plan.errors:
+        parts.append(Text.assemble(("error: ", "bold red"), e))
+    for w in plan.warnings:
+        parts.append(Text.assemble(("warning: ", "yellow"), w))
+    parts.append(Text.assemble(("recommended on this hardware: ", "bold green"), plan.recommendation.describe()))
+    return Group(*parts)
+
+
+def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
+    """One row per dtype: weights, KV cache, overhead, total, and GPUs one replica needs here."""
+    s, shape = plan.sizing, plan.sizing.shape
+    gpus = 1 if plan.gpus else 0
+    budget = min((gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in plan.gpus), default=0)
+    table = Table(title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters, {shape.num_layers} layers, hidden "
+                        f"{shape.hidden_size}, {shape.num_heads} heads / {shape.num_kv_heads} KV heads × {shape.head_dim}, "
+                        f"vocab {shape.vocab_size}",
+                  caption=f"KV for max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
+                          "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context allowance per GPU (process "
+                          "memory on CPU) + prefill activations. * = the dtype planned for.")
+    for col in ("dtype", "weights GB", "weights GiB", "KV/token KiB", "KV S×L GiB", "overhead GiB",
+                "total GiB", "GPUs per replica here"):
+        table.add_column(col, justify="left" if col == "dtype" else "right")
+    for dtype, label in ROWS:
+        row = s if dtype == _row_of(s.dtype) else resize(s, dtype)
+        total = row.weights + row.overhead(gpus) + row.kv_full
+        table.add_row(label + (" *" if dtype == _row_of(s.dtype) else ""), f"{row.weights / GB:.2f}",
+                      f"{row.weights / GiB:.2f}", f"{row.kv_per_token / 1024:.1f}", f"{row.kv_full / GiB:.2f}",
+                      f"{row.overhead(gpus) / GiB:.2f}", f"{total / GiB:.2f}", _gpus_cell(row, budget, len(plan.gpus)))
+    return table
+
+
+def _row_of(dtype: str) -> str:
+    return "bfloat16" if dtype == "float16" else dtype
+
+
+def _gpus_cell(row, budget: int, n: int) -> str:
+    if not n:
+        return "no GPU"
+    k = min_gpus(row, budget, n)
+    if k is None:
+        return f"no (> {n})"
+    return "1" if k == 1 else f"{k} (layer split)"
+
+
+def placement_table(plan: Plan) -> Table:
+    """One row per placed worker: its budget and what is left for the KV cache."""
+    s = plan.sizing
+    table = Table(title=f"placement ({s.dtype})")
+    for col in ("worker", "device", "GPUs / cores", "budget GiB", "weights GiB", "overhead GiB", "KV room GiB",
+                f"seqs × {s.max_model_len} tok", "status"):
+        table.add_column(col, justify="right" if "GiB" in col or "seqs" in col else "left")
+    for f in plan.fits:
+        spec = f.spec
+        if spec.device == "cuda":
+            share = "" if spec.share == 1 else f", share 1/{round(1 / spec.share)}"
+            where = "; ".join(f"{g.index}: {g.name} {g.total_bytes / GiB:.1f} GiB" for g in spec.gpu_info) + share
+        else:
+            where = f"{len(spec.cpus)} core(s)"
+        status = ("[green]ok[/]" if f.seqs >= s.max_num_seqs else "[yellow]fewer seqs[/]") if f.fits else "[red]does not fit[/]"
+        table.add_row(str(spec.worker_id), spec.label, where, f"{f.budget / GiB:.2f}", f"{s.weights / GiB:.2f}",
+                      f"{f.overhead / GiB:.2f}", f"{f.kv_room / GiB:.2f}", str(f.seqs), status)
+    if not plan.fits:
+        table.add_row("-", "-", "nothing placed", "", "", "", "", "", "[red]error[/]")
+    return table

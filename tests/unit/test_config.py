@@ -1,0 +1,53 @@
+import pytest
+
+from launcher.config import ConfigError, load_config, parse_config
+
+
+def test_defaults_are_valid():
+    cfg = parse_config({})
+    assert cfg.router.port == 8000 and cfg.router.policy == "least_loaded" and cfg.workers.replicas == "auto"
+
+
+def test_repo_deploy_yaml_is_valid():
+    cfg = load_config("deploy.yaml")
+    assert cfg.model.name == "smollm2-135m-instruct"
+
+
+def test_unknown_key_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"workers": {"max_num_seq": 4}})
+    assert "workers.max_num_seq: unknown key (did you mean 'max_num_seqs'?)" in str(e.value)
+
+
+def test_wrong_type_and_range_are_named():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"router": {"port": 70000, "policy": "random"}})
+    msg = str(e.value)
+    assert "router.port" in msg and "70000" in msg and "router.policy" in msg
+
+
+def test_unknown_section():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"modle": {}})
+    assert "modle: unknown key (did you mean 'model'?)" in str(e.value)
+
+
+def test_overrides_and_env(tmp_path, monkeypatch):
+    p = tmp_path / "d.yaml"
+    p.write_text("router:\n  port: 9000\n")
+    monkeypatch.setenv("LLAMADEPLOY_API_KEYS", "a,b")
+    cfg = load_config(p, {"router.policy": "round_robin", "router.host": None})
+    assert cfg.router.port == 9000 and cfg.router.policy == "round_robin" and cfg.router.api_keys == ["a", "b"]
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(top)
