@@ -104,14 +104,10 @@ def discover() -> Inventory:
     """Read GPUs through NVML (none when NVML or a driver is missing), this process's cores,
     available RAM and the inherited ``CUDA_VISIBLE_DEVICES``. Never raises."""
     cpus = sorted(os.sched_getaffinity(0))
-    try:
-        import psutil
+    import psutil
 
-        ram = psutil.virtual_memory().available
-    except Exception:
-        ram = 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return Inventory(nvml_gpus(), cpus, visible, ram)
+    return Inventory(nvml_gpus(), cpus, visible, psutil.virtual_memory().available)
 
 
 def nvml_gpus() -> list[GpuInfo]:
@@ -120,7 +116,11 @@ def nvml_gpus() -> list[GpuInfo]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
+    except ImportError as exc:
+        log.debug("no NVML: %s", exc)
+        return []
+    except pynvml.NVMLError as exc:  # no driver / libnvidia-ml: a CPU machine
+        log.debug("no NVML: %s", exc)
         return []
     try:
         gpus = []
@@ -130,7 +130,7 @@ def nvml_gpus() -> list[GpuInfo]:
             gpus.append(GpuInfo(i, _text(pynvml.nvmlDeviceGetName(h)), _text(pynvml.nvmlDeviceGetUUID(h)),
                                 int(mem.total), int(mem.free)))
         return gpus
-    except Exception as exc:  # a GPU fallen off the bus makes NVML raise mid-way
+    except pynvml.NVMLError as exc:  # a GPU fallen off the bus makes NVML raise mid-way
         log.warning("NVML failed while listing GPUs: %s", exc)
         return []
     finally:

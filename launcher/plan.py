@@ -181,8 +181,8 @@ def _no_fit_note(sizing: Sizing, budget: int, n: int) -> str:
         if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
             lighter = resize(sizing, dtype)
             if (k := min_gpus(lighter, budget, n)) is not None:
-                return note + f", or a {dtype}-quantized model ({k} GPU(s); served by another engine, "
-                              "llamadeploy loads float weights)"
+                return (note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
+                        "llamadeploy loads float weights)")
     return note + ", or a smaller model.max_model_len"
 
 
@@ -238,19 +238,25 @@ def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str |
 
 def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
     s = plan.sizing
-    fix = f"fix: {plan.recommendation.describe()}" if plan.recommendation.replicas else plan.recommendation.note
+    rec = plan.recommendation
+    fix = f"fix: set workers {rec.describe()}" if rec.replicas else f"fix: {rec.note}"
+    groups: dict[tuple[int, int], list[WorkerFit]] = {}
     for f in plan.fits:
         if not f.fits:
-            plan.errors.append(
-                f"worker {f.spec.worker_id} on {f.spec.label} may use {f.budget / GiB:.2f} GiB but needs "
-                f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {f.overhead / GiB:.2f} GiB overhead + "
-                f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
-                f"{(s.weights + f.overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}")
+            groups.setdefault((f.budget, f.overhead), []).append(f)
         elif f.seqs < s.max_num_seqs:
             plan.warnings.append(
                 f"worker {f.spec.worker_id}: KV room {f.kv_room / GiB:.2f} GiB holds {f.seqs} sequence(s) of "
                 f"{s.max_model_len} tokens, fewer than max_num_seqs={s.max_num_seqs}; the rest wait when "
                 f"prompts are long (max_num_seqs: {f.seqs} or a smaller max_model_len make it exact)")
+    for (budget, overhead), fits in groups.items():
+        many = len(fits) > 1
+        who = ("workers " if many else "worker ") + ", ".join(f"{f.spec.worker_id} ({f.spec.label})" for f in fits)
+        plan.errors.append(
+            f"{who} may use {budget / GiB:.2f} GiB{' each' if many else ''} but need{'' if many else 's'} "
+            f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {overhead / GiB:.2f} GiB overhead + "
+            f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
+            f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}")
     cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
     if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
         plan.errors.append(f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
@@ -278,7 +284,7 @@ def parse_gpus(text: str) -> list[GpuInfo]:
         unit = GiB if m.group(3).lower() == "gib" else GB
         total = int(float(m.group(2)) * unit)
         for _ in range(int(m.group(1) or 1)):
-            gpus.append(GpuInfo(len(gpus), f"given {m.group(2)} {m.group(3)}", f"GPU-given-{len(gpus)}", total, total))
+            gpus.append(GpuInfo(len(gpus), "(given)", f"GPU-given-{len(gpus)}", total, total))
     if not gpus:
         raise ValueError("--gpus: empty; give sizes like 4x80GB")
     return gpus

@@ -29,14 +29,14 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
     s, shape = plan.sizing, plan.sizing.shape
     gpus = 1 if plan.gpus else 0
     budget = min((gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in plan.gpus), default=0)
-    table = Table(title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters, {shape.num_layers} layers, hidden "
-                        f"{shape.hidden_size}, {shape.num_heads} heads / {shape.num_kv_heads} KV heads × {shape.head_dim}, "
-                        f"vocab {shape.vocab_size}",
-                  caption=f"KV for max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
+    table = Table(title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters ({shape.num_layers} layers, hidden "
+                        f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
+                        f"vocab {shape.vocab_size})",
+                  caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
                           "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context allowance per GPU (process "
-                          "memory on CPU) + prefill activations. * = the dtype planned for.")
+                          "memory on CPU) + prefill activations. * = planned dtype.")
     for col in ("dtype", "weights GB", "weights GiB", "KV/token KiB", "KV S×L GiB", "overhead GiB",
-                "total GiB", "GPUs per replica here"):
+                "total GiB", "GPUs/replica"):
         table.add_column(col, justify="left" if col == "dtype" else "right")
     for dtype, label in ROWS:
         row = s if dtype == _row_of(s.dtype) else resize(s, dtype)

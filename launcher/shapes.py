@@ -147,7 +147,7 @@ def _embedded_gguf(alias: str) -> Path:
     dist, package, filename = EMBEDDED[alias]
     spec = importlib.util.find_spec(package)
     if spec is not None and spec.submodule_search_locations:
-        return Path(list(spec.submodule_search_locations)[0]) / filename
+        return Path(next(iter(spec.submodule_search_locations))) / filename
     downloaded = cache_dir() / "downloads" / filename
     if downloaded.is_file():
         return downloaded
@@ -160,7 +160,7 @@ def _hf_cached_config(repo_id: str) -> Path:
         from huggingface_hub import try_to_load_from_cache
 
         found = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:
+    except (ImportError, ValueError):  # no hub client, or not a valid repo id
         found = None
     if not isinstance(found, str):
         raise ModelNotFound(f"model.name: {repo_id!r} has no config.json in the local Hugging Face cache; "

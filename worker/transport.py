@@ -21,6 +21,8 @@ from worker.protocol import Heartbeat, Msg, ProtocolError, decode_for_worker, en
 
 log = logging.getLogger(__name__)
 
+MAX_FRAME_BYTES = 256 * 2**20  # a Generate carries at most max_model_len prompt tokens (~5 bytes each)
+
 
 class Sender:
     """Engine-side handle: ``send(msg)`` queues a message for the router (never blocks long)."""
@@ -49,7 +51,7 @@ class Transport(threading.Thread):
         self.stats = stats
         self.heartbeat_s = heartbeat_s
         self.pipe = f"inproc://outbox-{worker_id}"
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self.pipe)  # bound before any Sender connects
 
@@ -58,12 +60,13 @@ class Transport(threading.Thread):
         return Sender(self.ctx, self.pipe)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, worker_identity(self.worker_id))
         dealer.setsockopt(zmq.LINGER, 2000)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         dealer.connect(self.address)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
@@ -79,7 +82,7 @@ class Transport(threading.Thread):
                         break
             if dealer in events:
                 self._receive(dealer)
-            if self._stop.is_set() and not events:
+            if self._stopping.is_set() and not events:
                 break
             now = time.monotonic()
             if now >= next_beat:
@@ -98,3 +101,5 @@ class Transport(threading.Thread):
                 self.inbox.put(decode_for_worker(frame))
             except ProtocolError as exc:
                 log.warning("dropped an invalid frame from the router (%d bytes): %s", len(frame), exc)
+            except Exception:  # never let one frame stop the I/O thread (and with it the heartbeats)
+                log.exception("dropped a frame from the router (%d bytes) that failed to decode", len(frame))
