@@ -1,15 +1,19 @@
 """The supervisor: spawns the router and one process per worker, watches them, restarts them.
 
+* Every exit is reported to the router at once (``POST /admin/workers/{id}/exited``), which fails
+  over the worker's in-flight requests. Every start is reported too (``.../started`` with the pid
+  and the restart count), so the router's table shows the new process before it says Hello.
 * A worker that exits with code 0 was asked to (restart from the admin API): it is started again
-  at once. Any other exit is a crash: it is reported to the router (which fails over the worker's
-  in-flight requests), and the worker is restarted on the same device after an exponential backoff
-  (``restart_backoff_s × 2^(n-1)``, at most 30 s). More than ``max_restarts`` crashes within
-  ``restart_window_s`` mark it ``failed``; it is then left down and the others keep serving.
+  at once. Any other exit is a crash, logged with its exit code or signal: the worker is restarted
+  on the same device after an exponential backoff; see :func:`judge_crash` for when it is marked
+  ``failed`` instead. An operator's ``restart`` of a failed worker starts it again.
+* Once a second the supervisor compares notes with the router: a worker the router declared dead
+  (missed heartbeats) whose process is still alive is hung, and is killed so that it restarts.
 * The router exiting is fatal: everything is stopped and ``up`` exits non-zero.
 * Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and get
   ``PR_SET_PDEATHSIG``, so they die with the launcher even if it is killed with SIGKILL.
-* :meth:`Supervisor.shutdown` is graceful: the router stops taking requests and waits up to
-  ``shutdown_grace_s`` for in-flight ones, then workers and router get SIGTERM, then SIGKILL.
+* :meth:`Supervisor.shutdown` is graceful: the router stops taking requests and the supervisor
+  waits up to ``shutdown_grace_s`` for in-flight ones, then workers and router get SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import DeployConfig
@@ -34,14 +38,30 @@ from launcher.placement import WorkerSpec
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
+SYNC_INTERVAL_S = 1.0  # how often the supervisor reads the router's worker table
+TERM_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: ask Linux to SIGKILL this child when the launcher dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+@dataclass(frozen=True)
+class CrashVerdict:
+    recent: tuple[float, ...]  # crash times inside the window, this one included
+    failed: bool
+    delay_s: float  # before restarting (0 when failed)
+
+
+def judge_crash(previous: Iterable[float], now: float, window_s: float, max_restarts: int, backoff_s: float,
+                max_backoff_s: float = MAX_BACKOFF_S) -> CrashVerdict:
+    """What to do after a crash at ``now``, given the worker's earlier crash times.
+
+    Crashes older than ``window_s`` are forgotten. The n-th crash within the window is restarted
+    after ``backoff_s × 2^(n-1)`` seconds (at most ``max_backoff_s``) while ``n <= max_restarts``;
+    crash number ``max_restarts + 1`` marks the worker failed. So a worker that always crashes
+    runs ``max_restarts + 1`` times.
+    """
+    recent = tuple(t for t in previous if now - t <= window_s) + (now,)
+    if len(recent) > max_restarts:
+        return CrashVerdict(recent, True, 0.0)
+    return CrashVerdict(recent, False, min(max_backoff_s, backoff_s * 2 ** (len(recent) - 1)))
 
 
 def describe_exit(code: int) -> str:
@@ -53,16 +73,40 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """preexec_fn: ask Linux to SIGKILL this child when the launcher dies (and exit now if it already has)."""
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            return
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+
+    return preexec
+
+
 @dataclass
 class Slot:
     """One worker slot: its placement, current process and crash history."""
 
     spec: WorkerSpec
     proc: subprocess.Popen | None = None
-    crashes: deque = field(default_factory=deque)
+    crashes: tuple[float, ...] = ()
     restart_at: float | None = None
     failed: bool = False
-    restarts: int = 0
+    starts: int = 0  # processes started; restarts = starts - 1
+    started_at: float = 0.0
+    ever_ready: bool = False
+    last_exit: str = ""
+    kill_reason: str = ""  # why the supervisor killed it, if it did
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class AdminError(OSError):
+    """The admin API answered with an error; ``str()`` is the router's message."""
 
 
 class AdminClient:
@@ -78,13 +122,20 @@ class AdminClient:
                                      headers={"Content-Type": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read())["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = exc.reason
+            raise AdminError(f"HTTP {exc.code}: {message}") from None
 
     def try_call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict | None:
         try:
             return self.call(method, path, body, timeout)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             log.debug("admin %s %s failed: %s", method, path, exc)
             return None
 
@@ -104,12 +155,15 @@ class Supervisor:
         admin_host = "127.0.0.1" if cfg.router.admin_host in ("0.0.0.0", "::", "") else cfg.router.admin_host
         self.admin = AdminClient(f"http://{admin_host}:{cfg.router.admin_port}", cfg.router.admin_token)
         self.stopping = False
+        self._next_sync = 0.0
 
     # ---- spawning ---------------------------------------------------------------------
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+        # preexec_fn is safe here: the launcher runs no threads.
         return subprocess.Popen([sys.executable, *args], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+                                start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
+                                stdin=subprocess.DEVNULL)
 
     def start_router(self) -> None:
         self.router = self._spawn(["-m", "router.main", "--config", str(self.config_path), "--model-path",
@@ -124,9 +178,14 @@ class Supervisor:
         if spec.cpus:
             args += ["--cpus", ",".join(map(str, spec.cpus))]
         # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
-        slot.proc = self._spawn(args, {"CUDA_VISIBLE_DEVICES": spec.cuda_visible_devices})
-        slot.restart_at = None
-        log.info("worker %d started on %s (pid %d)", wid, spec.label, slot.proc.pid)
+        slot.proc = self._spawn(args, spec.env)
+        slot.restart_at, slot.kill_reason = None, ""
+        slot.starts += 1
+        slot.started_at = time.monotonic()
+        log.info("worker %d started on %s (pid %d)%s", wid, spec.label, slot.proc.pid,
+                 f", restart {slot.starts - 1}" if slot.starts > 1 else "")
+        self.admin.try_call("POST", f"/admin/workers/{wid}/started",
+                            {"pid": slot.proc.pid, "restarts": slot.starts - 1, "device": spec.label})
 
     def start(self) -> None:
         self.start_router()
@@ -146,63 +205,110 @@ class Supervisor:
 
     # ---- watching ---------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float, stop_requested=lambda: False) -> None:
-        """Block until every worker is ready (or a stop is requested); raise RuntimeError naming
-        the worker that failed first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not stop_requested():
-            for wid, slot in self.slots.items():
-                code = slot.proc.poll() if slot.proc else None
-                if code is not None:
-                    raise RuntimeError(f"worker {wid} exited during start-up ({describe_exit(code)}); see its log above")
-            if self.router.poll() is not None:
-                raise RuntimeError(f"the router exited ({describe_exit(self.router.returncode)})")
-            info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
-            states = {w["id"]: w["state"] for w in (info or {}).get("workers", [])}
-            if all(states.get(wid) == "ready" for wid in self.slots):
-                return
-            time.sleep(0.25)
-        if stop_requested():
-            return
-        raise RuntimeError(f"workers not ready within {timeout:.0f}s (workers.startup_timeout_s)")
+    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False) -> None:
+        """Supervise until every worker is ready or failed (at least one ready), or a stop is requested.
 
-    def poll_once(self) -> None:
-        """Reap exited children, schedule and perform restarts. Raises RuntimeError if the router died."""
+        Raises RuntimeError when no worker can serve: every worker crashed before any became
+        ready (fail fast: that is a configuration problem, not bad luck), or the timeout passed.
+        """
+        deadline = time.monotonic() + timeout
+        while not stop_requested():
+            self.poll_once(sync=False)
+            table = self.sync() or {}
+            for wid, info in table.items():
+                if wid in self.slots and info["state"] == "ready":
+                    self.slots[wid].ever_ready = True
+            pending = [wid for wid, s in self.slots.items()
+                       if not s.failed and table.get(wid, {}).get("state") != "ready"]
+            if not any(s.ever_ready for s in self.slots.values()) and all(s.last_exit for s in self.slots.values()):
+                exits = "; ".join(f"worker {wid}: {s.last_exit}" for wid, s in self.slots.items())
+                raise RuntimeError(f"every worker exited during start-up ({exits}); see their logs above")
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker(s) {', '.join(map(str, pending))} not ready within {timeout:.0f}s "
+                                   "(workers.startup_timeout_s)")
+            time.sleep(0.25)
+
+    def poll_once(self, sync: bool = True) -> None:
+        """One supervision step: reap exits, restart what is due, read the router's table once a
+        second. Raises RuntimeError if the router died."""
         if self.router.poll() is not None and not self.stopping:
             raise RuntimeError(f"the router exited unexpectedly ({describe_exit(self.router.returncode)})")
+        self.reap()
         now = time.monotonic()
+        for wid, slot in self.slots.items():
+            if (not self.stopping and not slot.failed and slot.proc is None and slot.restart_at is not None
+                    and now >= slot.restart_at):
+                self.start_worker(wid)
+        if sync and now >= self._next_sync:
+            self._next_sync = now + SYNC_INTERVAL_S
+            self.sync()
+
+    def reap(self) -> None:
+        """Handle every worker process that has exited: report it, then schedule a restart or give up."""
         sup = self.cfg.supervisor
         for wid, slot in self.slots.items():
-            if slot.failed or self.stopping:
+            if slot.proc is None or slot.proc.poll() is None:
                 continue
-            if slot.proc is not None and slot.proc.poll() is not None:
-                code = slot.proc.returncode
-                slot.proc = None
-                if code == 0:
-                    log.info("worker %d exited on request; starting it again", wid)
-                    slot.restart_at = now
-                    slot.restarts += 1
-                    continue
-                slot.crashes.append(now)
-                while slot.crashes and now - slot.crashes[0] > sup.restart_window_s:
-                    slot.crashes.popleft()
-                reason = describe_exit(code)
-                if len(slot.crashes) > sup.max_restarts:
+            code, pid = slot.proc.returncode, slot.proc.pid
+            slot.proc = None
+            now = time.monotonic()
+            reason = describe_exit(code) + (f" ({slot.kill_reason})" if slot.kill_reason else "")
+            slot.last_exit = reason
+            failed = False
+            if self.stopping:
+                log.info("worker %d (pid %d) stopped: %s", wid, pid, reason)
+            elif code == 0:
+                log.info("worker %d (pid %d) exited on request; starting it again", wid, pid)
+                slot.restart_at = now
+            else:
+                verdict = judge_crash(slot.crashes, now, sup.restart_window_s, sup.max_restarts, sup.restart_backoff_s)
+                slot.crashes, failed = verdict.recent, verdict.failed
+                if failed:
                     slot.failed = True
-                    log.error("worker %d %s; %d crashes within %.0fs: marked failed, not restarting",
-                              wid, reason, len(slot.crashes), sup.restart_window_s)
-                    self.admin.try_call("POST", f"/admin/workers/{wid}/exited", {"reason": reason, "failed": True})
-                    continue
-                delay = min(MAX_BACKOFF_S, sup.restart_backoff_s * 2 ** (len(slot.crashes) - 1))
-                log.warning("worker %d %s; restarting in %.1fs (crash %d of %d allowed)", wid, reason, delay,
-                            len(slot.crashes), sup.max_restarts)
-                self.admin.try_call("POST", f"/admin/workers/{wid}/exited", {"reason": reason})
-                slot.restart_at = now + delay
-                slot.restarts += 1
-            if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
-                self.start_worker(wid)
+                    log.error("worker %d (pid %d) %s; %d crashes within %.0fs: marked failed, not restarting "
+                              "(`llamadeploy restart-worker %d` tries again)", wid, pid, reason,
+                              len(verdict.recent), sup.restart_window_s, wid)
+                else:
+                    slot.restart_at = now + verdict.delay_s
+                    log.warning("worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
+                                wid, pid, reason, verdict.delay_s, len(verdict.recent), sup.max_restarts + 1,
+                                sup.restart_window_s)
+            self.admin.try_call("POST", f"/admin/workers/{wid}/exited",
+                                {"reason": reason, "failed": failed, "pid": pid})
 
-    def run(self, stop_requested) -> int:
+    def sync(self) -> dict[int, dict] | None:
+        """Read the router's worker table and act on it: start workers an operator asked for, kill
+        hung ones (dead to the router but alive here, or still loading after startup_timeout_s)."""
+        info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
+        if info is None:
+            return None
+        table = {w["id"]: w for w in info["workers"]}
+        if self.stopping:
+            return table
+        now = time.monotonic()
+        for wid, w in table.items():
+            slot = self.slots.get(wid)
+            if slot is None:
+                continue
+            if w.get("start_requested") and slot.proc is None:
+                log.info("worker %d: start requested through the admin API", wid)
+                slot.failed, slot.crashes = False, ()
+                self.start_worker(wid)
+            elif slot.alive() and w["pid"] == slot.proc.pid and not slot.kill_reason:
+                if w["state"] == "dead":
+                    self._kill(slot, f"hung: {w.get('exit_reason') or 'missed heartbeats'}")
+                elif w["state"] == "starting" and now - slot.started_at > self.cfg.workers.startup_timeout_s:
+                    self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
+        return table
+
+    def _kill(self, slot: Slot, why: str) -> None:
+        log.error("worker %d (pid %d) is %s; killing it", slot.spec.worker_id, slot.proc.pid, why)
+        slot.kill_reason = why
+        slot.proc.kill()
+
+    def run(self, stop_requested: Callable[[], bool]) -> int:
         """Supervise until ``stop_requested()`` is true; then shut down. Returns the exit code."""
         code = 0
         try:
@@ -217,18 +323,38 @@ class Supervisor:
 
     # ---- stopping ---------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        """Graceful stop: drain the router, then SIGTERM children, SIGKILL what is left."""
+    def shutdown(self, grace: float | None = None) -> None:
+        """Graceful stop: the router refuses new requests, in-flight ones get ``grace`` seconds
+        (default ``supervisor.shutdown_grace_s``), then SIGTERM to children, SIGKILL to what is left."""
         self.stopping = True
-        grace = self.cfg.supervisor.shutdown_grace_s
-        if self.router is not None and self.router.poll() is None:
-            log.info("shutting down: refusing new requests, waiting up to %.0fs for in-flight ones", grace)
-            self.admin.try_call("POST", f"/admin/shutdown?grace={grace}", timeout=grace + 5)
-        workers = [s.proc for s in self.slots.values() if s.proc is not None]
-        self._terminate(workers, 10.0)
+        grace = self.cfg.supervisor.shutdown_grace_s if grace is None else grace
+        router_up = self.router is not None and self.router.poll() is None
+        if router_up and self.admin.try_call("POST", "/admin/shutdown?grace=0") is not None and grace > 0:
+            self._wait_idle(grace)
+        self._terminate([s.proc for s in self.slots.values() if s.proc is not None], TERM_TIMEOUT_S)
+        self.reap()
         if self.router is not None:
-            self._terminate([self.router], 10.0)
+            self._terminate([self.router], TERM_TIMEOUT_S)
         log.info("all processes stopped")
+
+    def _wait_idle(self, grace: float) -> None:
+        """Wait until the router has no request in flight (at most ``grace`` s), still reporting exits."""
+        deadline = time.monotonic() + grace
+        logged = False
+        while True:
+            self.reap()
+            info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
+            busy = sum(w["in_flight"] for w in info["workers"]) if info else 0
+            if info is None or busy == 0:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("%d request(s) still in flight after %.0fs (supervisor.shutdown_grace_s); stopping anyway",
+                            busy, grace)
+                return
+            if not logged:
+                log.info("shutting down: refusing new requests, waiting up to %.0fs for %d in flight", grace, busy)
+                logged = True
+            time.sleep(0.2)
 
     @staticmethod
     def _terminate(procs: list[subprocess.Popen], timeout: float) -> None:

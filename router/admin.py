@@ -1,8 +1,14 @@
-"""Admin endpoints: drain, undrain, restart one worker; supervisor reports; graceful shutdown.
+"""Admin endpoints: drain, undrain, restart, start one worker; supervisor reports; graceful shutdown.
 
 Restart is cooperative: the router drains the worker (no new requests, wait for in-flight ones up
 to a timeout), then sends it ``Shutdown``; the worker exits with code 0 and the launcher's
-supervisor starts it again on the same device, where it says Hello and rejoins once ready.
+supervisor starts it again on the same device, where it says Hello and rejoins once ready. A
+worker without a process (``failed``, or ``dead`` and waiting for its backoff) cannot be told
+anything: restarting or starting it sets ``start_requested``, which the supervisor reads from
+``GET /admin/workers`` within a second and acts on.
+
+The supervisor's own reports: ``POST .../started`` (a new process: pid, restart count) and
+``POST .../exited`` (a process ended: reason, failed).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from aiohttp import web
 from router.errors import ApiError
 from router.openai_api import API
 from router.policies import POLICIES, make_policy
+from router.workers import State
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +34,22 @@ def _worker_id(request: web.Request) -> int:
 
 def _float(request: web.Request, name: str, default: float) -> float:
     try:
-        return float(request.query.get(name, default))
+        value = float(request.query.get(name, default))
     except ValueError:
-        raise ApiError(400, f"{name} must be a number", param=name) from None
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ApiError(400, f"{name} must be a number of seconds >= 0", param=name)
+    return value
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise ApiError(400, "request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return body
 
 
 async def drain(request: web.Request) -> web.Response:
@@ -47,9 +67,13 @@ async def undrain(request: web.Request) -> web.Response:
 
 
 async def restart(request: web.Request) -> web.Response:
-    """``?drain=1`` waits for in-flight requests first (``timeout`` seconds at most)."""
+    """``?drain=1`` waits for in-flight requests first (``timeout`` seconds at most). A worker
+    with no process (failed, dead) is started again instead."""
     api = request.app[API]
     wid = _worker_id(request)
+    if api.pool.request_start(wid):
+        log.info("worker %d is %s: asking the supervisor to start it", wid, api.pool.get(wid).state.value)
+        return web.json_response({"worker": api.pool.get(wid).info(), "drained": True, "restarting": True})
     emptied = True
     if request.query.get("drain", "0").lower() in ("1", "true", "yes"):
         emptied = await api.pool.drain(wid, _float(request, "timeout", api.cfg.supervisor.drain_timeout_s))
@@ -58,11 +82,39 @@ async def restart(request: web.Request) -> web.Response:
     return web.json_response({"worker": api.pool.get(wid).info(), "drained": emptied, "restarting": True})
 
 
+async def start(request: web.Request) -> web.Response:
+    """Put a worker back into service: a draining one becomes ready, a failed or dead one is
+    started again (its crash history cleared). ``action`` says which; ``none`` if it needed neither."""
+    api = request.app[API]
+    wid = _worker_id(request)
+    action = "none"
+    if api.pool.get(wid).state == State.DRAINING:
+        api.pool.undrain(wid)
+        action = "undrained"
+    elif api.pool.request_start(wid):
+        action = "starting"
+    log.info("start worker %d: %s", wid, action)
+    return web.json_response({"worker": api.pool.get(wid).info(), "action": action})
+
+
+async def started(request: web.Request) -> web.Response:
+    """The supervisor started a process: ``{"pid": int, "restarts": int, "device": str}``."""
+    api = request.app[API]
+    wid = _worker_id(request)
+    body = await _body(request)
+    try:
+        pid, restarts, device = int(body["pid"]), int(body.get("restarts", 0)), str(body.get("device", ""))
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "expected {\"pid\": int, \"restarts\": int, \"device\": str}") from None
+    api.pool.on_started(wid, pid, restarts, device)
+    return web.json_response({"worker": api.pool.get(wid).info()})
+
+
 async def exited(request: web.Request) -> web.Response:
     """The supervisor reports that a worker process ended: ``{"reason": str, "failed": bool}``."""
     api = request.app[API]
     wid = _worker_id(request)
-    body = await request.json()
+    body = await _body(request)
     api.pool.mark_lost(wid, str(body.get("reason", "exited")), failed=bool(body.get("failed", False)))
     return web.json_response({"worker": api.pool.get(wid).info()})
 
@@ -71,15 +123,16 @@ async def shutdown(request: web.Request) -> web.Response:
     """Refuse new requests (503) and wait up to ``grace`` seconds for in-flight ones to finish."""
     api = request.app[API]
     api.pool.accepting = False
-    done = await api.pool.wait_idle(list(api.pool.workers.values()), _float(request, "grace", api.cfg.supervisor.shutdown_grace_s))
+    grace = _float(request, "grace", api.cfg.supervisor.shutdown_grace_s)
+    done = await api.pool.wait_idle(list(api.pool.workers.values()), grace)
     return web.json_response({"idle": done, "in_flight": sum(w.in_flight for w in api.pool.workers.values())})
 
 
 async def set_policy(request: web.Request) -> web.Response:
     """Switch the load-balancing policy at run time: ``{"policy": "round_robin" | "least_loaded"}``."""
     api = request.app[API]
-    body = await request.json()
-    name = body.get("policy") if isinstance(body, dict) else None
+    body = await _body(request)
+    name = body.get("policy")
     if name not in POLICIES:
         raise ApiError(400, f"policy must be one of {sorted(POLICIES)}", param="policy")
     api.pool.policy = make_policy(name)
@@ -92,5 +145,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/admin/workers/{worker_id}/drain", drain)
     app.router.add_post("/admin/workers/{worker_id}/undrain", undrain)
     app.router.add_post("/admin/workers/{worker_id}/restart", restart)
+    app.router.add_post("/admin/workers/{worker_id}/start", start)
+    app.router.add_post("/admin/workers/{worker_id}/started", started)
     app.router.add_post("/admin/workers/{worker_id}/exited", exited)
     app.router.add_post("/admin/shutdown", shutdown)

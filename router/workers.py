@@ -2,12 +2,13 @@
 
 One receive task reads every frame from every worker, updates the table (``Hello``, ``Ready``,
 ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request ``asyncio.Queue``
-that the HTTP handler waits on. A watchdog declares a worker dead after ``heartbeat_timeout_s``
-of silence; the launcher's supervisor reports exits at once through the admin API.
+that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
+restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
+worker dead after ``heartbeat_timeout_s`` of silence (the supervisor then kills the hung process).
 
-Worker states: ``starting → ready ⇄ draining``; any state ``→ dead`` (process gone or silent)
-``→ starting`` (it said Hello again) or ``→ failed`` (the supervisor gave up). Only ``ready``
-workers receive new requests.
+Worker states: ``starting → ready ⇄ draining → stopped``; any state ``→ dead`` (process gone or
+silent) ``→ starting`` (the supervisor started it again) or ``→ failed`` (the supervisor gave up).
+Only ``ready`` workers receive new requests; a worker still loading its model is ``starting``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -24,10 +26,13 @@ import zmq.asyncio
 
 from router.errors import ApiError
 from router.policies import make_policy
-from worker.protocol import (Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready, Shutdown, Tokens,
-                             decode_for_router, encode, worker_identity)
+from worker.protocol import (PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready,
+                             Shutdown, Tokens, decode_for_router, encode, worker_identity)
 
 log = logging.getLogger(__name__)
+
+WORKER_IDENTITY = re.compile(rb"worker-([0-9]{1,6})")
+MAX_FRAME_BYTES = 16 * 2**20  # worker -> router messages are small (token deltas, heartbeats)
 
 
 class State(str, enum.Enum):
@@ -63,7 +68,8 @@ class Worker:
     load_seconds: float = 0.0
     heartbeat: Heartbeat | None = None
     requests: set[str] = field(default_factory=set)
-    exit_reason: str = ""
+    exit_reason: str = ""  # why its last process ended
+    start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
     @property
     def capacity(self) -> int:
@@ -82,7 +88,7 @@ class Worker:
             "kv_used_tokens": hb.kv_used_tokens if hb else 0, "kv_budget_tokens": self.kv_budget_tokens,
             "mem_bytes": hb.mem_bytes if hb else 0, "max_num_seqs": self.max_num_seqs,
             "max_waiting": self.max_waiting, "load_seconds": round(self.load_seconds, 2),
-            "exit_reason": self.exit_reason,
+            "exit_reason": self.exit_reason, "start_requested": self.start_requested,
         }
 
 
@@ -115,7 +121,9 @@ class WorkerPool:
     async def start(self) -> None:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its identity at once
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a peer sending more is disconnected
         self.sock.bind(self.address)
         self._tasks = [asyncio.create_task(self._receive(), name="zmq-receive"),
                        asyncio.create_task(self._watchdog(), name="heartbeat-watchdog")]
@@ -133,9 +141,12 @@ class WorkerPool:
     def ready_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.state == State.READY]
 
-    def pick(self, exclude: set[int] = frozenset()) -> Worker:
-        """Choose a ready worker with room by policy. Raises ``NoWorker`` (503) or ``Overloaded`` (429)."""
-        if not self.accepting:
+    def pick(self, exclude: set[int] = frozenset(), admitting: bool = True) -> Worker:
+        """Choose a ready worker with room by policy. Raises ``NoWorker`` (503) or ``Overloaded`` (429).
+
+        ``admitting`` is false for the retry of a request already accepted, which is served even
+        while the server shuts down."""
+        if admitting and not self.accepting:
             raise NoWorker("the server is shutting down")
         ready = [w for w in self.ready_workers() if w.worker_id not in exclude]
         if not ready:
@@ -145,18 +156,24 @@ class WorkerPool:
             raise Overloaded()
         return self.policy.pick(room)
 
-    async def submit(self, worker: Worker, gen: Generate) -> asyncio.Queue:
-        """Count ``gen`` against ``worker`` at once and send it. Returns its event queue."""
+    def register(self, worker: Worker, request_id: str) -> asyncio.Queue:
+        """Count ``request_id`` against ``worker`` at once; returns its event queue. The caller
+        must :meth:`finish` it on every path."""
         q: asyncio.Queue = asyncio.Queue()
-        self.queues[gen.request_id] = q
-        self.owner[gen.request_id] = worker.worker_id
+        self.queues[request_id] = q
+        self.owner[request_id] = worker.worker_id
         worker.in_flight += 1
-        worker.requests.add(gen.request_id)
+        worker.requests.add(request_id)
+        return q
+
+    async def send_generate(self, worker: Worker, gen: Generate) -> None:
+        """Send a registered request; an unreachable worker puts :class:`WorkerLost` on its queue."""
         try:
             await self._send(worker.worker_id, gen)
         except zmq.ZMQError:
-            q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable"))
-        return q
+            q = self.queues.get(gen.request_id)
+            if q is not None:
+                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable"))
 
     async def cancel(self, request_id: str) -> None:
         """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
@@ -209,7 +226,7 @@ class WorkerPool:
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), timeout=min(left, 0.5))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return True
 
@@ -217,6 +234,25 @@ class WorkerPool:
         w = self.get(worker_id)
         if w.state == State.DRAINING:
             self._set(w, State.READY)
+
+    def request_start(self, worker_id: int) -> bool:
+        """Ask the supervisor (it reads the table once a second) to start a worker that has no
+        process: ``failed``, ``dead`` or ``stopped``. Returns False when it has one."""
+        w = self.get(worker_id)
+        if w.state not in (State.FAILED, State.DEAD, State.STOPPED):
+            return False
+        w.start_requested = True
+        return True
+
+    def on_started(self, worker_id: int, pid: int, restarts: int, device: str) -> None:
+        """The supervisor started a process for this slot (before it says Hello)."""
+        w = self.workers.setdefault(worker_id, Worker(worker_id, device=device))
+        w.restarts, w.start_requested = restarts, False
+        if w.pid != pid:
+            if w.requests:  # the old process died without us hearing of it
+                self.mark_lost(worker_id, "replaced by a new process")
+            w.pid, w.heartbeat = pid, None
+            self._set(w, State.STARTING)
 
     async def shutdown_worker(self, worker_id: int, reason: str) -> None:
         """Ask the worker process to exit (code 0); the supervisor restarts it if it should."""
@@ -228,8 +264,11 @@ class WorkerPool:
     def mark_lost(self, worker_id: int, reason: str, failed: bool = False) -> None:
         """The worker process is gone (or given up on): fail over its in-flight requests."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
-        w.exit_reason = reason
-        self._set(w, State.FAILED if failed else State.DEAD)
+        w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
+        if failed:
+            self._set(w, State.FAILED)
+        elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
+            self._set(w, State.DEAD)
         for rid in list(w.requests):
             q = self.queues.get(rid)
             if q is not None:
@@ -254,33 +293,50 @@ class WorkerPool:
                 continue
             identity, frame = frames
             try:
-                msg = decode_for_router(frame)
-                wid = int(identity.decode().removeprefix("worker-"))
-            except (ProtocolError, ValueError, UnicodeDecodeError) as exc:
-                log.warning("dropped an invalid frame from %r: %s", identity[:32], exc)
-                continue
-            if isinstance(msg, (Tokens, Failed)):
-                q = self.queues.get(msg.request_id)
-                if q is not None:
-                    q.put_nowait(msg)
-                continue
-            if getattr(msg, "worker_id", wid) != wid:
-                log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
-                continue
-            self._on_control(wid, msg)
+                self._dispatch(identity, frame)
+            except Exception:  # never let one frame stop the receive loop
+                log.exception("dropped a frame from %r that failed in handling", identity[:32])
+
+    def _dispatch(self, identity: bytes, frame: bytes) -> None:
+        """Check one frame (schema, sender) and act on it; anything invalid is logged and dropped."""
+        match = WORKER_IDENTITY.fullmatch(identity)
+        if match is None:
+            log.warning("dropped a frame from unknown peer %r (%d bytes)", identity[:32], len(frame))
+            return
+        wid = int(match.group(1))
+        try:
+            msg = decode_for_router(frame)
+        except ProtocolError as exc:
+            log.warning("dropped an invalid frame from %r (%d bytes): %s", identity, len(frame), exc)
+            return
+        if isinstance(msg, (Tokens, Failed)):
+            owner = self.owner.get(msg.request_id)
+            if owner == wid:
+                self.queues[msg.request_id].put_nowait(msg)
+            elif owner is not None:
+                log.warning("dropped %s for %s from worker %d, which does not own it", type(msg).__name__,
+                            msg.request_id, wid)
+            return  # else: a late event of a request already finished or cancelled
+        if getattr(msg, "worker_id", wid) != wid:
+            log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
+            return
+        if isinstance(msg, Hello) and msg.protocol != PROTOCOL_VERSION:
+            log.warning("dropped Hello of worker %d: protocol %d, expected %d", wid, msg.protocol, PROTOCOL_VERSION)
+            return
+        self._on_control(wid, msg)
 
     def _on_control(self, wid: int, msg) -> None:
         w = self.workers.get(wid)
         if isinstance(msg, Hello):
             if w is None:
                 w = self.workers[wid] = Worker(wid)
-            elif w.pid and w.pid != msg.pid:
-                w.restarts += 1
-                if w.requests:  # the old process died without us noticing yet
-                    self.mark_lost(wid, "replaced by a new process")
-            w.pid, w.device = msg.pid, msg.device
+            elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
+                self.mark_lost(wid, "replaced by a new process")
+            # The restart count comes from the supervisor (``on_started``), which also sees the
+            # processes that crash before saying Hello; a Hello never counts one.
+            w.pid, w.device, w.start_requested = msg.pid, msg.device, False
             w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
-            w.started_at, w.last_seen, w.heartbeat, w.exit_reason = time.time(), time.monotonic(), None, ""
+            w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
             self._set(w, State.STARTING)
             return
         if w is None:
@@ -297,9 +353,14 @@ class WorkerPool:
             self._set(w, State.STOPPED)
 
     async def _watchdog(self) -> None:
+        interval = min(1.0, self.heartbeat_timeout_s / 4)
+        last_tick = time.monotonic()
         while True:
-            await asyncio.sleep(min(1.0, self.heartbeat_timeout_s / 4))
+            await asyncio.sleep(interval)
             now = time.monotonic()
+            stalled, last_tick = now - last_tick > 2 * interval, now
+            if stalled:  # this loop was blocked: heartbeats may be waiting unread in the socket
+                continue
             for w in self.workers.values():
                 silent = now - w.last_seen
                 if w.state in (State.READY, State.DRAINING) and silent > self.heartbeat_timeout_s:
