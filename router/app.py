@@ -8,39 +8,44 @@ with the public app (``cleanup_ctx``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import uuid
 
 from aiohttp import web
 
+from launcher.logs import REQUEST_ID as LOG_REQUEST_ID
 from router import admin, openai_api
+from router.auth import auth_middleware
 from router.errors import ApiError
+from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openai_api import API, Api
+from router.openapi import openapi_handler
 from router.workers import State
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
-def bearer_ok(request: web.Request, secrets: list[str]) -> bool:
-    """True when the ``Authorization: Bearer`` token equals one of ``secrets`` (constant time)."""
-    header = request.headers.get("Authorization", "")
-    token = header[7:].strip() if header[:7].lower() == "bearer " else ""
-    return any(hmac.compare_digest(token.encode(), s.encode()) for s in secrets) and bool(token)
+KEPT_HEADERS = frozenset({"allow", "retry-after", "www-authenticate"})  # of aiohttp's own HTTP errors
 
 
 @web.middleware
 async def request_id_middleware(request: web.Request, handler):
-    """Honour a sane client ``X-Request-ID`` or make one; echo it on every response."""
+    """Honour a sane client ``X-Request-ID`` or make one; every log line of the request carries it."""
     rid = request.headers.get("X-Request-ID", "")
     request["request_id"] = rid if REQUEST_ID.match(rid) else uuid.uuid4().hex
-    resp = await handler(request)
-    if not resp.prepared:
-        resp.headers["X-Request-ID"] = request["request_id"]
-    return resp
+    token = LOG_REQUEST_ID.set(request["request_id"])
+    try:
+        return await handler(request)
+    finally:
+        LOG_REQUEST_ID.reset(token)
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every response, streamed or not, error or not, carries the id."""
+    rid = request.get("request_id")
+    if rid:
+        response.headers["X-Request-ID"] = rid
 
 
 def error_middleware():
@@ -54,22 +59,14 @@ def error_middleware():
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return ApiError(exc.status, exc.reason or "error", code=None, headers=dict(exc.headers)).response()
+            headers = {k: v for k, v in exc.headers.items() if k.lower() in KEPT_HEADERS}
+            return ApiError(exc.status, f"{exc.reason}: {request.method} {request.path[:200]}", code=None,
+                            headers=headers).response()
+        except ConnectionResetError:
+            raise  # the client went away mid-response: nothing to answer
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             return ApiError(500, "internal server error").response()
-
-    return middleware
-
-
-def auth_middleware(secrets_of):
-    """Require a bearer token from ``secrets_of(request)`` when that list is non-empty."""
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        secrets = secrets_of(request)
-        if secrets and request.path not in ("/health", "/health/live", "/health/ready") and not bearer_ok(request, secrets):
-            raise ApiError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key")
-        return await handler(request)
 
     return middleware
 
@@ -90,13 +87,22 @@ async def workers(request: web.Request) -> web.Response:
                               "workers": [w.info() for w in sorted(pool.workers.values(), key=lambda w: w.worker_id)]})
 
 
+def metrics_of(api: Api) -> Metrics:
+    """The one :class:`Metrics` of this router, shared by its public and admin apps."""
+    if api.metrics is None:
+        api.metrics = Metrics(api.pool)
+    return api.metrics
+
+
 def create_app(api: Api) -> web.Application:
     """The public application. ``api.pool`` is started and closed with it."""
     app = web.Application(
-        middlewares=[request_id_middleware, error_middleware(),
+        middlewares=[request_id_middleware, metrics_middleware, error_middleware(),
                      auth_middleware(lambda r: r.app[API].cfg.router.api_keys)],
         client_max_size=api.cfg.limits.max_body_bytes)
     app[API] = api
+    app[METRICS] = metrics_of(api)
+    app.on_response_prepare.append(echo_request_id)
 
     async def pool_ctx(app: web.Application):
         await app[API].pool.start()
@@ -111,18 +117,23 @@ def create_app(api: Api) -> web.Application:
     app.router.add_get("/health/ready", health)
     app.router.add_get("/health/live", live)
     app.router.add_get("/workers", workers)
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/openapi.json", openapi_handler)
     return app
 
 
 def create_admin_app(api: Api) -> web.Application:
     """The admin application (shares ``api.pool``; does not start it)."""
     token = api.cfg.router.admin_token
-    app = web.Application(middlewares=[request_id_middleware, error_middleware(),
-                                       auth_middleware(lambda r: [token] if token else [])])
+    app = web.Application(middlewares=[request_id_middleware, metrics_middleware, error_middleware(),
+                                       auth_middleware(lambda r: [token] if token else [], "admin token")])
     app[API] = api
+    app[METRICS] = metrics_of(api)
+    app.on_response_prepare.append(echo_request_id)
     app.router.add_get("/admin/workers", workers)
+    app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     return app
 
 
-__all__ = ["create_app", "create_admin_app", "State"]
+__all__ = ["State", "create_admin_app", "create_app"]

@@ -6,9 +6,14 @@ from aiohttp import web
 
 TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-    408: "timeout_error", 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
-    429: "rate_limit_error", 500: "server_error", 502: "server_error", 503: "service_unavailable", 504: "timeout_error",
+    408: "timeout_error", 429: "rate_limit_error", 500: "server_error", 502: "server_error",
+    503: "service_unavailable", 504: "timeout_error",
 }
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an HTTP status (any other 4xx is an ``invalid_request_error``)."""
+    return TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "server_error")
 
 
 class ApiError(Exception):
@@ -24,7 +29,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": TYPES.get(self.status, "server_error"),
+        return {"error": {"message": self.message, "type": error_type(self.status),
                           "param": self.param, "code": self.code}}
 
     def response(self) -> web.Response:

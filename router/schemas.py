@@ -7,13 +7,39 @@ OpenAI-compatible servers (vLLM) do, so newer clients keep working.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from router.errors import ApiError
 
 Number = Annotated[float, Field(strict=False)]
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FIELD = re.compile(r"[a-z_]+")  # a field name in an error location (union members look like "list[int]")
+TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _unicode(v: str) -> str:
+    """JSON escapes can smuggle lone surrogates (``"\\ud800"``) that no tokenizer can encode."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it contains a lone surrogate)") from None
+    return v
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
 
 
 class Body(BaseModel):
@@ -22,12 +48,12 @@ class Body(BaseModel):
 
 class TextPart(Body):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class Message(Body):
     role: Literal["system", "user", "assistant", "developer"]
-    content: StrictStr | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -40,20 +66,20 @@ class StreamOptions(Body):
 
 
 class Sampling(Body):
-    model: StrictStr | None = None
+    model: Text | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: StrictInt | None = Field(None, ge=0)
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    top_k: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
+    seed: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    stop: Text | list[Text] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=1, description="only n=1 is supported")
     presence_penalty: float | None = Field(None, ge=0.0, le=0.0, description="not supported (must be 0)")
     frequency_penalty: float | None = Field(None, ge=0.0, le=0.0, description="not supported (must be 0)")
     logprobs: StrictBool | StrictInt | None = Field(None, description="not supported")
-    user: StrictStr | None = None
+    user: Text | None = None
     ignore_eos: StrictBool = False
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
@@ -90,7 +116,7 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+    prompt: Text | list[Text] | list[StrictInt]
     echo: StrictBool = False
 
     @field_validator("prompt")
@@ -124,6 +150,7 @@ def parse(model: type[Body], data: object) -> Body:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        param = ".".join(str(p) for p in err["loc"]
+                         if isinstance(p, int) or (FIELD.fullmatch(p) and p not in TYPE_TAGS)) or None
         raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param,
                        code="invalid_value") from None

@@ -32,8 +32,10 @@ def deep_merge(base: dict, extra: dict) -> dict:
 class Deployment:
     """One deployment in a temp folder. ``start()`` blocks until every worker is ready."""
 
-    def __init__(self, tmp: Path, config: dict | None = None, env: dict | None = None):
+    def __init__(self, tmp: Path, config: dict | None = None, env: dict | None = None,
+                 args: list[str] | None = None):
         self.tmp = Path(tmp)
+        self.args = list(args or [])  # extra `llamadeploy up` flags
         self.port, self.admin_port = free_port(), free_port()
         base = {
             "model": {"name": MODEL, "max_model_len": 2048},
@@ -63,10 +65,10 @@ class Deployment:
     def replicas(self) -> int:
         return self.config["workers"]["replicas"]
 
-    def start(self, timeout: float = 240.0) -> "Deployment":
+    def start(self, timeout: float = 240.0) -> Deployment:
         self.path.write_text(yaml.safe_dump(self.config))
-        self._log = open(self.log_path, "ab")
-        cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path)]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop())
+        cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
         self.proc = subprocess.Popen(cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         self.wait_ready(timeout)
@@ -115,7 +117,7 @@ class Deployment:
 
     def child_pids(self) -> list[int]:
         """Pids of the router and workers (from /workers and the launcher's process tree)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False).stdout
         return [int(p) for p in out.split()]
 
     def stop(self, timeout: float = 90.0) -> int:

@@ -1,0 +1,211 @@
+"""Prometheus metrics of one router and its workers (``GET /metrics``, text format).
+
+Everything lives in a per-router :class:`~prometheus_client.CollectorRegistry` (never the global
+one), so several apps in one test process do not collide. Names follow vLLM's style: a
+``llamadeploy_`` prefix, the unit in the name, ``_total`` on counters, ``worker_id`` labels.
+
+* Router side, updated as requests run: HTTP requests by endpoint and status, end-to-end latency,
+  TTFT and inter-token latency (timed here as token events arrive), prompt and generation tokens,
+  requests waiting for their first token and requests streaming tokens.
+* Worker side, read from the :class:`~router.workers.WorkerPool` at scrape time (the workers'
+  heartbeats and Ready messages): running/waiting sequences, KV-cache usage, device memory,
+  restarts, model load time, state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from router.workers import State, WorkerPool
+from worker.protocol import Tokens
+
+log = logging.getLogger(__name__)
+
+PREFIX = "llamadeploy"
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+QUIET_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers"})
+
+# Buckets as vLLM's (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+               960.0, 1920.0, 7680.0)
+
+
+class WorkerCollector:
+    """Per-worker gauges and counters, read from the pool at scrape time."""
+
+    def __init__(self, pool: WorkerPool):
+        self.pool = pool
+
+    def collect(self):
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker_id",)) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+        state = gauge("worker_state", "1 for the worker's current state", ("worker_id", "state"))
+        running = gauge("worker_num_requests_running", "Sequences in the worker's running batch (heartbeat)")
+        waiting = gauge("worker_num_requests_waiting", "Sequences queued in the worker (heartbeat)")
+        in_flight = gauge("worker_requests_in_flight", "Requests the router has dispatched to the worker")
+        kv_ratio = gauge("kv_cache_usage_ratio", "Reserved KV-cache tokens / KV budget (0..1)")
+        kv_budget = gauge("kv_cache_budget_tokens", "KV-cache budget of the worker in tokens")
+        memory = gauge("worker_memory_used_bytes", "Device memory in use: torch allocated on GPU, RSS on CPU",
+                       ("worker_id", "device"))
+        load = gauge("model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
+        restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker process was replaced",
+                                       labels=["worker_id"])
+        for w in sorted(self.pool.workers.values(), key=lambda w: w.worker_id):
+            wid = str(w.worker_id)
+            hb = w.heartbeat
+            for s in State:
+                state.add_metric([wid, s.value], 1.0 if w.state == s else 0.0)
+            running.add_metric([wid], hb.running if hb else 0)
+            waiting.add_metric([wid], hb.waiting if hb else 0)
+            in_flight.add_metric([wid], w.in_flight)
+            kv_ratio.add_metric([wid], hb.kv_used_tokens / w.kv_budget_tokens if hb and w.kv_budget_tokens else 0.0)
+            kv_budget.add_metric([wid], w.kv_budget_tokens)
+            memory.add_metric([wid, w.device], hb.mem_bytes if hb else 0)
+            load.add_metric([wid], w.load_seconds)
+            restarts.add_metric([wid], w.restarts)
+        yield from (state, running, waiting, in_flight, kv_ratio, kv_budget, memory, load, restarts)
+
+
+class Metrics:
+    """The metric objects of one router; shared by its public and admin apps."""
+
+    def __init__(self, pool: WorkerPool):
+        self.pool = pool
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.http_requests = Counter(f"{PREFIX}_http_requests", "HTTP requests by endpoint, method and status",
+                                     ["endpoint", "method", "status"], registry=r)
+        self.e2e_latency = Histogram(f"{PREFIX}_e2e_request_latency_seconds",
+                                     "Generation requests: arrival to last byte (streamed or not)",
+                                     ["endpoint"], buckets=E2E_BUCKETS, registry=r)
+        self.running = Gauge(f"{PREFIX}_num_requests_running", "Generation requests receiving tokens", registry=r)
+        self.waiting = Gauge(f"{PREFIX}_num_requests_waiting",
+                             "Generation requests accepted but without their first token yet", registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Request arrival to first token event",
+                              ["worker_id"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between consecutive token events",
+                             ["worker_id"], buckets=ITL_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of finished requests",
+                                     ["worker_id"], registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Generated tokens of finished requests",
+                                         ["worker_id"], registry=r)
+        self.request_success = Counter(f"{PREFIX}_request_success", "Requests finished by a worker",
+                                       ["worker_id", "finished_reason"], registry=r)
+        ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
+        r.register(WorkerCollector(pool))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Times one generation request: TTFT from its arrival, ITL between the worker's token
+    events (fed by :func:`router.generation.stream_tokens` as they arrive, before any buffering),
+    token counts at the finish, and the waiting/running gauges over the request's life."""
+
+    def __init__(self, metrics: Metrics | None, started: float):
+        self.metrics = metrics
+        self.started = started
+        self.first_at: float | None = None
+        self.last: tuple[str, float] | None = None  # (attempt's request id, time of its last event)
+
+    def on_tokens(self, worker_id: int, tok: Tokens) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        now, wid = time.monotonic(), str(worker_id)
+        if self.first_at is None:
+            self.first_at = now
+            m.waiting.dec()
+            m.running.inc()
+            m.ttft.labels(wid).observe(now - self.started)
+        elif self.last is not None and self.last[0] == tok.request_id:  # not across a retry
+            m.itl.labels(wid).observe(now - self.last[1])
+        self.last = (tok.request_id, now)
+        if tok.finish_reason is not None:
+            m.request_success.labels(wid, tok.finish_reason).inc()
+            if tok.usage is not None:
+                m.prompt_tokens.labels(wid).inc(tok.usage.prompt_tokens)
+                m.generation_tokens.labels(wid).inc(tok.usage.completion_tokens)
+
+    async def wrap(self, events: AsyncIterator[Tokens]) -> AsyncIterator[Tokens]:
+        """Relay ``events``, counting the request as waiting, then running, until it ends."""
+        m = self.metrics
+        if m is not None:
+            m.waiting.inc()
+        try:
+            async with aclosing(events) as stream:
+                async for tok in stream:
+                    yield tok
+        finally:
+            if m is not None:
+                (m.waiting if self.first_at is None else m.running).dec()
+
+
+METRICS = web.AppKey("metrics", Metrics)
+STARTED = "started_at"  # request key: time.monotonic() at arrival
+
+
+def request_timer(request: web.Request) -> RequestTimer:
+    """A :class:`RequestTimer` for this request (inert when the app keeps no metrics)."""
+    return RequestTimer(request.app.get(METRICS), request.get(STARTED, time.monotonic()))
+
+
+def endpoint_of(request: web.Request) -> str:
+    """The matched route's pattern (bounded label values), or ``unmatched``."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler):
+    """Outermost: count every request by endpoint and status, time generations, log one access line."""
+    request[STARTED] = started = time.monotonic()
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away and the handler was cancelled
+        raise
+    except Exception:
+        status = 500
+        raise
+    finally:
+        elapsed = time.monotonic() - started
+        endpoint = endpoint_of(request)
+        metrics = request.app.get(METRICS)
+        if metrics is not None:
+            metrics.http_requests.labels(endpoint, request.method, str(status)).inc()
+            if endpoint in GENERATION_ENDPOINTS and status < 400:
+                metrics.e2e_latency.labels(endpoint).observe(elapsed)
+        level = logging.DEBUG if request.path in QUIET_PATHS and status < 400 else logging.INFO
+        log.log(level, "%s %s %d %.3fs", request.method, request.path, status, elapsed)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

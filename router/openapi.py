@@ -1,0 +1,119 @@
+"""The router's OpenAPI 3.1 document (``GET /openapi.json``).
+
+Request bodies come from the same pydantic models that validate them (:mod:`router.schemas`), so
+the document cannot drift from what the server accepts. Responses are described loosely (the
+OpenAI objects are documented by OpenAI); every error is the OpenAI error object.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import metadata
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from launcher.config import DeployConfig
+from router.openai_api import API
+from router.schemas import ChatRequest, CompletionRequest
+
+ERROR = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+REQUEST_ID_HEADER = {
+    "name": "X-Request-ID", "in": "header", "required": False,
+    "description": "Echoed on the response and carried in router and worker logs; a new one is made when "
+                   "absent or not matching the pattern.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+}
+JSON_OBJECT = {"type": "object"}
+
+
+def _version() -> str:
+    try:
+        return metadata.version("llamadeploy")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def _errors(*statuses: int) -> dict:
+    return {str(s): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+            for s in statuses}
+
+
+def _get(summary: str, content_type: str = "application/json", schema: dict = JSON_OBJECT, open_: bool = False,
+         errors: tuple[int, ...] = (401,)) -> dict:
+    op = {"summary": summary, "parameters": [REQUEST_ID_HEADER],
+          "responses": {"200": {"description": "OK", "content": {content_type: {"schema": schema}}},
+                        **_errors(*((503,) if open_ else errors))}}
+    if open_:
+        op["security"] = []
+    return {"get": op}
+
+
+def _post(summary: str, body_schema: str) -> dict:
+    return {"post": {
+        "summary": summary, "parameters": [REQUEST_ID_HEADER],
+        "requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{body_schema}"}}}},
+        "responses": {
+            "200": {"description": "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
+                    "content": {"application/json": {"schema": JSON_OBJECT},
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            **_errors(400, 401, 404, 408, 413, 429, 502, 503, 504)}}}
+
+
+def _model_schemas(*models: tuple[type[BaseModel], str]) -> dict:
+    out: dict = {}
+    for model, name in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))
+        out[name] = schema
+    return out
+
+
+def build_openapi(cfg: DeployConfig) -> dict:
+    """The document for a router running ``cfg`` (its limits and whether API keys are required)."""
+    lim = cfg.limits
+    description = (
+        f"OpenAI-compatible API serving `{cfg.model.public_name}`. Limits: request body "
+        f"{lim.max_body_bytes} bytes (limits.max_body_bytes), prompt {lim.max_prompt_tokens or cfg.model.max_model_len - 1} "
+        f"tokens (limits.max_prompt_tokens), max_tokens {lim.max_tokens} (limits.max_tokens), "
+        f"{lim.max_stop_strings} stop strings of {lim.max_stop_length} characters (limits.max_stop_strings, "
+        f"limits.max_stop_length), {cfg.router.request_timeout_s:g} s per request (router.request_timeout_s).")
+    doc = {
+        "openapi": "3.1.0",
+        "info": {"title": "llamadeploy router", "version": _version(), "description": description},
+        "paths": {
+            "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest"),
+            "/v1/completions": _post("Create a text completion", "CompletionRequest"),
+            "/v1/models": _get("List the served model"),
+            "/health": _get("Ready to serve (200) or not (503)", open_=True),
+            "/health/ready": _get("Same as /health", open_=True),
+            "/health/live": _get("The router process is up", open_=True),
+            "/workers": _get("The worker table"),
+            "/metrics": _get("Prometheus metrics", "text/plain", {"type": "string"}),
+            "/openapi.json": _get("This document"),
+        },
+        "components": {"schemas": {**_model_schemas((ChatRequest, "ChatCompletionRequest"),
+                                                     (CompletionRequest, "CompletionRequest")), "Error": ERROR}},
+    }
+    if cfg.router.api_keys:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(cfg_json: str) -> bytes:
+    return json.dumps(build_openapi(DeployConfig.model_validate_json(cfg_json))).encode()
+
+
+async def openapi_handler(request: web.Request) -> web.Response:
+    body = _cached(request.app[API].cfg.model_dump_json())
+    return web.Response(body=body, content_type="application/json")
