@@ -1,4 +1,4 @@
-"""The ``llamadeploy`` command line (typer): up, status, restart-worker."""
+"""The ``llamadeploy`` command line (typer): up, status, restart-worker, plan, doctor, bench."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def up(
     devices: Optional[str] = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
     model: Optional[str] = typer.Option(None, help="model.name"),
     log_format: Optional[str] = typer.Option(None, help="logging.format: text | json"),
+    force: bool = typer.Option(False, "--force", help="start even when the memory plan says it does not fit"),
 ) -> None:
     """Start the router and one worker per replica; serve until Ctrl-C or SIGTERM."""
     dev: object = devices
@@ -90,11 +91,17 @@ def up(
 
     from launcher.models import ModelNotFound, resolve_model
     from launcher.placement import PlacementError, discover, place
+    from launcher.plan import preflight
 
+    inventory = discover()
     try:
-        specs = place(cfg.workers, discover())
+        specs = place(cfg.workers, inventory)
     except PlacementError as exc:
         fail(f"workers: {exc}")
+    if problem := preflight(cfg, inventory, specs):
+        if not force:
+            fail(problem + "\n  (or pass --force to start anyway)")
+        log.warning("starting despite the memory plan (--force): %s", problem)
     try:
         model_path = resolve_model(cfg.model.name)
     except ModelNotFound as exc:
@@ -104,6 +111,7 @@ def up(
 
 def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
     """Run one deployment in the foreground; returns the process exit code."""
+    from launcher.progress import loading_progress
     from launcher.supervisor import Supervisor
 
     run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))
@@ -122,17 +130,25 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
     try:
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
-        sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
+        with loading_progress(lambda: sup.admin.try_call("GET", "/admin/workers", timeout=2.0), len(specs),
+                              enabled=cfg.logging.format == "text", console=console):
+            sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
         if not stop["requested"]:
             host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "::") else cfg.router.host
-            console.print(f"[bold green]ready[/]: http://{host}:{cfg.router.port}/v1  (model "
-                          f"'{cfg.model.public_name}', {len(specs)} worker(s), policy {cfg.router.policy})",
-                          highlight=False)
+            failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
+            workers = f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}" if failed \
+                else f"{len(specs)} worker(s)"
+            ready = (f"http://{host}:{cfg.router.port}/v1  (model '{cfg.model.public_name}', {workers}, "
+                     f"policy {cfg.router.policy})")
+            if cfg.logging.format == "json":
+                log.info("ready: %s", ready)  # one JSON object per line, even for this
+            else:
+                console.print(f"[bold green]ready[/]: {ready}", highlight=False)
         return sup.run(lambda: stop["requested"])
     except (RuntimeError, KeyboardInterrupt) as exc:
         if isinstance(exc, RuntimeError):
             log.error("%s", exc)
-        sup.shutdown()
+        sup.shutdown(grace=0 if isinstance(exc, KeyboardInterrupt) else None)
         return 1
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -157,40 +173,150 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
 
     from rich.table import Table
 
+    from launcher.supervisor import AdminError
+
     client = _admin_client(config, admin_url)
     try:
         info = client.call("GET", "/admin/workers")
+    except AdminError as exc:
+        fail(f"the admin API at {client.base} refused: {exc} (the token is router.admin_token or "
+             "LLAMADEPLOY_ADMIN_TOKEN)", 1)
     except OSError as exc:
         fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running?", 1)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
     table = Table(title=f"llamadeploy workers (policy {info['policy']})")
-    for col in ("id", "device", "pid", "state", "in-flight", "served", "restarts", "uptime", "memory"):
+    for col in ("id", "device", "pid", "state", "in-flight", "run/wait", "kv cache", "served", "restarts", "uptime",
+                "memory"):
         table.add_column(col, justify="right" if col not in ("device", "state") else "left")
     colors = {"ready": "green", "draining": "yellow", "starting": "cyan", "dead": "red", "failed": "bold red"}
     for w in info["workers"]:
         state = f"[{colors.get(w['state'], 'white')}]{w['state']}[/]"
-        table.add_row(str(w["id"]), w["device"], str(w["pid"]), state, str(w["in_flight"]), str(w["served"]),
+        kv = w.get("kv_used_tokens", 0) / w["kv_budget_tokens"] if w.get("kv_budget_tokens") else 0.0
+        table.add_row(str(w["id"]), w["device"], str(w["pid"]), state, str(w["in_flight"]),
+                      f"{w.get('running', 0)}/{w.get('waiting', 0)}", f"{kv:.0%}", str(w["served"]),
                       str(w["restarts"]), f"{w['uptime_s']:.0f}s", f"{w['mem_bytes'] / 2**20:.0f} MiB")
-    Console().print(table)
+    out = report_console()
+    out.print(table)
+    for w in info["workers"]:
+        if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
+            out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)
+    if not info.get("accepting", True):
+        out.print("the router is shutting down: new requests get 503", highlight=False)
 
 
 @app.command("restart-worker")
 def restart_worker(worker_id: int = typer.Argument(..., help="the worker's id (see `llamadeploy status`)"),
                    drain: bool = typer.Option(False, "--drain", help="stop routing to it and wait for its in-flight requests first"),
-                   timeout: float = typer.Option(60.0, help="seconds to wait for the drain"),
+                   timeout: Optional[float] = typer.Option(None, help="seconds to wait for the drain (supervisor.drain_timeout_s)"),
+                   wait: bool = typer.Option(True, help="wait until the new process is ready (workers.startup_timeout_s)"),
                    config: Optional[Path] = typer.Option(None, "--config", help="deploy.yaml"),
                    admin_url: Optional[str] = ADMIN_URL) -> None:
-    """Restart one worker process; with --drain, without dropping a request."""
+    """Restart one worker process (or start a failed one again); with --drain, without dropping a request.
+
+    Exit code 0 once it is ready again (or at once with --no-wait), 1 if it failed or did not
+    come back within workers.startup_timeout_s.
+    """
+    cfg = load_or_exit(config)
     client = _admin_client(config, admin_url)
+    drain_s = cfg.supervisor.drain_timeout_s if timeout is None else timeout
     try:
-        out = client.call("POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={timeout}",
-                          timeout=timeout + 10)
+        out = client.call("POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}",
+                          timeout=drain_s + 10)
     except OSError as exc:
         fail(f"restart of worker {worker_id} failed: {exc}", 1)
     note = "" if out.get("drained", True) else " (drain timed out: in-flight requests were failed over)"
     console.print(f"worker {worker_id} restarting{note}", highlight=False)
+    if wait:
+        with console.status(f"waiting for worker {worker_id} to be ready"):
+            w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)
+        if w.get("state") != "ready":
+            fail(f"worker {worker_id} is {w.get('state', 'unreachable')}"
+                 + (f" ({w['exit_reason']})" if w.get("exit_reason") else ""), 1)
+        console.print(f"worker {worker_id} ready (pid {w['pid']}, restarts {w['restarts']})", highlight=False)
+
+
+def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float) -> dict:
+    """Poll the admin API until worker ``worker_id`` runs a new process that is ready or failed
+    (or ``timeout`` passes); returns its last table entry."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    w: dict = {}
+    while time.monotonic() < deadline:
+        info = client.try_call("GET", "/admin/workers", timeout=5.0)
+        w = next((x for x in (info or {}).get("workers", []) if x["id"] == worker_id), w)
+        if w.get("pid") != old_pid and w.get("state") in ("ready", "failed"):
+            break
+        time.sleep(0.5)
+    return w
+
+
+def report_console() -> Console:
+    """stdout for tables: the terminal's width, or 160 columns when piped (rich would use 80)."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+@app.command()
+def plan(config: Optional[Path] = CONFIG_ARG,
+         model: Optional[str] = typer.Option(None, help="model.name (config only is read, never weights)"),
+         gpus: Optional[str] = typer.Option(None, help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB"),
+         dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
+         max_model_len: Optional[int] = typer.Option(None, help="model.max_model_len"),
+         max_num_seqs: Optional[int] = typer.Option(None, help="workers.max_num_seqs"),
+         gpus_per_replica: Optional[int] = typer.Option(None, help="workers.gpus_per_replica"),
+         workers_per_gpu: Optional[int] = typer.Option(None, help="workers.workers_per_gpu")) -> None:
+    """Do the memory arithmetic (weights + KV cache + overhead vs each GPU) and recommend a layout.
+
+    Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
+    """
+    from launcher.models import ModelNotFound
+    from launcher.placement import Inventory, discover
+    from launcher.plan import DTYPE_BYTES, make_plan, parse_gpus
+    from launcher.plan_report import render
+    from launcher.shapes import ShapeError, read_shape
+
+    if dtype is not None and dtype not in (*DTYPE_BYTES, "auto"):
+        fail(f"--dtype: expected one of auto, {', '.join(DTYPE_BYTES)} (got {dtype!r})")
+    inventory = discover()
+    if gpus:
+        try:
+            inventory = Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
+        except ValueError as exc:
+            fail(str(exc))
+    cfg = load_or_exit(config, {"model.name": model, "model.max_model_len": max_model_len,
+                                "workers.max_num_seqs": max_num_seqs, "workers.gpus_per_replica": gpus_per_replica,
+                                "workers.workers_per_gpu": workers_per_gpu, "workers.devices": "auto" if gpus else None})
+    try:
+        shape = read_shape(cfg.model.name)
+    except (ModelNotFound, ShapeError) as exc:
+        fail(str(exc))
+    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype)
+    report_console().print(render(result, cfg))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+def doctor(config: Optional[Path] = CONFIG_ARG,
+           model: Optional[str] = typer.Option(None, help="model.name"),
+           port: Optional[int] = typer.Option(None, help="router.port")) -> None:
+    """Check Python, torch/CUDA/driver versions, GPUs, the model's files, placement, plan and ports.
+
+    Exit code 1 when any check fails; checks that need a GPU are marked skipped without one.
+    """
+    from launcher.doctor import render, run_checks
+    from launcher.placement import discover
+
+    cfg = load_or_exit(config, {"model.name": model, "router.port": port})
+    checks = run_checks(cfg, discover())
+    report_console().print(render(checks))
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+from launcher.bench import bench_command  # noqa: E402 (light: torch and transformers load inside)
+
+app.command("bench")(bench_command)
 
 
 def main() -> None:

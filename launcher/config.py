@@ -8,12 +8,13 @@ raises :class:`ConfigError` with one readable line per problem.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -45,6 +46,34 @@ class RouterConfig(Section):
     max_retries: int = Field(1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent")
     zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
 
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_key(cls, v: list[str]) -> list[str]:
+        if any(not k.strip() for k in v):
+            raise ValueError("API keys must not be empty")
+        return v
+
+    @field_validator("zmq_address")
+    @classmethod
+    def _zmq_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith(("ipc://", "tcp://")) and len(v) > 6):
+            raise ValueError("must be ipc://PATH or tcp://HOST:PORT")
+        return v
+
+    @model_validator(mode="after")
+    def _admin_exposed(self) -> "RouterConfig":
+        if not is_loopback(self.admin_host) and not self.admin_token:
+            raise ValueError(f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
+                             "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
 
 class WorkersConfig(Section):
     devices: Literal["auto", "cpu"] | list[int] = Field("auto", description="auto | cpu | physical GPU indices")
@@ -70,7 +99,7 @@ class WorkersConfig(Section):
 
 class SupervisorConfig(Section):
     restart_backoff_s: float = Field(1.0, ge=0, description="first restart delay; doubles per crash, capped at 30 s")
-    max_restarts: int = Field(5, ge=0, description="crashes within restart_window_s before a worker is marked failed")
+    max_restarts: int = Field(5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed")
     restart_window_s: float = Field(300.0, gt=0)
     drain_timeout_s: float = Field(60.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
@@ -102,6 +131,9 @@ class ConfigError(Exception):
     """deploy.yaml is unreadable or invalid; ``str()`` names each bad key and how to fix it."""
 
 
+SECRET_KEYS = frozenset({"api_keys", "admin_token"})
+
+
 def _describe(err: dict, model: type[BaseModel]) -> str:
     loc = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
@@ -113,7 +145,10 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
         guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
         return f"{loc}: unknown key{hint}"
-    return f"{loc}: {err['msg']} (got {err.get('input')!r})"
+    got = err.get("input")
+    if isinstance(got, dict) or any(str(p) in SECRET_KEYS for p in err["loc"]):
+        return f"{loc}: {err['msg']}"  # a whole section, or a secret: do not echo it
+    return f"{loc}: {err['msg']} (got {got!r})"
 
 
 def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
@@ -148,7 +183,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if not isinstance(data, dict):
         return parse_config(data, source)
     env = {
-        "router.api_keys": [k for k in os.environ.get("LLAMADEPLOY_API_KEYS", "").split(",") if k] or None,
+        "router.api_keys": [k.strip() for k in os.environ.get("LLAMADEPLOY_API_KEYS", "").split(",") if k.strip()] or None,
         "router.admin_token": os.environ.get("LLAMADEPLOY_ADMIN_TOKEN") or None,
     }
     for dotted, value in {**env, **(overrides or {})}.items():

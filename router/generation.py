@@ -85,7 +85,8 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
                     raise _Retry
                 if isinstance(event, Failed) and not lost:
                     finished = True
-                    raise UpstreamError(event.code, message, code="worker_error")
+                    retry_after = {"Retry-After": "1"} if event.code == 429 else None
+                    raise UpstreamError(event.code, message, code="worker_error", headers=retry_after)
                 raise UpstreamError(502, f"{message}; the request could not be completed", code="worker_lost")
         except _Retry:
             pass

@@ -13,13 +13,16 @@ import json
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from aiohttp import web
+from jinja2 import TemplateError
 
 from launcher.config import DeployConfig
 from router.errors import ApiError
 from router.generation import stream_tokens
+from router.metrics import request_timer
 from router.schemas import ChatRequest, CompletionRequest, Sampling, parse
 from router.workers import WorkerPool
 from worker.protocol import SamplingParams, Tokens
@@ -32,29 +35,69 @@ class Api:
     cfg: DeployConfig
     pool: WorkerPool
     tokenizer: Any
+    metrics: Any = None  # router.metrics.Metrics, made by the app factory
 
     @property
     def model_name(self) -> str:
         return self.cfg.model.public_name
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.cfg.limits.max_prompt_tokens or self.cfg.model.max_model_len - 1
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """Characters in the vocabulary's longest token: a text longer than ``n`` times this has
+        more than ``n`` tokens, so it can be refused without tokenizing it."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+
+def check_prompt_chars(api: Api, text: str, param: str) -> None:
+    """400 at once for a text that must be over ``max_prompt_tokens``, however it tokenizes."""
+    ceiling = api.max_prompt_tokens * api.longest_token_chars
+    if len(text) > ceiling:
+        raise ApiError(400, f"prompt of {len(text)} characters is over the limit of {api.max_prompt_tokens} tokens "
+                            "(limits.max_prompt_tokens)", param=param, code="context_length_exceeded")
+
 
 API = web.AppKey("api", Api)
 
 
+async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
+    """The raw body, never more than ``limit`` bytes of it in memory: 413 beyond (at once when
+    Content-Length says so), 408 when it does not arrive within ``timeout`` seconds."""
+    too_large = ApiError(413, f"request body exceeds limits.max_body_bytes={limit}", param="body", code="body_too_large")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await request.content.read(65536):
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout:g}s (router.request_timeout_s)",
+                       code="timeout") from None
+    return b"".join(chunks)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 async def read_json(request: web.Request) -> Any:
     """The body as JSON; 413 over the size limit, 400 for invalid UTF-8 or malformed JSON."""
-    limit = request.app[API].cfg.limits.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, f"request body of {request.content_length} bytes exceeds limits.max_body_bytes={limit}",
-                       code="body_too_large")
-    raw = await request.content.read(limit + 1)
-    if len(raw) > limit:
-        raise ApiError(413, f"request body exceeds limits.max_body_bytes={limit}", code="body_too_large")
+    cfg = request.app[API].cfg
+    raw = await read_body(request, cfg.limits.max_body_bytes, cfg.router.request_timeout_s)
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except RecursionError:
+        raise ApiError(400, "request body is not valid JSON: nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of more than 4300 digits
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
@@ -67,10 +110,10 @@ def check_model(api: Api, name: str | None) -> None:
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
     """Apply the limits and the context length; build the worker's parameters."""
     lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
-    max_prompt = lim.max_prompt_tokens or max_len - 1
+    max_prompt = api.max_prompt_tokens
     if prompt_len > max_prompt:
         raise ApiError(400, f"prompt has {prompt_len} tokens, over the limit of {max_prompt} (limits.max_prompt_tokens)",
-                       param="messages", code="context_length_exceeded")
+                       param="messages" if isinstance(req, ChatRequest) else "prompt", code="context_length_exceeded")
     if max_tokens is not None and max_tokens > lim.max_tokens:
         raise ApiError(400, f"max_tokens={max_tokens} is over this server's ceiling of {lim.max_tokens} (limits.max_tokens)",
                        param="max_tokens", code="max_tokens_exceeded")
@@ -87,6 +130,8 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
         raise ApiError(400, f"a stop string is longer than {lim.max_stop_length} characters (limits.max_stop_length)",
                        param="stop", code="stop_too_long")
     temperature = 1.0 if req.temperature is None else req.temperature
+    if temperature < 1e-5:  # as vLLM: a near-zero temperature is greedy (logits / 1e-300 overflow)
+        temperature = 0.0
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len),
         temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
@@ -96,8 +141,15 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
 async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
 
+    check_prompt_chars(api, "".join(m["content"] for m in messages), "messages")
+
     def run() -> list[int]:
-        text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as exc:  # e.g. a template that requires alternating roles
+            raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
+                           code="invalid_value") from None
+        check_prompt_chars(api, text, "messages")
         return api.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     return await asyncio.get_running_loop().run_in_executor(None, run)
@@ -105,10 +157,14 @@ async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
 
 async def tokenize_prompt(api: Api, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
+        if len(prompt) > api.max_prompt_tokens:
+            raise ApiError(400, f"prompt has {len(prompt)} tokens, over the limit of {api.max_prompt_tokens} "
+                                "(limits.max_prompt_tokens)", param="prompt", code="context_length_exceeded")
         vocab = len(api.tokenizer)
         if any(t < 0 or t >= vocab for t in prompt):
             raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
         return prompt
+    check_prompt_chars(api, prompt, "prompt")
     return await asyncio.get_running_loop().run_in_executor(None, lambda: api.tokenizer(prompt)["input_ids"])
 
 
@@ -170,6 +226,31 @@ class Shaper:
         return {**self.base, "object": "text_completion", "choices": [choice], "usage": usage}
 
 
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+def request_timeout(request: web.Request, api: Api) -> float:
+    """Seconds this request may take: ``router.request_timeout_s``, or less when the client's
+    ``X-Request-Timeout`` header asks for less. Past it: 504, and the work is cancelled."""
+    limit = api.cfg.router.request_timeout_s
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return limit
+    try:
+        asked = float(raw)
+    except ValueError:
+        asked = -1.0
+    if not 0 < asked < float("inf"):
+        raise ApiError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds (got {raw[:32]!r})",
+                       param=TIMEOUT_HEADER, code="invalid_value")
+    return min(asked, limit)
+
+
+def timeout_error(seconds: float) -> ApiError:
+    return ApiError(504, f"request timed out after {seconds:g}s (router.request_timeout_s or {TIMEOUT_HEADER})",
+                    code="timeout")
+
+
 def usage_dict(tok: Tokens) -> dict:
     u = tok.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
@@ -179,23 +260,27 @@ def usage_dict(tok: Tokens) -> dict:
 async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[int], params: SamplingParams,
                   chat: bool) -> web.StreamResponse:
     shaper = Shaper(api.model_name, chat)
-    events = stream_tokens(api.pool, prompt, params, api.cfg.router.max_retries, request.get("request_id", ""))
+    timeout = request_timeout(request, api)
+    timer = request_timer(request)
+    events = timer.wrap(stream_tokens(api.pool, prompt, params, api.cfg.router.max_retries,
+                                      request.get("request_id", ""), buffered=not req.stream,
+                                      on_tokens=timer.on_tokens))
     if req.stream:
-        return await respond_stream(request, api, req, shaper, events)
+        return await respond_stream(request, req, shaper, events, timeout)
     parts: list[str] = []
     try:
-        async with asyncio.timeout(api.cfg.router.request_timeout_s):
+        async with asyncio.timeout(timeout):
             async with aclosing(events) as stream:
                 async for tok in stream:
                     parts.append(tok.text_delta)
                     last = tok
     except TimeoutError:
-        raise ApiError(504, f"request timed out after {api.cfg.router.request_timeout_s}s (router.request_timeout_s)",
-                       code="timeout") from None
+        raise timeout_error(timeout) from None
     return web.json_response(shaper.whole("".join(parts), last.finish_reason, usage_dict(last)))
 
 
-async def respond_stream(request: web.Request, api: Api, req: Sampling, shaper: Shaper, events) -> web.StreamResponse:
+async def respond_stream(request: web.Request, req: Sampling, shaper: Shaper, events,
+                         timeout: float) -> web.StreamResponse:
     resp: web.StreamResponse | None = None
 
     async def send(obj: dict | str) -> None:
@@ -203,7 +288,7 @@ async def respond_stream(request: web.Request, api: Api, req: Sampling, shaper: 
         await resp.write(f"data: {data}\n\n".encode())
 
     try:
-        async with asyncio.timeout(api.cfg.router.request_timeout_s):
+        async with asyncio.timeout(timeout):
             async with aclosing(events) as stream:
                 async for tok in stream:
                     if resp is None:
@@ -218,8 +303,7 @@ async def respond_stream(request: web.Request, api: Api, req: Sampling, shaper: 
                         if req.stream_options and req.stream_options.include_usage:
                             await send(shaper.usage_chunk(usage_dict(tok)))
     except (ApiError, TimeoutError) as exc:
-        err = exc if isinstance(exc, ApiError) else ApiError(
-            504, f"request timed out after {api.cfg.router.request_timeout_s}s (router.request_timeout_s)", code="timeout")
+        err = exc if isinstance(exc, ApiError) else timeout_error(timeout)
         if resp is None:
             raise err from None
         await send(err.body())

@@ -125,6 +125,10 @@ class WorkerPool:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a peer sending more is disconnected
         self.sock.bind(self.address)
+        host = self.address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+        if self.address.startswith("tcp://") and host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("workers connect on %s: any host that can reach it can act as a worker "
+                        "(keep it on a private network or use loopback)", self.address)
         self._tasks = [asyncio.create_task(self._receive(), name="zmq-receive"),
                        asyncio.create_task(self._watchdog(), name="heartbeat-watchdog")]
 

@@ -21,6 +21,18 @@ from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hel
 
 log = logging.getLogger("worker")
 
+# Test hook, in the style of vLLM's VLLM_TEST_* variables: worker ids ("1", "0,2" or "all") that
+# exit with FAULT_EXIT_CODE as soon as they start, before loading the model (a crash at start).
+FAULT_CRASH_AT_START = "LLAMADEPLOY_FAULT_CRASH_AT_START"
+FAULT_EXIT_CODE = 3
+
+
+def fault_crash_at_start(worker_id: int, env: dict | None = None) -> bool:
+    """True when ``LLAMADEPLOY_FAULT_CRASH_AT_START`` names ``worker_id`` (or ``all``)."""
+    value = (os.environ if env is None else env).get(FAULT_CRASH_AT_START, "")
+    ids = {v.strip() for v in value.split(",")} - {""}
+    return "all" in ids or str(worker_id) in ids
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -63,24 +75,37 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
                    max_waiting=cfg.workers.max_waiting))
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_sigterm(*_) -> None:
+        if "engine" not in engine_ref:
+            raise SystemExit(0)  # still loading: nothing in flight, stop now rather than after the load
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
 
     import torch
 
+    from worker import gpus as worker_gpus
     from worker import model as model_mod
     from worker.engine import Engine
     from worker.scheduler import Scheduler
 
     if cpus:
         torch.set_num_threads(len(cpus))
+    gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
     device = model_mod.pick_device(device_kind)
     dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
-    model, tokenizer = model_mod.load(model_path, device, dtype)
-    budget = kv_budget_tokens(cfg, model.config, dtype, device)
+    split = worker_gpus.max_memory(share, cfg.workers.gpu_memory_utilization) if len(gpus) > 1 else None
+    model, tokenizer = model_mod.load(model_path, device, dtype, split)
+    if gpus:
+        log.info("GPU memory after loading: %s", worker_gpus.memory_report())
+    budget = kv_budget_tokens(cfg, model, dtype, device, share)
     log.info("loaded %s as %s on %s in %.1fs; KV budget %d tokens", cfg.model.public_name, dtype, device,
              time.monotonic() - started, budget)
-    scheduler = Scheduler(cfg.workers.max_num_seqs, cfg.workers.max_waiting, budget, cfg.workers.max_prefill_tokens)
+    # CPU prefill is compute-bound: one newcomer per step (see worker.scheduler)
+    scheduler = Scheduler(cfg.workers.max_num_seqs, cfg.workers.max_waiting, budget, cfg.workers.max_prefill_tokens,
+                          max_prefill_seqs=1 if device.type == "cpu" else None)
     engine = Engine(model, tokenizer, scheduler, cfg.model.max_model_len, out.send, device)
     warm_up(engine, tokenizer)
     engine_ref["engine"] = engine
@@ -108,6 +133,8 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
             msg = None
         while msg is not None:
             if isinstance(msg, Generate):
+                log.info("request %s: %d prompt tokens, max_tokens %d", msg.request_id, len(msg.prompt_token_ids),
+                         msg.params.max_tokens, extra={"request_id": msg.http_request_id})
                 engine.submit(msg)
             elif isinstance(msg, Cancel):
                 engine.cancel(msg.request_id)
@@ -122,21 +149,17 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
     return "SIGTERM"
 
 
-def kv_budget_tokens(cfg: DeployConfig, config, dtype, device) -> int:
-    """KV-cache budget in tokens: ``kv_cache_gib`` on CPU; on GPU, ``gpu_memory_utilization`` of the
-    card's memory minus what the weights already take."""
-    import torch
-
+def kv_budget_tokens(cfg: DeployConfig, model, dtype, device, share: float = 1.0) -> int:
+    """KV-cache budget in tokens: ``kv_cache_gib`` on CPU; on GPU, this worker's ``share`` of
+    ``gpu_memory_utilization`` of each card minus what it already holds (see ``worker.gpus``)."""
+    from worker.gpus import kv_budget_tokens as gpu_kv_budget_tokens
     from worker.model import kv_bytes_per_token
 
-    per_token = kv_bytes_per_token(config, dtype)
+    per_token = kv_bytes_per_token(model.config, dtype)
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        budget_bytes = max(0, int(total * cfg.workers.gpu_memory_utilization) - used)
-    else:
-        budget_bytes = int(cfg.workers.kv_cache_gib * 2**30)
-    return budget_bytes // per_token
+        return gpu_kv_budget_tokens(per_token, share, cfg.workers.gpu_memory_utilization,
+                                    getattr(model, "hf_device_map", None), model.config.num_hidden_layers)
+    return int(cfg.workers.kv_cache_gib * 2**30) // per_token
 
 
 def warm_up(engine, tokenizer) -> None:
@@ -160,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.config) as f:
         cfg = DeployConfig.model_validate_json(f.read())
     setup_logging(f"worker-{args.worker_id} {args.device}", cfg.logging.format, cfg.logging.level)
+    if fault_crash_at_start(args.worker_id):
+        log.error("%s names this worker: exiting with code %d (fault injection)", FAULT_CRASH_AT_START, FAULT_EXIT_CODE)
+        sys.exit(FAULT_EXIT_CODE)
     try:
         code = run_worker_process(cfg, args.worker_id, args.device, cpus, args.model_path, args.address)
     except Exception:

@@ -113,11 +113,14 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Generate(Msg):
-    """Generate a continuation of ``prompt_token_ids`` (already templated and tokenized)."""
+    """Generate a continuation of ``prompt_token_ids`` (already templated and tokenized).
+
+    ``http_request_id`` is the HTTP request's ``X-Request-ID``, for the worker's logs only."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    http_request_id: str = ""
 
 
 class Cancel(Msg):

@@ -7,9 +7,16 @@ directly. Policy, first come first served (vLLM's and TGI's default):
 * the KV cache is a left-padded batch, so its worst-case size is
   ``rows × max(worst_case_tokens of the rows)``; a newcomer is admitted only while that product,
   newcomer included, fits ``kv_budget_tokens``;
-* at most ``max_prefill_tokens`` prompt tokens are prefilled in one step (at least one request),
-  which bounds the pause a prefill puts between the running sequences' tokens (ITL);
-* the waiting queue is bounded by ``max_waiting``; beyond it ``add`` refuses (the router answers 429).
+* at most ``max_prefill_tokens`` prompt tokens, and at most ``max_prefill_seqs`` requests, are
+  prefilled in one step (at least one request), which bounds the pause a prefill puts between the
+  running sequences' tokens (ITL). On CPU the worker prefills one request per step: prefill is
+  compute-bound there, so batching newcomers gains nothing and makes all but the first wait for
+  the others' prompts; worse, requests prefilled together finish together, and in a closed loop
+  their successors arrive together again, so the whole batch keeps arriving in waves;
+* the worker holds at most ``max_num_seqs + max_waiting`` requests, running and waiting together:
+  the capacity the router counts per worker before it answers 429 itself. So the waiting queue
+  is bounded (``max_waiting``, plus whatever batch slots the KV budget leaves empty) and the
+  worker never refuses a request the router let through; ``add`` raises :class:`QueueFull` beyond it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ class Schedulable(Protocol):
 
 
 class QueueFull(Exception):
-    """The waiting queue is at ``max_waiting``."""
+    """The worker already holds ``max_num_seqs + max_waiting`` requests."""
 
 
 class TooLarge(Exception):
@@ -35,11 +42,13 @@ class TooLarge(Exception):
 class Scheduler:
     """FCFS admission under a sequence cap and a padded-batch KV budget (in tokens)."""
 
-    def __init__(self, max_num_seqs: int, max_waiting: int, kv_budget_tokens: int, max_prefill_tokens: int = 4096):
+    def __init__(self, max_num_seqs: int, max_waiting: int, kv_budget_tokens: int, max_prefill_tokens: int = 4096,
+                 max_prefill_seqs: int | None = None):
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self.kv_budget_tokens = kv_budget_tokens
         self.max_prefill_tokens = max_prefill_tokens
+        self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
         self.waiting: deque[Schedulable] = deque()
         self.running: list[Schedulable] = []
         self.peak_running = 0
@@ -57,8 +66,8 @@ class Scheduler:
         """Queue a request. Raises :class:`TooLarge` or :class:`QueueFull`."""
         if seq.worst_case_tokens > self.kv_budget_tokens:
             raise TooLarge(f"request needs {seq.worst_case_tokens} KV tokens, budget is {self.kv_budget_tokens}")
-        if len(self.waiting) >= self.max_waiting:
-            raise QueueFull(f"waiting queue is full ({self.max_waiting})")
+        if len(self.waiting) + len(self.running) >= self.max_num_seqs + self.max_waiting:
+            raise QueueFull(f"worker is full: {len(self.running)} running, {len(self.waiting)} waiting")
         self.waiting.append(seq)
 
     def admit(self) -> list[Schedulable]:
@@ -69,7 +78,8 @@ class Scheduler:
             head = self.waiting[0]
             if self.padded_tokens(self.running + [head]) > self.kv_budget_tokens:
                 break  # FCFS: nobody overtakes the head of the queue
-            if admitted and prefill + len(head.prompt) > self.max_prefill_tokens:
+            if admitted and (prefill + len(head.prompt) > self.max_prefill_tokens
+                             or len(admitted) >= self.max_prefill_seqs):
                 break
             self.waiting.popleft()
             self.running.append(head)

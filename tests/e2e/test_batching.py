@@ -1,0 +1,169 @@
+"""Issue 6 end to end: KV budget under load, backpressure (429), and memory stability of a worker.
+
+Two one-worker deployments: ``tight`` has a KV budget that admits only three short requests at
+once (and a context length to match, or ``up`` refuses to start); ``busy`` has room for 8 running
++ 8 waiting requests. Timing claims belong to ``llamadeploy bench``;
+these tests assert behaviour only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.deployment import MODEL, Deployment
+
+SHORT = "Say hi."  # 33 prompt tokens once templated
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("tight"), {
+        "model": {"max_model_len": 128},
+        "workers": {"replicas": 1, "kv_cache_gib": 0.006, "max_num_seqs": 8, "max_waiting": 64}})
+    d.start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("busy"), {
+        "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8},
+        "logging": {"level": "debug"}})
+    d.start()
+    yield d
+    d.stop()
+
+
+def wait_idle(d: Deployment, timeout: float = 120) -> dict:
+    """Until the router and the worker report nothing in flight; returns the worker's info."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = d.worker(0)
+        if w["in_flight"] == 0 and w["running"] == 0 and w["waiting"] == 0:
+            return w
+        time.sleep(0.2)
+    raise TimeoutError(f"worker still busy: {d.worker(0)}")
+
+
+def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
+    """Test 3: all complete; the worker never ran more sequences than its budget admits."""
+    budget = tight.worker(0)["kv_budget_tokens"]
+    with ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(lambda _: tight.chat(SHORT, max_tokens=8, timeout=300), range(64)))
+    assert [r.status_code for r in results] == [200] * 64, {r.status_code: r.text for r in results}
+    worst = max(r.json()["usage"]["prompt_tokens"] for r in results) + 8
+    admissible = budget // worst
+    assert 2 <= admissible < 8, (budget, worst)  # the budget, not max_num_seqs, is what binds
+    w = wait_idle(tight)
+    time.sleep(1.2)  # a heartbeat after the last request
+    w = tight.worker(0)
+    assert 2 <= w["peak_running"] <= admissible, w
+    assert w["kv_used_tokens"] == 0 and w["served"] >= 64
+
+
+def test_full_queue_answers_429_with_retry_after_then_recovers(busy):
+    """Test 4: with every slot and queue place taken, the next request gets 429 + Retry-After."""
+    wait_idle(busy)
+    capacity = busy.worker(0)["max_num_seqs"] + busy.worker(0)["max_waiting"]
+    codes: list[int] = []
+
+    def long_request():
+        codes.append(busy.chat("Tell me a long story.", max_tokens=60, ignore_eos=True, timeout=300).status_code)
+
+    threads = [threading.Thread(target=long_request) for _ in range(capacity)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while busy.worker(0)["in_flight"] < capacity:
+            assert time.monotonic() < deadline, busy.worker(0)
+            time.sleep(0.05)
+        r = busy.chat(SHORT, max_tokens=4)
+        assert r.status_code == 429, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        for t in threads:
+            t.join()
+    assert codes == [200] * capacity
+    wait_idle(busy)
+    assert busy.chat(SHORT, max_tokens=4).status_code == 200
+
+
+def mixed_request(d: Deployment, i: int) -> str:
+    """One request of a rotating mix; returns its kind. Never raises on an HTTP error status."""
+    rng = random.Random(i)
+    kind = ["plain", "stream", "cancel", "too_long", "invalid", "seeded", "stream", "plain"][i % 8]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Count from 1 to {rng.randint(5, 30)}."}],
+            "max_tokens": rng.randint(2, 16), "temperature": 0}
+    url = f"{d.base_url}/chat/completions"
+    if kind == "plain":
+        httpx.post(url, json=body, timeout=120)
+    elif kind == "seeded":
+        httpx.post(url, json={**body, "temperature": 0.8, "seed": i, "top_p": 0.9}, timeout=120)
+    elif kind == "too_long":
+        r = httpx.post(url, json={**body, "max_tokens": 2040}, timeout=120)
+        assert r.status_code == 400, r.text
+    elif kind == "invalid":
+        assert httpx.post(url, json={**body, "temperature": 7}, timeout=120).status_code == 400
+    else:
+        with httpx.stream("POST", url, json={**body, "stream": True, "max_tokens": 40 if kind == "cancel" else 16,
+                                             "ignore_eos": kind == "cancel"}, timeout=120) as r:
+            for n, _ in enumerate(r.iter_lines()):
+                if kind == "cancel" and n >= 4:
+                    break  # the client goes away mid-stream: the worker must cancel and free the row
+    return kind
+
+
+def memory_after_settling(d: Deployment) -> int:
+    wait_idle(d)
+    time.sleep(1.5)  # heartbeats every 0.5 s: the reading is from after the last request
+    return d.worker(0)["mem_bytes"]
+
+
+def test_memory_stable_over_200_mixed_requests(busy):
+    """Test 6: after a warm-up, 200 mixed requests leave the worker's RSS within 5%."""
+    counter = itertools.count()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: mixed_request(busy, next(counter)), range(48)))  # warm-up
+    before = memory_after_settling(busy)
+    served_before = busy.worker(0)["served"]
+    with ThreadPoolExecutor(8) as pool:
+        kinds = list(pool.map(lambda _: mixed_request(busy, next(counter)), range(200)))
+    after = memory_after_settling(busy)
+    w = busy.worker(0)
+    print(f"\nworker RSS after warm-up {before / 2**20:.1f} MiB, after 200 mixed requests {after / 2**20:.1f} MiB "
+          f"({(after - before) / before:+.2%}); peak running {w['peak_running']}, kinds "
+          f"{ {k: kinds.count(k) for k in set(kinds)} }")
+    assert abs(after - before) <= 0.05 * before, (before, after)
+    assert w["served"] - served_before >= 100 and w["kv_used_tokens"] == 0
+    assert w["peak_running"] >= 4  # the mix really was batched
+    assert "memory" in busy.log() and "bytes" in busy.log()  # per-request memory at debug level
+
+
+def test_bench_command_writes_table_json_and_plot(busy, tmp_path):
+    """`llamadeploy bench` end to end against our router (a tiny run: the numbers are not checked)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, "--scenario", "chat",
+                           "--output-tokens", "4", "--concurrency", "1,2", "--requests", "2", "--warmup", "1",
+                           "--output", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    levels = result["scenarios"][0]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert all(lv["failures"] == 0 and lv["output_tokens_per_s"] > 0 and lv["ttft_p50_s"] > 0 for lv in levels)
+    assert all(lv["mean_output_tokens"] == 4 and lv["peak_worker_mem_bytes"] > 0 for lv in levels)
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    assert "out tok/s" in proc.stdout and "TTFT p50" in proc.stdout
