@@ -130,8 +130,6 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
         raise ApiError(400, f"a stop string is longer than {lim.max_stop_length} characters (limits.max_stop_length)",
                        param="stop", code="stop_too_long")
     temperature = 1.0 if req.temperature is None else req.temperature
-    if temperature < 1e-5:  # as vLLM: a near-zero temperature is greedy (logits / 1e-300 overflow)
-        temperature = 0.0
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len),
         temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,

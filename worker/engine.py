@@ -92,8 +92,6 @@ class Engine:
         if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             self.emit(Failed(request_id=gen.request_id, code=400, message="sampling parameters out of range"))
             return
-        if p.temperature < 1e-5:
-            p.temperature = 0.0  # as vLLM: near-zero is greedy (logits / 1e-300 overflow to inf and crash sampling)
         seq = Sequence(gen.request_id, list(gen.prompt_token_ids), gen.params, self.tokenizer,
                        self.eos_ids, self.max_model_len, self.device)
         try:

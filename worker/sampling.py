@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import torch
 
+# Below this a temperature means greedy, as in vLLM (_SAMPLING_EPS): dividing logits by 1e-300
+# overflows to inf and breaks the softmax.
+GREEDY_BELOW = 1e-5
+
 
 class RowSampler:
     """Sampling state of one sequence: temperature, top-p, top-k and an optional seeded RNG."""
 
     def __init__(self, temperature: float, top_p: float, top_k: int, seed: int | None, device: torch.device):
-        self.temperature = temperature
+        self.temperature = 0.0 if temperature < GREEDY_BELOW else temperature
         self.top_p = top_p
         self.top_k = top_k
         self.generator: torch.Generator | None = None
-        if seed is not None and temperature > 0:
+        if seed is not None and self.temperature > 0:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(seed)
 
