@@ -162,6 +162,20 @@ def _admin_client(config: Optional[Path], admin_url: Optional[str]):
     return AdminClient(admin_url or f"http://{host}:{cfg.router.admin_port}", cfg.router.admin_token)
 
 
+def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
+    """One admin API call; exits 1 with a message that says what to check when it fails."""
+    from launcher.supervisor import AdminError
+
+    try:
+        return client.call(method, path, timeout=timeout)
+    except AdminError as exc:
+        hint = " (the token is router.admin_token or LLAMADEPLOY_ADMIN_TOKEN)" if str(exc).startswith("HTTP 401") else ""
+        fail(f"the admin API at {client.base} refused: {exc}{hint}", 1)
+    except OSError as exc:
+        fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running? If it was started "
+             "with another admin port, pass --admin-url http://127.0.0.1:PORT", 1)
+
+
 ADMIN_URL = typer.Option(None, "--admin-url", help="the router's admin API (default: from deploy.yaml)")
 
 
@@ -173,16 +187,8 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
 
     from rich.table import Table
 
-    from launcher.supervisor import AdminError
-
     client = _admin_client(config, admin_url)
-    try:
-        info = client.call("GET", "/admin/workers")
-    except AdminError as exc:
-        fail(f"the admin API at {client.base} refused: {exc} (the token is router.admin_token or "
-             "LLAMADEPLOY_ADMIN_TOKEN)", 1)
-    except OSError as exc:
-        fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running?", 1)
+    info = admin_call(client, "GET", "/admin/workers")
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
@@ -221,11 +227,8 @@ def restart_worker(worker_id: int = typer.Argument(..., help="the worker's id (s
     cfg = load_or_exit(config)
     client = _admin_client(config, admin_url)
     drain_s = cfg.supervisor.drain_timeout_s if timeout is None else timeout
-    try:
-        out = client.call("POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}",
-                          timeout=drain_s + 10)
-    except OSError as exc:
-        fail(f"restart of worker {worker_id} failed: {exc}", 1)
+    out = admin_call(client, "POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}",
+                     timeout=drain_s + 10)
     note = "" if out.get("drained", True) else " (drain timed out: in-flight requests were failed over)"
     console.print(f"worker {worker_id} restarting{note}", highlight=False)
     if wait:

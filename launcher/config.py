@@ -65,6 +65,11 @@ class RouterConfig(Section):
         if not is_loopback(self.admin_host) and not self.admin_token:
             raise ValueError(f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
                              "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API")
+        wildcard = {"0.0.0.0", "::", ""}
+        if self.port == self.admin_port and (
+                self.host == self.admin_host or self.host in wildcard or self.admin_host in wildcard):
+            raise ValueError(f"port and admin_port are both {self.port}: the public API and the admin API "
+                             "need different ports; change one of them")
         return self
 
 

@@ -2,7 +2,8 @@
 
 ``stream_tokens`` yields the worker's :class:`~worker.protocol.Tokens` events in order. If the
 worker is lost (or leaves while shutting down) before any text reached the client, the request is
-sent again to another ready worker, up to ``max_retries`` times; after that, or once text has
+sent again to another ready worker (waiting for a restarted one when none is ready), up to
+``max_retries`` times; after that, or once text has
 been delivered, the loss surfaces as :class:`UpstreamError` (502). With ``buffered=True`` (a
 non-streaming request: the client sees nothing until the end) the attempt's deltas are merged into
 one final event, so a loss can be retried however far the lost attempt had got. Whatever way the
@@ -12,11 +13,13 @@ worker and released from the pool's accounting.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import AsyncIterator, Callable
 
 from router.errors import ApiError
-from router.workers import NoWorker, Worker, WorkerLost, WorkerPool
+from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
 from worker.protocol import Failed, Generate, SamplingParams, Tokens
 
 log = logging.getLogger(__name__)
@@ -30,13 +33,27 @@ class _Retry(Exception):
     """This attempt's worker was lost and the request may go to another one."""
 
 
-def _choose(pool: WorkerPool, tried: set[int]) -> Worker:
+RETRY_WAIT_S = 60.0  # how long a retry waits for a worker to come back when none is ready
+COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves by itself
+
+
+async def _choose(pool: WorkerPool, tried: set[int], last_loss: str) -> Worker:
+    """The worker for this attempt. A retry prefers a worker not tried yet; when no worker is ready
+    at all (one replica, just killed) it waits, up to ``RETRY_WAIT_S`` and within the request's
+    own timeout, for a restarting one to rejoin. Raises ``UpstreamError`` (502) when none can."""
     try:
         return pool.pick(exclude=tried, admitting=not tried)
     except NoWorker:
         if not tried:
             raise
-        return pool.pick(admitting=False)  # only a worker we already tried is left (it may have restarted)
+    deadline = time.monotonic() + RETRY_WAIT_S
+    while True:
+        try:
+            return pool.pick(admitting=False)  # a worker already tried may be back (restarted)
+        except NoWorker:
+            if time.monotonic() > deadline or not any(w.state in COMING_BACK for w in pool.workers.values()):
+                raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
+        await asyncio.sleep(0.25)
 
 
 async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingParams, max_retries: int,
@@ -45,8 +62,9 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
     """``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing)."""
     tried: set[int] = set()
     delivered = False  # text reached the client: no retry from here on
+    last_loss = ""  # why the previous attempt ended
     for attempt in range(max_retries + 1):
-        worker = _choose(pool, tried)
+        worker = await _choose(pool, tried, last_loss)
         rid = pool.new_request_id()
         log.info("request %s -> worker %d as %s (%d prompt tokens)", request_tag, worker.worker_id, rid, len(prompt))
         queue = pool.register(worker, rid)
@@ -82,6 +100,7 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
                 if lost and not delivered and attempt < max_retries:
                     log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, message,
                                 attempt + 1, max_retries)
+                    last_loss = message
                     raise _Retry
                 if isinstance(event, Failed) and not lost:
                     finished = True

@@ -51,3 +51,11 @@ def test_missing_and_malformed_files(tmp_path):
     top.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(top)
+
+
+def test_port_and_admin_port_must_differ():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"router": {"port": 18600, "admin_port": 18600}})
+    assert "admin_port are both 18600" in str(e.value)
+    cfg = parse_config({"router": {"port": 18600, "admin_port": 18601}})
+    assert cfg.router.admin_port == 18601

@@ -211,3 +211,37 @@ def test_drain_waits_for_in_flight_then_reports_idle():
         assert await drain is True
 
     run(scenario())
+
+
+def test_retry_waits_for_the_only_worker_to_come_back():
+    async def scenario():
+        pool = RecordingPool()
+        pool.boot(0, pid=100)
+        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True)))
+        await step()
+        pool.mark_lost(0, "killed by SIGKILL")  # one replica: nothing else is ready
+        await asyncio.sleep(0.3)
+        assert not task.done() and len(pool.generates()) == 1
+        pool.boot(0, pid=200, restarts=1)
+        await asyncio.sleep(0.3)
+        assert len(pool.generates()) == 2
+        pool.tokens("back", finish="stop")
+        events = await task
+        assert [e.text_delta for e in events] == ["back"] and pool.in_flight() == 0
+
+    run(scenario())
+
+
+def test_retry_fails_with_502_when_no_worker_can_come_back():
+    async def scenario():
+        pool = RecordingPool()
+        pool.boot(0, pid=100)
+        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True)))
+        await step()
+        pool.mark_lost(0, "killed by SIGKILL", failed=True)  # the supervisor gave up on it
+        with pytest.raises(ApiError) as err:
+            await task
+        assert err.value.status == 502 and err.value.code == "worker_lost" and "SIGKILL" in err.value.message
+        assert pool.in_flight() == 0
+
+    run(scenario())
