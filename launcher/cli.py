@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from launcher.config import ConfigError, DeployConfig, load_config
+from launcher.config import ConfigError, DeployConfig, connect_host, load_config
 from launcher.logs import setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -133,7 +133,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
                               enabled=cfg.logging.format == "text", console=console):
             sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
         if not stop["requested"]:
-            host = "127.0.0.1" if cfg.router.host in ("0.0.0.0", "::") else cfg.router.host
+            host = connect_host(cfg.router.host)
             failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
             workers = f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}" if failed \
                 else f"{len(specs)} worker(s)"
@@ -157,8 +157,7 @@ def _admin_client(config: Optional[Path], admin_url: Optional[str]):
     from launcher.supervisor import AdminClient
 
     cfg = load_or_exit(config)
-    host = "127.0.0.1" if cfg.router.admin_host in ("0.0.0.0", "::") else cfg.router.admin_host
-    return AdminClient(admin_url or f"http://{host}:{cfg.router.admin_port}", cfg.router.admin_token)
+    return AdminClient(admin_url or cfg.router.admin_url, cfg.router.admin_token)
 
 
 def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:

@@ -65,12 +65,25 @@ class RouterConfig(Section):
         if not is_loopback(self.admin_host) and not self.admin_token:
             raise ValueError(f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
                              "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API")
-        wildcard = {"0.0.0.0", "::", ""}
         if self.port == self.admin_port and (
-                self.host == self.admin_host or self.host in wildcard or self.admin_host in wildcard):
+                self.host == self.admin_host or self.host in WILDCARD_HOSTS or self.admin_host in WILDCARD_HOSTS):
             raise ValueError(f"port and admin_port are both {self.port}: the public API and the admin API "
                              "need different ports; change one of them")
         return self
+
+    @property
+    def admin_url(self) -> str:
+        """Where a client on this machine reaches the admin API."""
+        return f"http://{connect_host(self.admin_host)}:{self.admin_port}"
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def connect_host(host: str) -> str:
+    """The address a client on this machine uses for a server bound to ``host`` (loopback for a
+    wildcard bind such as 0.0.0.0)."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
 
 
 def is_loopback(host: str) -> bool:

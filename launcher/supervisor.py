@@ -152,8 +152,7 @@ class Supervisor:
         self.config_path.write_text(cfg.model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
         self.router: subprocess.Popen | None = None
-        admin_host = "127.0.0.1" if cfg.router.admin_host in ("0.0.0.0", "::", "") else cfg.router.admin_host
-        self.admin = AdminClient(f"http://{admin_host}:{cfg.router.admin_port}", cfg.router.admin_token)
+        self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
         self.stopping = False
         self._next_sync = 0.0
 

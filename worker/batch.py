@@ -36,6 +36,8 @@ import mmap
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from worker.model import kv_shape
+
 
 class _Cursor:
     """Which rows and columns the current forward pass reads and writes (shared by every layer)."""
@@ -106,11 +108,7 @@ class PaddedBatch:
     """
 
     def __init__(self, model, device: torch.device, max_rows: int, max_slack: int = 128):
-        config = model.config
-        heads = config.num_attention_heads
-        self.num_layers = config.num_hidden_layers
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.num_layers, self.kv_heads, self.head_dim = kv_shape(model.config)
         self.dtype = next(model.parameters()).dtype
         self.device = device
         self.max_rows = max_rows

@@ -48,12 +48,19 @@ def load(model_path: str, device: torch.device, dtype: torch.dtype, max_memory: 
     return model, tokenizer
 
 
+def kv_shape(config) -> tuple[int, int, int]:
+    """``(layers, kv_heads, head_dim)`` of a decoder config: kv_heads defaults to the attention
+    heads (no GQA), head_dim to ``hidden_size // num_attention_heads``."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return config.num_hidden_layers, kv_heads, head_dim
+
+
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element size.
 
     The formula is the standard one (vLLM's ``get_cache_block_size``, the article's §2).
     """
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    layers, kv_heads, head_dim = kv_shape(config)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
