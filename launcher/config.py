@@ -11,7 +11,7 @@ import difflib
 import ipaddress
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -100,7 +100,10 @@ class WorkersConfig(Section):
     workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
     max_waiting: int = Field(64, ge=0, le=100_000, description="requests queued per worker before the router answers 429")
-    max_prefill_tokens: int = Field(4096, ge=16, description="prompt tokens prefilled in one engine step")
+    max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto", description="prompt tokens prefilled per engine step while others decode (auto: 32 on CPU, 2048 on GPU)")
+    max_queue_wait_s: float = Field(120.0, gt=0, description="a queued request waits at most this for KV memory, "
+                                                              "then gets 503 with Retry-After")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
     heartbeat_s: float = Field(1.0, gt=0, le=60)
@@ -113,6 +116,14 @@ class WorkersConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("replicas must be >= 1 or 'auto'")
         return v
+
+    def prefill_budgets(self, on_gpu: bool) -> tuple[int, int]:
+        """Prompt tokens one engine step computes while others decode, and when nothing decodes.
+        ``auto``: on CPU, where prefill is compute-bound, 32 keeps a step within about twice a decode
+        step (README "The engine") and 512 fills an idle step; on GPU, 2048 and 8192."""
+        if self.max_prefill_tokens == "auto":
+            return (2048, 8192) if on_gpu else (32, 512)
+        return self.max_prefill_tokens, self.max_prefill_tokens
 
 
 class SupervisorConfig(Section):

@@ -87,27 +87,17 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     import torch
 
     from worker import gpus as worker_gpus
-    from worker import model as model_mod
-    from worker.engine import Engine
-    from worker.scheduler import Scheduler
 
     if cpus:
         torch.set_num_threads(len(cpus))
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
-    device = model_mod.pick_device(device_kind)
-    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
-    split = worker_gpus.max_memory(share, cfg.workers.gpu_memory_utilization) if len(gpus) > 1 else None
-    model, tokenizer = model_mod.load(model_path, device, dtype, split)
+    engine, budget = build_engine(cfg, model_path, device_kind, share, out.send)
+    log.info("loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)", cfg.model.public_name,
+             engine.runner.model.dtype, engine.device, time.monotonic() - started, engine.scheduler.blocks.num_blocks,
+             engine.scheduler.blocks.block_size, engine.runner.cache.nbytes / 2**30)
     if gpus:
         log.info("GPU memory after loading: %s", worker_gpus.memory_report())
-    budget = kv_budget_tokens(cfg, model, dtype, device, share)
-    log.info("loaded %s as %s on %s in %.1fs; KV budget %d tokens", cfg.model.public_name, dtype, device,
-             time.monotonic() - started, budget)
-    # CPU prefill is compute-bound: one newcomer per step (see worker.scheduler)
-    scheduler = Scheduler(cfg.workers.max_num_seqs, cfg.workers.max_waiting, budget, cfg.workers.max_prefill_tokens,
-                          max_prefill_seqs=1 if device.type == "cpu" else None)
-    engine = Engine(model, tokenizer, scheduler, cfg.model.max_model_len, out.send, device)
-    warm_up(engine, tokenizer)
+    warm_up(engine)
     engine_ref["engine"] = engine
     out.send(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
                    kv_budget_tokens=budget))
@@ -149,30 +139,64 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
     return "SIGTERM"
 
 
-def kv_budget_tokens(cfg: DeployConfig, model, dtype, device, share: float = 1.0) -> int:
-    """KV-cache budget in tokens: ``kv_cache_gib`` on CPU; on GPU, this worker's ``share`` of
-    ``gpu_memory_utilization`` of each card minus what it already holds (see ``worker.gpus``)."""
-    from worker.gpus import kv_budget_tokens as gpu_kv_budget_tokens
-    from worker.model import kv_bytes_per_token
-
-    per_token = kv_bytes_per_token(model.config, dtype)
-    if device.type == "cuda":
-        return gpu_kv_budget_tokens(per_token, share, cfg.workers.gpu_memory_utilization,
-                                    getattr(model, "hf_device_map", None), model.config.num_hidden_layers)
-    return int(cfg.workers.kv_cache_gib * 2**30) // per_token
+BLOCK_SIZE = 16  # tokens per KV block: the prefix cache's granularity (vLLM's default)
 
 
-def warm_up(engine, tokenizer) -> None:
+def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit):
+    """Load the replica, size and allocate its KV cache once, and assemble the engine.
+    Returns ``(engine, kv_budget_tokens)``."""
+    import torch
+
+    from worker import model as model_mod
+    from worker.attention import KVCache
+    from worker.blocks import BlockManager
+    from worker.engine import Engine
+    from worker.runner import ModelRunner
+    from worker.scheduler import Scheduler
+
+    w = cfg.workers
+    device = model_mod.pick_device(device_kind)
+    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
+    config = model_mod.load_config(model_path)
+    tokenizer = model_mod.load_tokenizer(model_path)
+    model = model_mod.load_model(model_path, config, device, dtype, cfg.model.max_model_len,
+                                 random_init=getattr(cfg.model, "random_init", False))
+    per_token = model_mod.kv_bytes_per_token(config, dtype)
+    budget_bytes = int(w.kv_cache_gib * 2**30) if device.type == "cpu" else gpu_kv_budget_bytes(cfg, share)
+    num_blocks = max(1, budget_bytes // (per_token * BLOCK_SIZE))
+    layers, kv_heads, head_dim = model_mod.kv_shape(config)
+    cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, device)
+    prefill, idle = w.prefill_budgets(device.type == "cuda")
+    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE), w.max_num_seqs, w.max_waiting, prefill,
+                          idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
+    engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
+                    config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
+    return engine, num_blocks * BLOCK_SIZE
+
+
+def gpu_kv_budget_bytes(cfg: DeployConfig, share: float) -> int:
+    """KV bytes for a GPU worker: its share of ``gpu_memory_utilization`` of the card, less what
+    it already holds (weights) and an activation allowance."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(0)
+    mine = int(total * cfg.workers.gpu_memory_utilization * share) - torch.cuda.memory_reserved(0)
+    device_wide = free - int(total * (1 - cfg.workers.gpu_memory_utilization))
+    return max(0, int(min(mine, device_wide) * 0.9))
+
+
+def warm_up(engine) -> None:
     """One short generation through the real engine path, its output discarded."""
     sent = engine.emit
     engine.emit = lambda msg: None
     try:
-        ids = tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
+        ids = engine.tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
         engine.submit(Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0)))
         while engine.has_work:
             engine.step()
     finally:
         engine.emit = sent
+        engine.scheduler.blocks.reset_prefix_cache()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 The launcher has already resolved ``model_path`` to a local Hugging Face folder (config.json,
 safetensors, tokenizer files) and set ``CUDA_VISIBLE_DEVICES`` before this process imported torch.
+Llama-family models run on the engine's own forward pass (:mod:`worker.llama`); weights load
+straight onto the device.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import logging
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+from worker import llama
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +31,50 @@ def pick_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` is float32 on CPU and bfloat16 on GPU."""
-    if dtype == "auto":
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    return DTYPES[dtype]
+    """``auto``: bfloat16 where the hardware computes it natively, float16 on older GPUs, float32 on
+    other CPUs (:mod:`worker.dtypes`)."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    from worker.dtypes import auto_dtype_for
+
+    return DTYPES[auto_dtype_for(device.type)]
 
 
-def load(model_path: str, device: torch.device, dtype: torch.dtype, max_memory: dict | None = None):
-    """Load tokenizer and model in eval mode. Returns ``(model, tokenizer)``.
+def load_config(model_path: str):
+    return AutoConfig.from_pretrained(model_path)
 
-    With ``max_memory`` (several visible GPUs) the model is split layer-wise with
-    ``device_map="auto"``: a pipeline of layers, not tensor parallelism.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if max_memory:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, device_map="auto", max_memory=max_memory)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
-    model.eval()
-    return model, tokenizer
+
+def load_tokenizer(model_path: str):
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def eos_ids(model_path: str, config, tokenizer) -> set[int]:
+    """End-of-sequence token ids: generation_config.json's, else config.json's, else the tokenizer's."""
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:
+        eos = None
+    eos = eos if eos is not None else getattr(config, "eos_token_id", None)
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    return set(eos) if isinstance(eos, list) else {eos}
+
+
+def load_model(model_path: str, config, device: torch.device, dtype: torch.dtype, max_positions: int,
+               random_init: bool = False) -> llama.LlamaModel:
+    """The replica's forward pass with its weights (random ones with ``random_init``, for benchmarks).
+    Raises ``ValueError`` for an architecture :func:`worker.llama.supports` refuses."""
+    why = llama.supports(config)
+    if why is not None:
+        raise ValueError(f"{model_path}: {why}; the engine runs Llama-family models "
+                         f"({', '.join(sorted(llama.ARCHITECTURES))})")
+    weights = (llama.random_weights(config, device, dtype) if random_init
+               else llama.load_weights(model_path, device, dtype))
+    linear = None
+    if device.type == "cpu":
+        from worker.cpu_kernels import packed_linear
+
+        linear = packed_linear
+    return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear)
 
 
 def kv_shape(config) -> tuple[int, int, int]:
@@ -58,9 +87,7 @@ def kv_shape(config) -> tuple[int, int, int]:
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element size.
-
-    The formula is the standard one (vLLM's ``get_cache_block_size``, the article's §2).
-    """
+    """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element size
+    (vLLM's ``get_cache_block_size``)."""
     layers, kv_heads, head_dim = kv_shape(config)
     return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()

@@ -60,6 +60,13 @@ class Heartbeat(Msg):
     mem_bytes: int
     peak_running: int = 0
     served: int = 0
+    steps: int = 0
+    last_step_age_s: float = 0.0
+    prefix_hit_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+    preemptions: int = 0
 
 
 class Usage(msgspec.Struct, forbid_unknown_fields=True):
@@ -121,6 +128,7 @@ class Generate(Msg):
     prompt_token_ids: list[int]
     params: SamplingParams
     http_request_id: str = ""
+    output_token_ids: list[int] = []
 
 
 class Cancel(Msg):

@@ -1,34 +1,35 @@
-"""Admission control for continuous batching: who runs, who waits.
+"""Which tokens of which sequences one engine step computes: chunked prefill, admission by need,
+preemption. Pure logic over :class:`~worker.sequence.Sequence`-like objects and a
+:class:`~worker.blocks.BlockManager`; no torch, so it is unit-tested directly.
 
-Pure logic over objects with ``worst_case_tokens`` and ``prompt``; no torch, so it is unit-tested
-directly. Policy, first come first served (vLLM's and TGI's default):
+Policy (vLLM's v1 scheduler and nano-vllm's, first come first served):
 
-* at most ``max_num_seqs`` sequences run at once;
-* the KV cache is a left-padded batch, so its worst-case size is
-  ``rows × max(worst_case_tokens of the rows)``; a newcomer is admitted only while that product,
-  newcomer included, fits ``kv_budget_tokens``;
-* at most ``max_prefill_tokens`` prompt tokens, and at most ``max_prefill_seqs`` requests, are
-  prefilled in one step (at least one request), which bounds the pause a prefill puts between the
-  running sequences' tokens (ITL). On CPU the worker prefills one request per step: prefill is
-  compute-bound there, so batching newcomers gains nothing and makes all but the first wait for
-  the others' prompts; worse, requests prefilled together finish together, and in a closed loop
-  their successors arrive together again, so the whole batch keeps arriving in waves;
-* the worker holds at most ``max_num_seqs + max_waiting`` requests, running and waiting together:
-  the capacity the router counts per worker before it answers 429 itself. So the waiting queue
-  is bounded (``max_waiting``, plus whatever batch slots the KV budget leaves empty) and the
-  worker never refuses a request the router let through; ``add`` raises :class:`QueueFull` beyond it.
+* Every running sequence with one token left to compute (the token sampled last step) decodes it
+  this step. Its block table grows by one block when that token starts a new block; when no block
+  is free, the newest running sequence is preempted — its blocks freed, it goes back to the head
+  of the queue and is recomputed later (cheaply, from whatever of its blocks the prefix cache
+  still holds) — until the growth fits. Nothing fails for lack of memory mid-decode.
+* Prompt tokens are computed in chunks under a per-step budget of ``max_prefill_tokens``: a long
+  document is prefilled over several steps while the others keep decoding, and several short
+  newcomers share one step's budget. A step with nothing to decode uses ``idle_prefill_tokens``.
+* A waiting request is admitted when the blocks for its tokens (less its prefix-cache hits) are
+  free with one block to spare per running sequence (so the running ones can grow), and fewer than
+  ``max_num_seqs`` run. It reserves what it needs now, not the padded worst case of the batch: a
+  long document does not cap how many short chats run beside it. The head of the queue is never
+  overtaken.
+* The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
+  which the router's count mirrors), a request that could never fit the whole cache alone is
+  refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
+  dropped from the queue (the engine answers 503 with Retry-After).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from typing import Protocol
+from dataclasses import dataclass, field
 
-
-class Schedulable(Protocol):
-    request_id: str
-    prompt: list[int]
-    worst_case_tokens: int
+from worker.blocks import BlockManager
 
 
 class QueueFull(Exception):
@@ -36,68 +37,155 @@ class QueueFull(Exception):
 
 
 class TooLarge(Exception):
-    """The request alone exceeds the KV budget and could never be admitted."""
+    """The request alone needs more KV tokens than the whole cache holds."""
+
+
+@dataclass
+class Plan:
+    """One step's work. ``decode``: sequences computing their one last token; ``prefill``:
+    ``(sequence, start, end)`` chunks of positions ``[start, end)``; ``preempted`` and ``expired``
+    left the running set or the queue during planning."""
+
+    decode: list = field(default_factory=list)
+    prefill: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+    expired: list = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.prefill
 
 
 class Scheduler:
-    """FCFS admission under a sequence cap and a padded-batch KV budget (in tokens)."""
+    """FCFS admission by need under a block budget, chunked prefill under a token budget, preemption."""
 
-    def __init__(self, max_num_seqs: int, max_waiting: int, kv_budget_tokens: int, max_prefill_tokens: int = 4096,
-                 max_prefill_seqs: int | None = None):
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_waiting: int, max_prefill_tokens: int,
+                 idle_prefill_tokens: int | None = None, max_queue_wait_s: float = float("inf"),
+                 clock=time.monotonic):
+        self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
-        self.kv_budget_tokens = kv_budget_tokens
         self.max_prefill_tokens = max_prefill_tokens
-        self.max_prefill_seqs = max_prefill_seqs or max_num_seqs
-        self.waiting: deque[Schedulable] = deque()
-        self.running: list[Schedulable] = []
+        self.idle_prefill_tokens = max(max_prefill_tokens, idle_prefill_tokens or max_prefill_tokens)
+        self.max_queue_wait_s = max_queue_wait_s
+        self.clock = clock
+        self.waiting: deque = deque()
+        self.running: list = []
         self.peak_running = 0
+        self.preemptions = 0
 
-    @staticmethod
-    def padded_tokens(seqs: list[Schedulable]) -> int:
-        """Worst-case KV tokens of a left-padded batch of ``seqs``: rows × longest worst case."""
-        return len(seqs) * max((s.worst_case_tokens for s in seqs), default=0)
+    @property
+    def capacity_tokens(self) -> int:
+        return self.blocks.num_blocks * self.blocks.block_size
 
     @property
     def reserved_tokens(self) -> int:
-        return self.padded_tokens(self.running)
+        """KV tokens held by running sequences (allocated block slots)."""
+        return sum(len(s.table.blocks) for s in self.running) * self.blocks.block_size
 
-    def add(self, seq: Schedulable) -> None:
+    def add(self, seq) -> None:
         """Queue a request. Raises :class:`TooLarge` or :class:`QueueFull`."""
-        if seq.worst_case_tokens > self.kv_budget_tokens:
-            raise TooLarge(f"request needs {seq.worst_case_tokens} KV tokens, budget is {self.kv_budget_tokens}")
+        if seq.max_tokens > self.capacity_tokens:
+            raise TooLarge(f"request needs {seq.max_tokens} KV tokens (prompt {len(seq.prompt)} + max_tokens "
+                           f"{seq.max_output}) but this worker's KV cache holds {self.capacity_tokens} tokens")
         if len(self.waiting) + len(self.running) >= self.max_num_seqs + self.max_waiting:
             raise QueueFull(f"worker is full: {len(self.running)} running, {len(self.waiting)} waiting")
+        seq.queued_at = self.clock()
         self.waiting.append(seq)
 
-    def admit(self) -> list[Schedulable]:
-        """Move the waiting requests that fit, in arrival order, to ``running``; return them."""
-        admitted: list[Schedulable] = []
-        prefill = 0
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            head = self.waiting[0]
-            if self.padded_tokens(self.running + [head]) > self.kv_budget_tokens:
-                break  # FCFS: nobody overtakes the head of the queue
-            if admitted and (prefill + len(head.prompt) > self.max_prefill_tokens
-                             or len(admitted) >= self.max_prefill_seqs):
+    def schedule(self) -> Plan:
+        """Plan one step (see the module docstring). Mutates ``running``, ``waiting`` and block tables."""
+        plan = Plan()
+        self._expire(plan)
+        for seq in list(self.running):
+            if seq not in self.running or seq.num_tokens - seq.computed != 1:
+                continue
+            while not self.blocks.grow(seq.table, seq.num_tokens):
+                victim = self.running[-1]
+                self.preempt(victim, plan)
+                if victim is seq:
+                    break
+            else:
+                plan.decode.append(seq)
+        decoding = bool(plan.decode)
+        budget = self.max_prefill_tokens if decoding else self.idle_prefill_tokens
+        for seq in self.running:
+            left = seq.num_tokens - seq.computed
+            if left > 1 and budget > 0:
+                n = min(left, budget)
+                plan.prefill.append((seq, seq.computed, seq.computed + n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running)):
                 break
             self.waiting.popleft()
-            self.running.append(head)
-            admitted.append(head)
-            prefill += len(head.prompt)
+            seq.table, seq.computed = self.blocks.allocate(seq.token_ids)
+            seq.cached_at_admission = seq.computed
+            self.running.append(seq)
+            left = seq.num_tokens - seq.computed
+            if left == 1:
+                plan.decode.append(seq)
+                budget -= 1
+            else:
+                n = min(left, budget)
+                plan.prefill.append((seq, seq.computed, seq.computed + n))
+                budget -= n
         self.peak_running = max(self.peak_running, len(self.running))
-        return admitted
+        return plan
 
-    def retire(self, done: set[str]) -> list[int]:
-        """Drop running requests whose ids are in ``done``; return the kept rows' old indices."""
-        keep = [i for i, s in enumerate(self.running) if s.request_id not in done]
-        self.running = [self.running[i] for i in keep]
-        return keep
+    def finish_step(self, plan: Plan) -> list:
+        """After the step's forward pass: advance ``computed``, register newly full blocks in the
+        prefix cache. Returns the sequences whose next token is to be sampled now."""
+        ready = []
+        for seq in plan.decode:
+            seq.computed += 1
+            ready.append(seq)
+        for seq, _, end in plan.prefill:
+            seq.computed = end
+            if end == seq.num_tokens:
+                ready.append(seq)
+        for seq in ready + [s for s, _, _ in plan.prefill]:
+            self.blocks.register(seq.table, seq.token_ids, seq.computed)
+        return ready
 
-    def drop_waiting(self, request_id: str) -> Schedulable | None:
-        """Remove a request that has not started yet (cancelled); return it if it was waiting."""
+    def retire(self, done: set[str]) -> list:
+        """Remove running sequences whose ids are in ``done`` and free their blocks; return them."""
+        gone = [s for s in self.running if s.request_id in done]
+        self.running = [s for s in self.running if s.request_id not in done]
+        for seq in gone:
+            self.blocks.release(seq.table)
+        return gone
+
+    def drop_waiting(self, request_id: str):
+        """Remove a request that is not running (cancelled); return it if it was waiting."""
         for seq in self.waiting:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
                 return seq
         return None
+
+    def preempt(self, seq, plan: Plan | None = None) -> None:
+        """Free a running sequence's blocks and put it back at the head of the queue (recomputed later)."""
+        plan = plan if plan is not None else Plan()
+        self.running.remove(seq)
+        self.blocks.release(seq.table)
+        seq.computed = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        for i, (s, _, _) in enumerate(plan.prefill):
+            if s is seq:
+                del plan.prefill[i]
+                break
+        if seq in plan.decode:
+            plan.decode.remove(seq)
+        seq.queued_at = self.clock()
+        self.waiting.appendleft(seq)
+        plan.preempted.append(seq)
+
+    def _expire(self, plan: Plan) -> None:
+        now = self.clock()
+        late = [s for s in self.waiting if now - s.queued_at > self.max_queue_wait_s]
+        if late:
+            plan.expired += late
+            self.waiting = deque(s for s in self.waiting if s not in late)

@@ -1,9 +1,18 @@
-"""One request's state inside the worker: prompt, generated tokens, text stream, finish."""
+"""One request's state inside the worker: its tokens, how many have keys in the cache, its blocks,
+its text stream and how it ends.
+
+The engine never distinguishes "prefill" from "decode" by a flag: a sequence has ``num_tokens``
+tokens (prompt, then output) of which the first ``computed`` have keys and values in the cache.
+Each step computes some of the rest (a prefill chunk, or the one token sampled last step); when
+``computed`` reaches ``num_tokens`` the step's logits give the next token. A preempted sequence
+simply drops back to ``computed = 0`` and recomputes, its output kept.
+"""
 
 from __future__ import annotations
 
 import time
 
+from worker.blocks import BlockTable
 from worker.detok import IncrementalDetokenizer, StopMatcher
 from worker.protocol import SamplingParams, Tokens, Usage
 from worker.sampling import RowSampler
@@ -12,34 +21,62 @@ from worker.sampling import RowSampler
 class Sequence:
     """A request being generated.
 
-    ``worst_case_tokens`` (prompt + max_tokens, capped by ``max_model_len``) is what the scheduler
-    reserves in the KV budget. ``append(token_id)`` records one sampled token and returns the
-    :class:`Tokens` message to send (or ``None`` when there is no new text yet).
+    ``output`` may start non-empty: tokens an earlier attempt generated before its worker was lost
+    (request migration). They are context like the prompt, are replayed through the detokenizer and
+    stop matcher silently (their text was already delivered), count towards ``max_tokens`` and
+    ``usage``, and the sampler continues at their position.
     """
 
     def __init__(self, request_id: str, prompt: list[int], params: SamplingParams, tokenizer,
-                 eos_ids: set[int], max_model_len: int, device):
+                 eos_ids: set[int], max_model_len: int, device, vocab_size: int, output: list[int] | None = None):
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
-        self.output: list[int] = []
-        self.max_new = max(1, min(params.max_tokens, max_model_len - len(prompt)))
-        self.worst_case_tokens = len(prompt) + self.max_new
+        self.output: list[int] = list(output or [])
+        self.max_output = max(1, min(params.max_tokens, max_model_len - len(prompt)))
         self.eos_ids = set() if params.ignore_eos else eos_ids
         self.detok = IncrementalDetokenizer(tokenizer, prompt[-4:])
         self.stops = StopMatcher(params.stop)
-        self.sampler = RowSampler(params.temperature, params.top_p, params.top_k, params.seed, device)
+        for token in self.output:
+            self.stops.feed(self.detok.add(token))
+        self.sampler = _row_sampler(params, device, vocab_size, prompt, self.output)
+        self.table = BlockTable()
+        self.computed = 0          # leading tokens whose keys/values are in the cache
+        self.cached_at_admission = 0
         self.finish_reason: str | None = None
         self.cancelled = False
+        self.preemptions = 0
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def max_tokens(self) -> int:
+        """Prompt + the most output this sequence may reach: the KV tokens it can ever need."""
+        return len(self.prompt) + self.max_output
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None or self.cancelled
 
-    def append(self, token_id: int) -> Tokens | None:
-        """Record one sampled token; decide whether the sequence ends (eos, stop string, length)."""
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids at positions ``[start, end)``."""
+        n = len(self.prompt)
+        if end <= n:
+            return self.prompt[start:end]
+        return (self.prompt[start:] if start < n else []) + self.output[max(0, start - n):end - n]
+
+    def append(self, token_id: int) -> Tokens:
+        """Record one sampled token; decide whether the sequence ends (eos, stop string, length).
+        Returns the message to send: every token id is reported, with or without new text, so the
+        router knows every generated id (what a migrated request resumes from)."""
         ttft = None
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
@@ -52,14 +89,19 @@ class Sequence:
             delta, stopped = self.stops.feed(self.detok.add(token_id))
             if stopped:
                 self.finish_reason = "stop"
-            elif len(self.output) >= self.max_new:
+            elif len(self.output) >= self.max_output:
                 self.finish_reason = "length"
                 delta += self.stops.flush()
-        if not delta and self.finish_reason is None and ttft is None:
-            return None
         usage = None
         if self.finish_reason is not None:
             n = len(self.output)
             usage = Usage(prompt_tokens=len(self.prompt), completion_tokens=n, total_tokens=len(self.prompt) + n)
         return Tokens(request_id=self.request_id, text_delta=delta, token_ids=[token_id],
                       finish_reason=self.finish_reason, usage=usage, ttft_s=ttft)
+
+
+def _row_sampler(params, device, vocab_size, prompt, output):
+    make = getattr(RowSampler, "from_params", None)  # TEMP until the batched sampler lands
+    if make is not None:
+        return make(params, device, vocab_size=vocab_size, prompt=prompt, output=output)
+    return RowSampler(params.temperature, params.top_p, params.top_k, params.seed, device)

@@ -1,170 +1,144 @@
-"""Issue 6: admission control (worker/scheduler.py) as pure logic: FCFS, max_num_seqs, KV budget, queue bound."""
+"""The scheduler: chunked prefill under a token budget, admission by need, preemption of the newest,
+queue limits and deadlines. Pure logic over fake sequences and a real BlockManager."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
+from worker.blocks import BlockManager, BlockTable
 from worker.scheduler import QueueFull, Scheduler, TooLarge
 
 
-@dataclass
-class Req:
-    request_id: str
-    prompt_len: int
-    max_new: int
-    prompt: list[int] = field(init=False)
-
-    def __post_init__(self):
-        self.prompt = [1] * self.prompt_len
+class Seq:
+    def __init__(self, rid: str, prompt_len: int, max_output: int = 8, base: int = 0):
+        self.request_id = rid
+        self.prompt = [base + i for i in range(prompt_len)]
+        self.output: list[int] = []
+        self.max_output = max_output
+        self.table = BlockTable()
+        self.computed = 0
+        self.cached_at_admission = 0
+        self.preemptions = 0
 
     @property
-    def worst_case_tokens(self) -> int:
-        return self.prompt_len + self.max_new
+    def token_ids(self):
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self):
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def max_tokens(self):
+        return len(self.prompt) + self.max_output
 
 
-def ids(seqs) -> list[str]:
-    return [s.request_id for s in seqs]
+def run_step(s: Scheduler):
+    """Plan, pretend to compute, and 'sample' token 7 for every ready sequence."""
+    plan = s.schedule()
+    for seq in s.finish_step(plan):
+        seq.output.append(7)
+    return plan
 
 
-def test_admits_in_arrival_order_up_to_max_num_seqs():
-    s = Scheduler(max_num_seqs=2, max_waiting=10, kv_budget_tokens=10_000)
+def make(blocks=64, bs=4, seqs=8, waiting=16, prefill=8, idle=None, **kw) -> Scheduler:
+    return Scheduler(BlockManager(blocks, bs), seqs, waiting, prefill, idle_prefill_tokens=idle, **kw)
+
+
+def test_long_prompt_is_chunked_while_others_decode():
+    s = make(prefill=8)
+    chat = Seq("chat", 6)
+    s.add(chat)
+    run_step(s)                                      # chat prefilled whole (idle budget = 8 too)
+    doc = Seq("doc", 30, base=1000)
+    s.add(doc)
+    chunks = []
+    while doc.computed < len(doc.prompt):
+        plan = run_step(s)
+        assert chat in plan.decode                   # the chat decodes every step meanwhile
+        chunks += [e - b for q, b, e in plan.prefill if q is doc]
+    assert chunks == [8, 8, 8, 6] and max(chunks) <= 8
+
+
+def test_burst_of_newcomers_share_one_budget():
+    s = make(prefill=16, idle=16)
     for i in range(4):
-        s.add(Req(f"r{i}", 10, 10))
-    assert ids(s.admit()) == ["r0", "r1"]
-    assert ids(s.running) == ["r0", "r1"] and ids(s.waiting) == ["r2", "r3"]
-    assert s.admit() == []  # full
-    assert s.retire({"r0"}) == [1]
-    assert ids(s.admit()) == ["r2"]
-    assert ids(s.running) == ["r1", "r2"] and s.peak_running == 2
+        s.add(Seq(f"r{i}", 4, base=100 * i))
+    plan = s.schedule()
+    assert [(q.request_id, b, e) for q, b, e in plan.prefill] == [("r0", 0, 4), ("r1", 0, 4), ("r2", 0, 4), ("r3", 0, 4)]
 
 
-def test_kv_budget_counts_the_padded_worst_case():
-    # rows × longest worst case: 3 rows of worst case 40 need 120 tokens
-    s = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=100)
-    for i in range(3):
-        s.add(Req(f"r{i}", 20, 20))
-    assert ids(s.admit()) == ["r0", "r1"]
-    assert s.reserved_tokens == 80
-    s.retire({"r0"})
-    assert ids(s.admit()) == ["r2"]
-    assert s.reserved_tokens <= s.kv_budget_tokens
+def test_idle_budget_applies_only_when_nothing_decodes():
+    s = make(prefill=4, idle=32)
+    s.add(Seq("a", 20))
+    plan = s.schedule()
+    assert sum(e - b for _, b, e in plan.prefill) == 20
 
 
-def test_fcfs_nobody_overtakes_a_head_that_does_not_fit():
-    s = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=100)
-    s.add(Req("big", 30, 30))    # 60
-    s.add(Req("huge", 50, 40))   # 90: with "big" running, 2 × 90 > 100
-    s.add(Req("small", 2, 2))    # would fit, but must not overtake "huge"
-    assert ids(s.admit()) == ["big"]
-    assert s.admit() == []
-    s.retire({"big"})
-    assert ids(s.admit()) == ["huge"]
-    assert s.admit() == []
-    s.retire({"huge"})
-    assert ids(s.admit()) == ["small"]
+def test_admission_by_need_not_padded_worst_case():
+    # 20 blocks of 4 = 80 tokens: a padded batch of five rows of 48 would need 240; by need
+    # (10 + 4 blocks, one spare per running sequence) all five run.
+    s = make(blocks=20, bs=4, prefill=64, idle=64)
+    s.add(Seq("doc", 40, max_output=8))
+    for i in range(4):
+        s.add(Seq(f"c{i}", 3, max_output=8, base=100 * (i + 1)))
+    run_step(s)
+    assert len(s.running) == 5
 
 
-def test_request_larger_than_the_whole_budget_is_refused():
-    s = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=100)
-    with pytest.raises(TooLarge):
-        s.add(Req("r", 90, 20))
-    assert not s.waiting
+def test_preempts_newest_when_blocks_run_out_and_recomputes():
+    s = make(blocks=4, bs=4, prefill=16, idle=16)  # 16 token slots
+    a, b = Seq("a", 7, max_output=9), Seq("b", 3, max_output=9, base=50)
+    s.add(a)
+    s.add(b)
+    preempted = []
+    for _ in range(40):
+        if not s.running and not s.waiting:
+            break
+        plan = run_step(s)
+        preempted += [q.request_id for q in plan.preempted]
+        assert sum(len(q.table.blocks) for q in s.running) <= 4      # never past the cache
+        for q in list(s.running):
+            if len(q.output) >= q.max_output:
+                s.retire({q.request_id})
+    assert preempted and preempted[0] == "b"                        # the newest goes first
+    assert len(a.output) == 9 and len(b.output) == 9                # nobody lost
+    assert b.preemptions >= 1
 
 
-def test_worker_capacity_is_running_plus_waiting():
-    """The worker holds max_num_seqs + max_waiting requests, as the router counts them."""
-    s = Scheduler(max_num_seqs=2, max_waiting=2, kv_budget_tokens=1000)
-    for rid in "abcd":
-        s.add(Req(rid, 1, 1))
+def test_too_large_names_both_numbers_and_queue_full():
+    s = make(blocks=4, bs=4, seqs=1, waiting=1)
+    with pytest.raises(TooLarge, match=r"needs 20 KV tokens .* holds 16 tokens"):
+        s.add(Seq("big", 12, max_output=8))
+    s.add(Seq("a", 2))
+    s.add(Seq("b", 2))
     with pytest.raises(QueueFull):
-        s.add(Req("e", 1, 1))
-    s.admit()
-    with pytest.raises(QueueFull):  # two running, two waiting: still full
-        s.add(Req("e", 1, 1))
-    s.retire({"a"})
-    s.add(Req("e", 1, 1))  # room again once one finished
-    assert ids(s.waiting) == ["c", "d", "e"]
+        s.add(Seq("c", 2))
 
 
-def test_kv_bound_batch_may_queue_into_its_empty_slots():
-    """When the KV budget keeps batch slots empty, those requests wait instead of being refused."""
-    s = Scheduler(max_num_seqs=4, max_waiting=1, kv_budget_tokens=100)
-    for i in range(5):
-        s.add(Req(f"r{i}", 25, 25))  # 50 each: only 2 fit
-    assert ids(s.admit()) == ["r0", "r1"]
-    assert len(s.waiting) == 3
-    with pytest.raises(QueueFull):
-        s.add(Req("r5", 25, 25))
+def test_head_of_queue_is_never_overtaken():
+    s = make(blocks=6, bs=4, prefill=64, idle=64)
+    s.add(Seq("a", 12, max_output=4))                # 3 blocks
+    run_step(s)
+    s.add(Seq("big", 14, max_output=2, base=100))    # 4 blocks: does not fit beside a (+1 reserve)
+    s.add(Seq("small", 2, base=200))                 # would fit, but must wait behind big
+    run_step(s)
+    assert [q.request_id for q in s.running] == ["a"]
 
 
-def test_zero_waiting_capacity_is_the_batch():
-    s = Scheduler(max_num_seqs=1, max_waiting=0, kv_budget_tokens=1000)
-    s.add(Req("a", 1, 1))
-    with pytest.raises(QueueFull):
-        s.add(Req("b", 1, 1))
+def test_queue_deadline_expires_waiting_requests():
+    now = [0.0]
+    s = make(blocks=4, bs=4, seqs=1, max_queue_wait_s=5.0, clock=lambda: now[0])
+    s.add(Seq("a", 6, max_output=2))
+    run_step(s)
+    s.add(Seq("late", 2, base=9))
+    now[0] = 6.0
+    plan = s.schedule()
+    assert [q.request_id for q in plan.expired] == ["late"] and not s.waiting
 
 
-def test_prefill_token_cap_splits_newcomers_but_admits_at_least_one():
-    s = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=10_000, max_prefill_tokens=100)
-    s.add(Req("long", 300, 10))  # alone over the cap: admitted anyway
-    s.add(Req("a", 60, 10))
-    s.add(Req("b", 60, 10))
-    assert ids(s.admit()) == ["long"]
-    assert ids(s.admit()) == ["a"]
-    assert ids(s.admit()) == ["b"]
-
-
-def test_prefill_request_cap():
-    s = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=10_000, max_prefill_seqs=1)
-    for i in range(3):
-        s.add(Req(f"r{i}", 5, 5))
-    assert [ids(s.admit()) for _ in range(4)] == [["r0"], ["r1"], ["r2"], []]
-    both = Scheduler(max_num_seqs=8, max_waiting=10, kv_budget_tokens=10_000, max_prefill_seqs=2)
-    for i in range(3):
-        both.add(Req(f"r{i}", 5, 5))
-    assert ids(both.admit()) == ["r0", "r1"]
-
-
-def test_drop_waiting_and_retire_keep_order():
-    s = Scheduler(max_num_seqs=4, max_waiting=10, kv_budget_tokens=10_000)
-    for i in range(6):
-        s.add(Req(f"r{i}", 5, 5))
-    s.admit()
-    assert s.drop_waiting("r5").request_id == "r5"
-    assert s.drop_waiting("r0") is None  # running, not waiting
-    assert s.retire({"r1", "r3"}) == [0, 2]
-    assert ids(s.running) == ["r0", "r2"]
-    assert ids(s.admit()) == ["r4"]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60), st.booleans()), min_size=1, max_size=60),
-       st.integers(1, 6), st.integers(120, 400))
-def test_invariants_under_random_load(reqs, max_seqs, budget):
-    """Whatever arrives and finishes: never over the caps, FCFS order of admission, nothing lost."""
-    s = Scheduler(max_num_seqs=max_seqs, max_waiting=1000, kv_budget_tokens=budget)
-    accepted, admitted, done = [], [], set()
-    for i, (p, n, finish_one) in enumerate(reqs):
-        try:
-            s.add(Req(f"r{i}", p, n))
-            accepted.append(f"r{i}")
-        except TooLarge:
-            assert p + n > budget
-        admitted += ids(s.admit())
-        assert len(s.running) <= max_seqs
-        assert s.reserved_tokens <= budget
-        if finish_one and s.running:
-            done.add(s.running[0].request_id)
-            s.retire({s.running[0].request_id})
-    while s.running or s.waiting:
-        new = s.admit()
-        admitted += ids(new)
-        assert s.running, "a waiting request must be admissible once nothing runs"
-        done |= set(ids(s.running))
-        s.retire(set(ids(s.running)))
-    assert admitted == accepted  # first come, first served
-    assert done == set(accepted)
+def test_cancelled_waiting_is_dropped():
+    s = make()
+    s.add(Seq("a", 2))
+    assert s.drop_waiting("a").request_id == "a" and not s.waiting
+    assert s.drop_waiting("nope") is None

@@ -1,0 +1,146 @@
+"""Attention over a block KV cache, in plain torch ops (CPU and GPU alike).
+
+The cache (:class:`KVCache`) is one tensor allocated once at its budgeted size:
+``[layers, slots, 2, kv_heads, head_dim]``, where slot ``b · block_size + j`` is token ``j`` of
+block ``b``. A sequence's keys live in the blocks of its block table (:mod:`worker.blocks`), so
+sequences share cached prefix blocks and memory never fragments or grows.
+
+One engine step runs every scheduled token as one row of a flattened batch: first the decode rows
+(one query token each), then the prefill chunks. Per layer, :func:`attend` writes the step's new
+keys/values at their slots, then attends:
+
+* decode rows as one batch: their keys are gathered to ``[B, L, ...]`` (L = longest context) and the
+  query heads of each KV head are laid along SDPA's query axis (``[B, kv_heads, group, D]``), so
+  grouped-query attention needs no repeated keys; padded key columns are masked;
+* each prefill chunk on its own: queries ``[kv_heads, chunk · group, D]`` against its context's keys
+  with a causal mask offset by the tokens already cached (chunked prefill, prefix-cache hits).
+
+Every query row attends to at least its own key, so no row of a softmax is empty: there is no padded
+query row whose output some CUDA kernels return as NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+class KVCache:
+    """All keys and values of one replica: per layer ``[num_blocks · block_size, 2, kv_heads, head_dim]``,
+    on that layer's device (``devices``, one per layer; a layer-split replica spreads them).
+
+    Allocated zeroed, once, at its budgeted size (so a CPU worker's RSS holds it from the start and
+    stays flat, and a GPU worker never allocates KV memory while serving)."""
+
+    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | list[torch.device]):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        devices = device if isinstance(device, list) else [device] * layers
+        shape = (num_blocks * block_size, 2, kv_heads, head_dim)
+        self.layers = [torch.zeros(shape, dtype=dtype, device=d) for d in devices]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.layers)
+
+
+@dataclass
+class Chunk:
+    """One prefill chunk: rows ``[row0, row1)`` of the step; ``context`` [L] slots of all its keys
+    (cached prefix + this chunk); ``mask`` [chunk · group, L], True = attend."""
+
+    row0: int
+    row1: int
+    context: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass
+class AttentionBatch:
+    """Where one step's rows read and write. ``slots`` [T]: where each row's key/value goes; the first
+    ``decode_rows`` rows are decode tokens with ``decode_context`` [B, L] slots (padding: slot 0,
+    masked by ``decode_mask`` [B, 1, 1, L]); then the ``chunks``."""
+
+    slots: torch.Tensor
+    decode_rows: int = 0
+    decode_context: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+    chunks: list[Chunk] = field(default_factory=list)
+    copies: dict = field(default_factory=dict)
+
+    def on(self, device: torch.device) -> AttentionBatch:
+        """This batch with its tensors on ``device`` (copied once per device per step: layer splits)."""
+        if self.slots.device == device:
+            return self
+        if device not in self.copies:
+            move = lambda t: None if t is None else t.to(device)  # noqa: E731
+            self.copies[device] = AttentionBatch(
+                move(self.slots), self.decode_rows, move(self.decode_context), move(self.decode_mask),
+                [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks])
+        return self.copies[device]
+
+
+def build_batch(block_size: int, group: int, device: torch.device, decode: list[tuple[list[int], int]],
+                prefill: list[tuple[list[int], int, int]]) -> AttentionBatch:
+    """Attention metadata for one step.
+
+    ``decode``: per decode row ``(block_table, context_len)`` (its query is the token at position
+    ``context_len - 1``). ``prefill``: per chunk ``(block_table, start, end)``: positions
+    ``[start, end)`` are computed now, ``[0, start)`` are cached. ``group``: query heads per KV head.
+    Rows are numbered decode rows first, then each chunk's tokens in order.
+    """
+    slots: list[int] = []
+    batch = AttentionBatch(slots=torch.empty(0))
+    if decode:
+        longest = max(n for _, n in decode)
+        ctx = [_slots(table, block_size, 0, n) + [0] * (longest - n) for table, n in decode]
+        slots += [row[n - 1] for row, (_, n) in zip(ctx, decode)]
+        batch.decode_rows = len(decode)
+        batch.decode_context = torch.tensor(ctx, dtype=torch.long, device=device)                     # [B, L]
+        lens = torch.tensor([n for _, n in decode], device=device)
+        batch.decode_mask = (torch.arange(longest, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    row = len(slots)
+    for table, start, end in prefill:
+        context = _slots(table, block_size, 0, end)
+        slots += context[start:]
+        q_pos = torch.arange(start, end, device=device).repeat_interleave(group)                      # [C · group]
+        mask = torch.arange(end, device=device)[None, :] <= q_pos[:, None]                            # [C · group, L]
+        batch.chunks.append(Chunk(row, row + end - start, torch.tensor(context, dtype=torch.long, device=device), mask))
+        row += end - start
+    batch.slots = torch.tensor(slots, dtype=torch.long, device=device)
+    return batch
+
+
+def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]:
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch,
+           scale: float) -> torch.Tensor:
+    """Write ``k``, ``v`` [T, KVH, D] at ``batch.slots`` in ``layer``'s cache, then attend ``q`` [T, H, D].
+    Returns [T, H · D]."""
+    T, H, D = q.shape
+    KVH = k.shape[1]
+    G = H // KVH
+    kv = cache.layers[layer]                                                  # [S, 2, KVH, D]
+    batch = batch.on(kv.device)
+    kv[:, 0].index_copy_(0, batch.slots, k)
+    kv[:, 1].index_copy_(0, batch.slots, v)
+    out = torch.empty((T, KVH, G, D), dtype=q.dtype, device=q.device)
+    qg = q.view(T, KVH, G, D)
+    if batch.decode_rows:
+        B, L = batch.decode_context.shape
+        ctx = kv.index_select(0, batch.decode_context.view(-1)).view(B, L, 2, KVH, D)
+        keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)   # [B, KVH, L, D]
+        o = F.scaled_dot_product_attention(qg[:B], keys, values, attn_mask=batch.decode_mask, scale=scale)
+        out[:B] = o                                                           # [B, KVH, G, D]
+    for c in batch.chunks:
+        n = c.row1 - c.row0
+        ctx = kv.index_select(0, c.context)                                   # [L, 2, KVH, D]
+        keys, values = ctx[:, 0].transpose(0, 1), ctx[:, 1].transpose(0, 1)  # [KVH, L, D]
+        qc = qg[c.row0:c.row1].permute(1, 0, 2, 3).reshape(KVH, n * G, D)     # [KVH, C · G, D]
+        o = F.scaled_dot_product_attention(qc, keys, values, attn_mask=c.mask, scale=scale)
+        out[c.row0:c.row1] = o.view(KVH, n, G, D).permute(1, 0, 2, 3)
+    return out.view(T, H * D)

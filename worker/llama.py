@@ -1,0 +1,182 @@
+"""A compact Llama-family forward pass over flattened tokens and a block KV cache.
+
+Llama 2/3, Mistral (without a sliding window) and SmolLM2 share this architecture: RMSNorm, rotary
+position embeddings, grouped-query attention, a SwiGLU MLP. The forward pass follows nano-vllm's
+and gpt-fast's shape rather than transformers': every scheduled token of every sequence, decode and
+prefill chunk alike, is one row of a ``[T, hidden]`` matrix, so each projection is one matmul per
+step; q/k/v and gate/up are fused into one weight each; keys and values go straight into the block
+cache (:mod:`worker.attention`). A step costs ~15 tensor operations per layer where transformers'
+modules cost ~40 — on a CPU, where a small model's decode step is bound by per-operation dispatch
+more than by reading the weights, that is most of the step (README "The engine").
+
+Weights are read from the model folder's safetensors files by their transformers names
+(``model.layers.N.self_attn.q_proj.weight`` ...), straight onto the target device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from worker.attention import AttentionBatch, KVCache, attend
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
+
+
+def supports(config) -> str | None:
+    """``None`` when this forward can run ``config``, else why not (the engine then uses transformers)."""
+    archs = set(getattr(config, "architectures", None) or [])
+    if not archs & ARCHITECTURES:
+        return f"architecture {sorted(archs)} is not Llama-family"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "sliding_window", None):
+        return "sliding-window attention"
+    if getattr(config, "mlp_bias", False):
+        return "MLP bias"
+    return None
+
+
+class Layer:
+    """One decoder layer's weights: fused ``qkv`` [(H + 2·KVH)·D, hidden], ``o`` [hidden, H·D],
+    fused ``gate_up`` [2·I, hidden], ``down`` [hidden, I], the two RMSNorm weights, optional q/k/v bias."""
+
+    __slots__ = ("attn_norm", "qkv", "qkv_bias", "o", "mlp_norm", "gate_up", "down")
+
+
+class LlamaModel:
+    """The whole model as plain tensors; ``forward`` runs one engine step.
+
+    ``linear`` turns a weight [out, in] into a callable ``x [T, in] -> [T, out]``: plain
+    ``F.linear`` by default; on CPU the engine passes oneDNN-prepacked kernels
+    (:func:`worker.cpu_kernels.packed_linear`).
+    """
+
+    def __init__(self, config, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 max_positions: int, linear=None):
+        self.config = config
+        self.device, self.dtype = device, dtype
+        self.num_layers = config.num_hidden_layers
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        make = linear or _plain_linear
+        p = "model."
+        self.embed = weights[p + "embed_tokens.weight"]                                   # [V, hidden]
+        self.norm = weights[p + "norm.weight"]
+        head = weights.get("lm_head.weight", self.embed)                                  # tied: SmolLM2
+        self.lm_head = make(head)
+        self.layers: list[Layer] = []
+        for i in range(self.num_layers):
+            q = f"{p}layers.{i}."
+            a = q + "self_attn."
+            layer = Layer()
+            layer.attn_norm = weights[q + "input_layernorm.weight"]
+            layer.mlp_norm = weights[q + "post_attention_layernorm.weight"]
+            layer.qkv = make(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"]))
+            bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
+            layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
+            layer.o = make(weights[a + "o_proj.weight"])
+            m = q + "mlp."
+            layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
+            layer.down = make(weights[m + "down_proj.weight"])
+            self.layers.append(layer)
+        self.cos, self.sin = rope_tables(config, max_positions, device)                   # [P, D] float32
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache: KVCache,
+                logit_rows: torch.Tensor) -> torch.Tensor:
+        """One step. ``input_ids``, ``positions``: [T] (long); ``batch`` says which rows belong to which
+        sequence and where their keys/values go; ``logit_rows``: [N] row indices whose next-token
+        logits are wanted. Returns logits [N, V] in float32."""
+        H, KVH, D = self.heads, self.kv_heads, self.head_dim
+        x = F.embedding(input_ids, self.embed)                                             # [T, hidden]
+        cos = self.cos[positions].to(self.dtype)[:, None, :]                               # [T, 1, D]
+        sin = self.sin[positions].to(self.dtype)[:, None, :]
+        hidden = x.shape[-1]
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)
+            qkv = layer.qkv(h)                                                             # [T, (H + 2 KVH) D]
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
+            qk = qkv[:, :(H + KVH) * D].view(-1, H + KVH, D)                               # rotate q and k at once
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk[:, :H], qk[:, H:]                                                    # [T, H, D], [T, KVH, D]
+            v = qkv[:, (H + KVH) * D:].view(-1, KVH, D)
+            o = attend(q, k, v, cache, i, batch, self.scale)                               # [T, H * D]
+            x = x + layer.o(o)
+            h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)                                   # [T, I] each
+            x = x + layer.down(F.silu(gate) * up)
+        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps)                      # [N, hidden]
+        return self.lm_head(x).float()                                                     # [N, V]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _plain_linear(weight: torch.Tensor):
+    return lambda x: F.linear(x, weight)
+
+
+def rope_tables(config, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [positions, head_dim] (float32) from transformers' own ``LlamaRotaryEmbedding``, so every
+    RoPE variant it knows (default, Llama 3 scaling, linear, dynamic NTK at load length) is computed its way."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rope = LlamaRotaryEmbedding(config).to(device)
+    pos = torch.arange(positions, device=device)[None, :]
+    cos, sin = rope(torch.empty(0, dtype=torch.float32, device=device), pos)
+    return cos[0].float(), sin[0].float()
+
+
+def load_weights(model_path: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files (sharded or not), cast to ``dtype`` on ``device``.
+    Loads straight to ``device``: no host copy of a GPU model."""
+    folder = Path(model_path)
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    weights: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(folder / name, framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                weights[key] = f.get_tensor(key).to(dtype)
+    return weights
+
+
+def random_weights(config, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights with transformers' names and Llama's shapes, for benchmarks without a checkpoint
+    (``model.random_init``): normal(0, 0.02) matrices, unit norms."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    d = getattr(config, "head_dim", None) or config.hidden_size // heads
+    hid, inter = config.hidden_size, config.intermediate_size
+
+    def mat(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(device=device, dtype=dtype)
+
+    w = {"model.embed_tokens.weight": mat(config.vocab_size, hid),
+         "model.norm.weight": torch.ones(hid, device=device, dtype=dtype)}
+    if not getattr(config, "tie_word_embeddings", False):
+        w["lm_head.weight"] = mat(config.vocab_size, hid)
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        w |= {p + "input_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
+              p + "post_attention_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
+              p + "self_attn.q_proj.weight": mat(heads * d, hid), p + "self_attn.k_proj.weight": mat(kv_heads * d, hid),
+              p + "self_attn.v_proj.weight": mat(kv_heads * d, hid), p + "self_attn.o_proj.weight": mat(hid, heads * d),
+              p + "mlp.gate_proj.weight": mat(inter, hid), p + "mlp.up_proj.weight": mat(inter, hid),
+              p + "mlp.down_proj.weight": mat(hid, inter)}
+    return w
