@@ -67,6 +67,7 @@ class Worker:
     last_seen: float = field(default_factory=time.monotonic)
     load_seconds: float = 0.0
     heartbeat: Heartbeat | None = None
+    heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
@@ -89,6 +90,7 @@ class Worker:
             "mem_bytes": hb.mem_bytes if hb else 0, "max_num_seqs": self.max_num_seqs,
             "max_waiting": self.max_waiting, "load_seconds": round(self.load_seconds, 2),
             "exit_reason": self.exit_reason, "start_requested": self.start_requested,
+            "heartbeats": self.heartbeats,
         }
 
 
@@ -352,6 +354,7 @@ class WorkerPool:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):
             w.heartbeat = msg
+            w.heartbeats += 1
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason
             self._set(w, State.STOPPED)
