@@ -39,14 +39,14 @@ async def exchange(address: str, refused) -> None:
         await real.send(encode(Hello(protocol=PROTOCOL_VERSION, worker_id=0, pid=1, device="cpu", model="m",
                                      max_num_seqs=8, max_waiting=8)))
         await until(lambda: 0 in pool.workers)
-        assert pool.workers[0].info()["heartbeats"] == 0
+        assert pool.workers[0].heartbeats == 0
         await real.send(heartbeat(0, running=1))
-        await until(lambda: pool.workers[0].info()["heartbeats"] == 1)
+        await until(lambda: pool.workers[0].heartbeats == 1)
 
         await stranger.send(heartbeat(0, running=99))  # forged: worker-99 claims to be worker 0
-        await until(lambda: refused() or pool.workers[0].info()["heartbeats"] > 1)
-        info = pool.workers[0].info()
-        assert (info["heartbeats"], info["running"]) == (1, 1), info
+        await until(lambda: refused() or pool.workers[0].heartbeats > 1)
+        w = pool.workers[0]
+        assert (w.heartbeats, w.heartbeat.running) == (1, 1)
         assert 99 not in pool.workers
     finally:
         for s in peers:
