@@ -34,6 +34,8 @@ from pathlib import Path
 
 from launcher.config import DeployConfig
 from launcher.placement import WorkerSpec
+from router import admin_protocol
+from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState, WorkerTable
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +118,17 @@ class AdminClient:
         self.base = base_url.rstrip("/")
         self.token = token
 
-    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    def request(self, method: str, path: str, data: bytes | None = None, timeout: float = 5.0) -> bytes:
+        """One call; returns the raw body. Raises :class:`AdminError` on an HTTP error, OSError when
+        nothing answers."""
+        data = data if data is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(self.base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())
+                return resp.read()
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read())["error"]["message"]
@@ -132,22 +136,42 @@ class AdminClient:
                 message = exc.reason
             raise AdminError(f"HTTP {exc.code}: {message}") from None
 
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict:
+        return json.loads(self.request(method, path, json.dumps(body).encode() if body is not None else None, timeout))
+
     def try_call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict | None:
+        """:meth:`call`, or None (logged at DEBUG) when it fails: for pollers that try again anyway."""
         try:
             return self.call(method, path, body, timeout)
         except (OSError, ValueError) as exc:
             log.debug("admin %s %s failed: %s", method, path, exc)
             return None
 
+    def table(self, timeout: float = 2.0) -> WorkerTable:
+        """``GET /admin/workers`` decoded. Raises OSError (unreachable, HTTP error) or ValueError
+        (a table that does not match the contract)."""
+        return admin_protocol.decode(self.request("GET", "/admin/workers", timeout=timeout), WorkerTable)
+
+    def report(self, worker_id: int, msg: Started | Exited, timeout: float = 5.0) -> None:
+        """Post the supervisor's report on one slot (``.../started`` or ``.../exited``)."""
+        kind = "started" if isinstance(msg, Started) else "exited"
+        self.request("POST", f"/admin/workers/{worker_id}/{kind}", admin_protocol.encode(msg), timeout)
+
 
 class Supervisor:
-    """Owns every child process of one deployment."""
+    """Owns every child process of one deployment.
 
-    def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str):
+    Test seams: ``clock`` (monotonic seconds), :meth:`_spawn` (makes a process) and ``admin`` (the
+    router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
+    """
+
+    def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str,
+                 clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.model_path = model_path
         self.run_dir = run_dir
         self.address = address
+        self.clock = clock
         self.config_path = run_dir / "config.json"
         self.config_path.write_text(cfg.model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
@@ -155,6 +179,30 @@ class Supervisor:
         self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
         self.stopping = False
         self._next_sync = 0.0
+        self._sync_failing = False  # the last table read failed (warned once per outage)
+
+    # ---- the router's admin API -------------------------------------------------------
+
+    def _report(self, wid: int, msg: Started | Exited) -> None:
+        try:
+            self.admin.report(wid, msg)
+        except (OSError, ValueError) as exc:
+            log.warning("could not report worker %d %s to the router: %s", wid, type(msg).__name__.lower(), exc)
+
+    def read_table(self) -> dict[int, WorkerInfo] | None:
+        """The router's worker table by id, or None when it cannot be read (logged at WARNING once
+        per outage: without it no hung worker is killed and no requested start happens)."""
+        try:
+            table = self.admin.table()
+        except (OSError, ValueError) as exc:
+            if not self._sync_failing:
+                log.warning("cannot read the router's worker table (%s); retrying every %.0fs", exc, SYNC_INTERVAL_S)
+            self._sync_failing = True
+            return None
+        if self._sync_failing:
+            log.info("the router's worker table is readable again")
+        self._sync_failing = False
+        return {w.id: w for w in table.workers}
 
     # ---- spawning ---------------------------------------------------------------------
 
@@ -180,11 +228,10 @@ class Supervisor:
         slot.proc = self._spawn(args, spec.env)
         slot.restart_at, slot.kill_reason = None, ""
         slot.starts += 1
-        slot.started_at = time.monotonic()
+        slot.started_at = self.clock()
         log.info("worker %d started on %s (pid %d)%s", wid, spec.label, slot.proc.pid,
                  f", restart {slot.starts - 1}" if slot.starts > 1 else "")
-        self.admin.try_call("POST", f"/admin/workers/{wid}/started",
-                            {"pid": slot.proc.pid, "restarts": slot.starts - 1, "device": spec.label})
+        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=spec.label))
 
     def start(self) -> None:
         self.start_router()
@@ -193,41 +240,44 @@ class Supervisor:
             self.start_worker(wid)
 
     def _wait_router(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock() + timeout
+        while self.clock() < deadline:
             if self.router.poll() is not None:
                 raise RuntimeError(f"the router exited during start-up ({describe_exit(self.router.returncode)})")
-            if self.admin.try_call("GET", "/admin/workers", timeout=1.0) is not None:
+            try:
+                self.admin.table(timeout=1.0)
                 return
-            time.sleep(0.2)
+            except (OSError, ValueError):
+                time.sleep(0.2)
         raise RuntimeError(f"the router did not answer on {self.admin.base} within {timeout:.0f}s")
 
     # ---- watching ---------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False) -> None:
+    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False,
+                   pause_s: float = 0.25) -> None:
         """Supervise until every worker is ready or failed (at least one ready), or a stop is requested.
 
         Raises RuntimeError when no worker can serve: every worker crashed before any became
         ready (fail fast: that is a configuration problem, not bad luck), or the timeout passed.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         while not stop_requested():
             self.poll_once(sync=False)
             table = self.sync() or {}
             for wid, info in table.items():
-                if wid in self.slots and info["state"] == "ready":
+                if wid in self.slots and info.state == WorkerState.READY:
                     self.slots[wid].ever_ready = True
             pending = [wid for wid, s in self.slots.items()
-                       if not s.failed and table.get(wid, {}).get("state") != "ready"]
+                       if not s.failed and (wid not in table or table[wid].state != WorkerState.READY)]
             if not any(s.ever_ready for s in self.slots.values()) and all(s.last_exit for s in self.slots.values()):
                 exits = "; ".join(f"worker {wid}: {s.last_exit}" for wid, s in self.slots.items())
                 raise RuntimeError(f"every worker exited during start-up ({exits}); see their logs above")
             if not pending:
                 return
-            if time.monotonic() > deadline:
+            if self.clock() > deadline:
                 raise RuntimeError(f"worker(s) {', '.join(map(str, pending))} not ready within {timeout:.0f}s "
                                    "(workers.startup_timeout_s)")
-            time.sleep(0.25)
+            time.sleep(pause_s)
 
     def poll_once(self, sync: bool = True) -> None:
         """One supervision step: reap exits, restart what is due, read the router's table once a
@@ -235,7 +285,7 @@ class Supervisor:
         if self.router.poll() is not None and not self.stopping:
             raise RuntimeError(f"the router exited unexpectedly ({describe_exit(self.router.returncode)})")
         self.reap()
-        now = time.monotonic()
+        now = self.clock()
         for wid, slot in self.slots.items():
             if (not self.stopping and not slot.failed and slot.proc is None and slot.restart_at is not None
                     and now >= slot.restart_at):
@@ -252,7 +302,7 @@ class Supervisor:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
             slot.proc = None
-            now = time.monotonic()
+            now = self.clock()
             reason = describe_exit(code) + (f" ({slot.kill_reason})" if slot.kill_reason else "")
             slot.last_exit = reason
             failed = False
@@ -274,31 +324,27 @@ class Supervisor:
                     log.warning("worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
                                 wid, pid, reason, verdict.delay_s, len(verdict.recent), sup.max_restarts + 1,
                                 sup.restart_window_s)
-            self.admin.try_call("POST", f"/admin/workers/{wid}/exited",
-                                {"reason": reason, "failed": failed, "pid": pid})
+            self._report(wid, Exited(reason=reason, failed=failed, pid=pid))
 
-    def sync(self) -> dict[int, dict] | None:
+    def sync(self) -> dict[int, WorkerInfo] | None:
         """Read the router's worker table and act on it: start workers an operator asked for, kill
         hung ones (dead to the router but alive here, or still loading after startup_timeout_s)."""
-        info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
-        if info is None:
-            return None
-        table = {w["id"]: w for w in info["workers"]}
-        if self.stopping:
+        table = self.read_table()
+        if table is None or self.stopping:
             return table
-        now = time.monotonic()
+        now = self.clock()
         for wid, w in table.items():
             slot = self.slots.get(wid)
             if slot is None:
                 continue
-            if w.get("start_requested") and slot.proc is None:
+            if w.start_requested and slot.proc is None:
                 log.info("worker %d: start requested through the admin API", wid)
                 slot.failed, slot.crashes = False, ()
                 self.start_worker(wid)
-            elif slot.alive() and w["pid"] == slot.proc.pid and not slot.kill_reason:
-                if w["state"] == "dead":
-                    self._kill(slot, f"hung: {w.get('exit_reason') or 'missed heartbeats'}")
-                elif w["state"] == "starting" and now - slot.started_at > self.cfg.workers.startup_timeout_s:
+            elif slot.alive() and w.pid == slot.proc.pid and not slot.kill_reason:
+                if w.state == WorkerState.DEAD:
+                    self._kill(slot, f"hung: {w.exit_reason or 'missed heartbeats'}")
+                elif w.state == WorkerState.STARTING and now - slot.started_at > self.cfg.workers.startup_timeout_s:
                     self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
         return table
 
@@ -338,15 +384,15 @@ class Supervisor:
 
     def _wait_idle(self, grace: float) -> None:
         """Wait until the router has no request in flight (at most ``grace`` s), still reporting exits."""
-        deadline = time.monotonic() + grace
+        deadline = self.clock() + grace
         logged = False
         while True:
             self.reap()
-            info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
-            busy = sum(w["in_flight"] for w in info["workers"]) if info else 0
-            if info is None or busy == 0:
+            table = self.read_table()
+            busy = sum(w.in_flight for w in table.values()) if table else 0
+            if table is None or busy == 0:
                 return
-            if time.monotonic() >= deadline:
+            if self.clock() >= deadline:
                 log.warning("%d request(s) still in flight after %.0fs (supervisor.shutdown_grace_s); stopping anyway",
                             busy, grace)
                 return

@@ -15,7 +15,7 @@ import uuid
 from aiohttp import web
 
 from launcher.logs import REQUEST_ID as LOG_REQUEST_ID
-from router import admin, openai_api
+from router import admin, admin_protocol, openai_api
 from router.auth import auth_middleware
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
@@ -82,9 +82,8 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def workers(request: web.Request) -> web.Response:
-    pool = request.app[API].pool
-    return web.json_response({"policy": pool.policy.name, "accepting": pool.accepting,
-                              "workers": [w.info() for w in sorted(pool.workers.values(), key=lambda w: w.worker_id)]})
+    """The worker table (:class:`router.admin_protocol.WorkerTable`)."""
+    return web.Response(body=admin_protocol.encode(request.app[API].pool.table()), content_type="application/json")
 
 
 def metrics_of(api: Api) -> Metrics:

@@ -14,7 +14,6 @@ Only ``ready`` workers receive new requests; a worker still loading its model is
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import re
 import time
@@ -24,6 +23,9 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+import msgspec
+
+from router.admin_protocol import HAS_NO_PROCESS, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
 from worker.protocol import (PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready,
@@ -35,13 +37,7 @@ WORKER_IDENTITY = re.compile(rb"worker-([0-9]{1,6})")
 MAX_FRAME_BYTES = 16 * 2**20  # worker -> router messages are small (token deltas, heartbeats)
 
 
-class State(str, enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    DEAD = "dead"
-    FAILED = "failed"
-    STOPPED = "stopped"
+State = WorkerState  # the one worker-state enum, shared with the supervisor (router.admin_protocol)
 
 
 class WorkerLost(Exception):
@@ -77,21 +73,24 @@ class Worker:
         """Requests this worker may hold at once: its batch plus its waiting queue."""
         return self.max_num_seqs + self.max_waiting
 
-    def info(self) -> dict:
+    def report(self) -> WorkerInfo:
+        """This slot as one row of the admin API's worker table."""
         hb = self.heartbeat
-        return {
-            "id": self.worker_id, "device": self.device, "pid": self.pid, "state": self.state.value,
-            "in_flight": self.in_flight, "served": self.served, "failed_requests": self.failed_requests,
-            "restarts": self.restarts,
-            "uptime_s": round(time.time() - self.started_at, 1) if self.state in (State.READY, State.DRAINING) else 0.0,
-            "running": hb.running if hb else 0, "waiting": hb.waiting if hb else 0,
-            "peak_running": hb.peak_running if hb else 0,
-            "kv_used_tokens": hb.kv_used_tokens if hb else 0, "kv_budget_tokens": self.kv_budget_tokens,
-            "mem_bytes": hb.mem_bytes if hb else 0, "max_num_seqs": self.max_num_seqs,
-            "max_waiting": self.max_waiting, "load_seconds": round(self.load_seconds, 2),
-            "exit_reason": self.exit_reason, "start_requested": self.start_requested,
-            "heartbeats": self.heartbeats,
-        }
+        up = self.state in (State.READY, State.DRAINING)
+        return WorkerInfo(
+            id=self.worker_id, device=self.device, pid=self.pid, state=self.state, in_flight=self.in_flight,
+            served=self.served, failed_requests=self.failed_requests, restarts=self.restarts,
+            uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
+            running=hb.running if hb else 0, waiting=hb.waiting if hb else 0,
+            peak_running=hb.peak_running if hb else 0, kv_used_tokens=hb.kv_used_tokens if hb else 0,
+            kv_budget_tokens=self.kv_budget_tokens, mem_bytes=hb.mem_bytes if hb else 0,
+            max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting, load_seconds=round(self.load_seconds, 2),
+            exit_reason=self.exit_reason, start_requested=self.start_requested, heartbeats=self.heartbeats,
+            steps=hb.steps if hb else None, last_step_age_s=hb.last_step_age_s if hb else None)
+
+    def info(self) -> dict:
+        """:meth:`report` as plain JSON-ready data."""
+        return msgspec.to_builtins(self.report())
 
 
 class Overloaded(ApiError):
@@ -211,6 +210,11 @@ class WorkerPool:
 
     # ---- operations -------------------------------------------------------------------
 
+    def table(self) -> WorkerTable:
+        """The worker table as the admin API serves it (slots by id)."""
+        return WorkerTable(policy=self.policy.name, accepting=self.accepting,
+                           workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)])
+
     def get(self, worker_id: int) -> Worker:
         if worker_id not in self.workers:
             raise ApiError(404, f"no worker {worker_id}", param="worker_id", code="worker_not_found")
@@ -245,7 +249,7 @@ class WorkerPool:
         """Ask the supervisor (it reads the table once a second) to start a worker that has no
         process: ``failed``, ``dead`` or ``stopped``. Returns False when it has one."""
         w = self.get(worker_id)
-        if w.state not in (State.FAILED, State.DEAD, State.STOPPED):
+        if w.state not in HAS_NO_PROCESS:
             return False
         w.start_requested = True
         return True
