@@ -211,12 +211,10 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
 
 
 def port_checks(cfg: DeployConfig) -> list[Check]:
-    from launcher.cli import port_problem
+    from launcher.ports import port_problems
 
     rows = []
-    for host, port, key in ((cfg.router.host, cfg.router.port, "router.port"),
-                            (cfg.router.admin_host, cfg.router.admin_port, "router.admin_port")):
-        problem = port_problem(host, port, key)
+    for host, port, key, problem in port_problems(cfg):
         rows.append(Check(key, "fail" if problem else "ok", problem or f"{host}:{port} is free",
                           "stop what listens there or choose another port" if problem else ""))
     return rows
