@@ -10,15 +10,15 @@
 * Once a second the supervisor compares notes with the router: a worker the router declared dead
   (missed heartbeats) whose process is still alive is hung, and is killed so that it restarts.
 * The router exiting is fatal: everything is stopped and ``up`` exits non-zero.
-* Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and get
-  ``PR_SET_PDEATHSIG``, so they die with the launcher even if it is killed with SIGKILL.
+* Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and set
+  ``PR_SET_PDEATHSIG`` first thing (:mod:`launcher.lifeline`), so they die with the launcher even
+  if it is killed with SIGKILL.
 * :meth:`Supervisor.shutdown` is graceful: the router stops taking requests and the supervisor
   waits up to ``shutdown_grace_s`` for in-flight ones, then workers and router get SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import DeployConfig
+from launcher.lifeline import PARENT_ENV
 from launcher.placement import WorkerSpec
 from router import admin_protocol
 from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState, WorkerTable
@@ -75,17 +76,12 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """preexec_fn: ask Linux to SIGKILL this child when the launcher dies (and exit now if it already has)."""
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            return
-        if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return preexec
+def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``python ARGS`` in its own session (a terminal's Ctrl-C reaches only the launcher), with
+    ``env`` added. The child sets its own death signal from :data:`~launcher.lifeline.PARENT_ENV`
+    (no ``preexec_fn``: the launcher runs threads)."""
+    return subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
 
 
 @dataclass
@@ -207,10 +203,7 @@ class Supervisor:
     # ---- spawning ---------------------------------------------------------------------
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-        # preexec_fn is safe here: the launcher runs no threads.
-        return subprocess.Popen([sys.executable, *args], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
-                                stdin=subprocess.DEVNULL)
+        return spawn(args, env)
 
     def start_router(self) -> None:
         self.router = self._spawn(["-m", "router.main", "--config", str(self.config_path), "--model-path",

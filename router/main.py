@@ -11,6 +11,7 @@ import uvloop
 from aiohttp import web
 
 from launcher.config import DeployConfig
+from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
 from router.app import create_admin_app, create_app
 from router.openai_api import Api
@@ -44,6 +45,7 @@ async def run_router(cfg: DeployConfig, model_path: str, address: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # first: a launcher killed from here on takes this process with it
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--config", required=True)
     ap.add_argument("--model-path", required=True)

@@ -16,6 +16,7 @@ import threading
 import time
 
 from launcher.config import DeployConfig
+from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
 from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, SamplingParams, Shutdown
 
@@ -176,6 +177,7 @@ def warm_up(engine, tokenizer) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # first: a launcher killed from here on takes this process with it
     args = parse_args(argv)
     cpus = [int(c) for c in args.cpus.split(",") if c]
     if cpus:
