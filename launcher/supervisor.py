@@ -157,8 +157,8 @@ class AdminClient:
 class Supervisor:
     """Owns every child process of one deployment.
 
-    Test seams: ``clock`` (monotonic seconds), :meth:`_spawn` (makes a process) and ``admin`` (the
-    router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
+    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (sleeps), :meth:`_spawn` (makes a
+    process) and ``admin`` (the router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
     """
 
     def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str,
@@ -251,7 +251,9 @@ class Supervisor:
         """Supervise until every worker is ready or failed (at least one ready), or a stop is requested.
 
         Raises RuntimeError when no worker can serve: every worker crashed before any became
-        ready (fail fast: that is a configuration problem, not bad luck), or the timeout passed.
+        ready (fail fast: that is a configuration problem, not bad luck), or none was ready within
+        ``timeout``. Once one is ready, a worker still loading at ``timeout`` does not stop the
+        deployment: :meth:`sync` kills it and it is restarted like any other.
         """
         deadline = self.clock() + timeout
         while not stop_requested():
@@ -268,9 +270,17 @@ class Supervisor:
             if not pending:
                 return
             if self.clock() > deadline:
-                raise RuntimeError(f"worker(s) {', '.join(map(str, pending))} not ready within {timeout:.0f}s "
-                                   "(workers.startup_timeout_s)")
-            time.sleep(pause_s)
+                late = ", ".join(map(str, pending))
+                if any(s.ever_ready for s in self.slots.values()):
+                    # Others serve: the late one is killed and restarted like any hung worker (sync).
+                    log.warning("worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without "
+                                "them while they are restarted", late, timeout)
+                    return
+                raise RuntimeError(f"worker(s) {late} not ready within {timeout:.0f}s (workers.startup_timeout_s)")
+            self._pause(pause_s)
+
+    def _pause(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def poll_once(self, sync: bool = True) -> None:
         """One supervision step: reap exits, restart what is due, read the router's table once a

@@ -95,6 +95,9 @@ class Harness(Supervisor):
         self.procs.append(FakeProc(1000 + len(self.procs), args))
         return self.procs[-1]
 
+    def _pause(self, seconds: float) -> None:
+        self.now += seconds
+
     def tick(self, seconds: float = 0.0) -> None:
         self.now += seconds
         self._next_sync = 0.0
@@ -218,3 +221,24 @@ def test_reports_refuse_unknown_keys(msg):
     body = msgspec.to_builtins(msg) | {"surprise": 1}
     with pytest.raises(msgspec.ValidationError):
         admin_protocol.decode(msgspec.json.encode(body), type(msg))
+
+
+def test_a_worker_still_loading_at_the_startup_timeout_is_restarted_while_the_others_serve(tmp_path):
+    sup = Harness(tmp_path)
+    sup.start()
+    sup.ready(0)
+    slow = sup.proc_of(1)  # says nothing: still loading
+    sup.wait_ready(timeout=60.0, pause_s=1.0)  # returns: worker 0 serves
+    sup.tick(1.0)
+    assert slow.signals == [signal.SIGKILL]
+    sup.tick(1.1)
+    assert "not ready after 60s" in sup.row(1).exit_reason
+    assert sup.proc_of(1) is not slow and sup.row(1).state == WorkerState.STARTING
+    assert sup.row(0).state == WorkerState.READY
+
+
+def test_no_worker_ready_by_the_startup_timeout_fails_the_deployment(tmp_path):
+    sup = Harness(tmp_path)
+    sup.start()
+    with pytest.raises(RuntimeError, match="not ready within 60s"):
+        sup.wait_ready(timeout=60.0, pause_s=1.0)
