@@ -48,6 +48,17 @@ class ModelShape:
         return embeddings + self.num_layers * per_layer + h
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element bytes.
+
+    ``element_bytes`` is the cache's element size (4 for float32, 2 for bfloat16/float16); with
+    GQA, ``num_kv_heads`` < attention heads shrinks it. Llama-2-70B (80 layers, 8 KV heads of 128,
+    16-bit): 327,680 bytes (320 KiB) per token, 8× less than its 64 heads would need without GQA.
+    The same formula as vLLM's ``get_cache_block_size`` (vllm/worker/cache_engine.py) per token.
+    """
+    return 2 * num_layers * num_kv_heads * head_dim * element_bytes
+
+
 def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
     """Build a shape from a parsed HF ``config.json`` (``text_config`` used when nested).
 

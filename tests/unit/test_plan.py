@@ -83,7 +83,7 @@ def test_kv_for_the_whole_batch():
     assert s.kv_per_seq == 4096 * 512 * 1024 == 2 * GiB
     assert s.kv_full == 32 * GiB
     assert s.need(1, 16) == s.weights + s.overhead(1) + 32 * GiB
-    assert s.overhead(2) - s.overhead(1) == GiB  # one CUDA context allowance per GPU
+    assert s.overhead(2) == 2 * s.overhead(1) == 2 * (GiB + s.activations)  # allowance + activations per GPU
 
 
 # ---- reading shapes from config only -------------------------------------------------------
@@ -227,3 +227,43 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
     assert "does not fit" in refused.output and "--force" in refused.output
     forced = CliRunner().invoke(cli.app, ["up", str(deploy), "--force"])
     assert forced.exit_code == 0 and len(started) == 1
+
+
+# ---- one budget rule with the worker, and dtype auto per hardware --------------------------
+
+def test_plan_uses_the_workers_budget_rule_per_gpu_of_a_split():
+    from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget
+
+    shape = llama2("70B")
+    deploy = DeployConfig.model_validate({"model": {"max_model_len": 4096}, "workers": {"gpus_per_replica": 2}})
+    plan = make_plan(deploy, inv(gpus(2)), shape)
+    s = plan.sizing
+    # what the worker computes after warm-up when its measurements equal plan's estimates
+    context = GPU_ALLOWANCE_BYTES // 2
+    measured = [GpuFacts(80 * GiB, 80 * GiB - s.weights // 2 - context, s.weights // 2, s.activations, 0.5,
+                         resident=True)] * 2
+    tokens = kv_budget(measured, s.kv_per_token, 0.9).tokens
+    assert plan.fits[0].seqs == tokens // 4096 >= 1
+    assert plan.fits[0].kv_room == tokens * s.kv_per_token
+    # activations and the allowance come off each GPU, not once per replica
+    per_gpu = int(80 * GiB * 0.9) - s.weights // 2 - s.activations - GPU_ALLOWANCE_BYTES
+    assert tokens == per_gpu // (s.kv_per_token // 2)
+
+
+def test_co_tenants_beside_another_process_plan_for_the_last_to_start():
+    busy = [GpuInfo(0, "GPU", "GPU-0", 80 * GiB, 50 * GiB)]  # 30 GiB held by someone else
+    plan = make_plan(cfg(workers_per_gpu=2), inv(busy), llama2("7B"))
+    s = plan.sizing
+    # the second replica sees 50 GiB − the first one's 36 GiB share = 14 GiB free
+    room = 14 * GiB - (80 * GiB - int(80 * GiB * 0.9)) - s.weights - s.activations - GiB
+    assert [f.seqs for f in plan.fits] == [max(0, room) // s.kv_per_seq] * 2
+
+
+def test_auto_dtype_follows_the_gpus_capability_and_the_cpu_flags():
+    t4 = [GpuInfo(0, "Tesla T4", "GPU-0", 16 * GiB, 16 * GiB, capability=(7, 5))]
+    assert make_plan(cfg(), inv(t4), llama2("7B")).sizing.dtype == "float16"
+    h100 = [GpuInfo(0, "H100", "GPU-0", 80 * GiB, 80 * GiB, capability=(9, 0))]
+    assert make_plan(cfg(), inv(h100), llama2("7B")).sizing.dtype == "bfloat16"
+    amx = Inventory([], list(range(8)), None, 64 * GiB, cpu_flags=frozenset({"amx_bf16"}))
+    assert make_plan(cfg(devices="cpu"), amx, llama2("7B")).sizing.dtype == "bfloat16"
+    assert make_plan(cfg(devices="cpu"), inv([]), llama2("7B")).sizing.dtype == "float32"
