@@ -44,6 +44,8 @@ class RouterConfig(Section):
     api_keys: list[str] = Field(default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)")
     request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
     max_retries: int = Field(1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent")
+    max_migrations: int = Field(3, ge=0, le=100, description="moves of a request whose worker is lost mid-generation "
+                                                             "to another worker, resuming after the generated tokens; 0 = off")
     zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
 
     @field_validator("api_keys")

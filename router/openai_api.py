@@ -262,7 +262,8 @@ async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[in
     timer = request_timer(request)
     events = timer.wrap(stream_tokens(api.pool, prompt, params, api.cfg.router.max_retries,
                                       request.get("request_id", ""), buffered=not req.stream,
-                                      on_tokens=timer.on_tokens))
+                                      on_tokens=timer.on_tokens, max_migrations=api.cfg.router.max_migrations,
+                                      on_migration=timer.on_migration))
     if req.stream:
         return await respond_stream(request, req, shaper, events, timeout)
     parts: list[str] = []

@@ -41,7 +41,13 @@ State = WorkerState  # the one worker-state enum, shared with the supervisor (ro
 
 
 class WorkerLost(Exception):
-    """Put on a request's queue when its worker dies with the request in flight."""
+    """Put on a request's queue when its worker dies with the request in flight. ``reason`` is a
+    bounded label (``exited``, ``heartbeat_timeout``, ``stalled``, ``replaced``, ``unreachable``);
+    ``str()`` says what happened."""
+
+    def __init__(self, message: str, reason: str = "exited"):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -178,7 +184,7 @@ class WorkerPool:
         except zmq.ZMQError:
             q = self.queues.get(gen.request_id)
             if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable"))
+                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable", "unreachable"))
 
     async def cancel(self, request_id: str) -> None:
         """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
@@ -260,7 +266,7 @@ class WorkerPool:
         w.restarts, w.start_requested = restarts, False
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
-                self.mark_lost(worker_id, "replaced by a new process")
+                self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.heartbeat = pid, None
             self._set(w, State.STARTING)
 
@@ -271,8 +277,9 @@ class WorkerPool:
         except zmq.ZMQError:
             pass
 
-    def mark_lost(self, worker_id: int, reason: str, failed: bool = False) -> None:
-        """The worker process is gone (or given up on): fail over its in-flight requests."""
+    def mark_lost(self, worker_id: int, reason: str, failed: bool = False, kind: str = "exited") -> None:
+        """The worker process is gone, silent or stalled (or given up on): its in-flight requests
+        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
         w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
         if failed:
@@ -282,7 +289,7 @@ class WorkerPool:
         for rid in list(w.requests):
             q = self.queues.get(rid)
             if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})"))
+                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
     # ---- internals --------------------------------------------------------------------
 
@@ -341,7 +348,7 @@ class WorkerPool:
             if w is None:
                 w = self.workers[wid] = Worker(wid)
             elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
-                self.mark_lost(wid, "replaced by a new process")
+                self.mark_lost(wid, "replaced by a new process", kind="replaced")
             # The restart count comes from the supervisor (``on_started``), which also sees the
             # processes that crash before saying Hello; a Hello never counts one.
             w.pid, w.device, w.start_requested = msg.pid, msg.device, False
@@ -376,4 +383,4 @@ class WorkerPool:
                 silent = now - w.last_seen
                 if w.state in (State.READY, State.DRAINING) and silent > self.heartbeat_timeout_s:
                     log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
-                    self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s")
+                    self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")

@@ -117,12 +117,17 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
 class Generate(Msg):
     """Generate a continuation of ``prompt_token_ids`` (already templated and tokenized).
 
-    ``http_request_id`` is the HTTP request's ``X-Request-ID``, for the worker's logs only."""
+    ``http_request_id`` is the HTTP request's ``X-Request-ID``, for the worker's logs only.
+    ``output_token_ids``: tokens an earlier attempt already generated (request migration). The
+    worker takes prompt + output as context, replays the output through its detokenizer and stop
+    matcher without sending that text again, generates ``params.max_tokens - len(output)`` more,
+    and reports ``usage`` counting the prompt and all output once."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     http_request_id: str = ""
+    output_token_ids: list[int] = []
 
 
 class Cancel(Msg):
