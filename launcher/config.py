@@ -28,6 +28,8 @@ class ModelConfig(Section):
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
+    random_init: bool = Field(False, description="for benchmarking only: build the model from config.json with "
+                              "random weights (no weight files needed); its answers are noise")
 
     @property
     def public_name(self) -> str:
