@@ -35,5 +35,5 @@ def die_with_parent(env: dict[str, str] | None = None) -> None:
     except (OSError, AttributeError):
         return
     if os.getppid() != int(value):
-        print(f"the launcher (pid {value}) is gone before this process started; exiting", file=sys.stderr)
+        sys.stderr.write(f"the launcher (pid {value}) is gone before this process started; exiting\n")
         os._exit(ORPHAN_EXIT_CODE)

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from router.errors import ApiError
@@ -72,17 +73,38 @@ async def _choose(pool: WorkerPool, tried: set[int], last_loss: str) -> Worker:
 
 @dataclass
 class _Progress:
-    """What one request has got so far, across its attempts."""
+    """What one request has got so far, across its attempts, and what it may still spend."""
 
+    max_retries: int
+    max_migrations: int
     ids: list[int] = field(default_factory=list)  # every token id generated (a migration's context)
     parts: list[str] = field(default_factory=list)  # text not yet handed on (buffered requests)
     ttft: float | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob of every token, when asked (buffered requests)
     delivered: bool = False  # text reached the client: a restart from scratch would duplicate it
+    retries: int = 0
+    migrations: int = 0
 
     def merged(self, last: Tokens) -> Tokens:
         """One event with everything received, ending like ``last`` (buffered requests)."""
         return Tokens(request_id=last.request_id, text_delta="".join(self.parts), token_ids=list(self.ids),
-                      finish_reason=last.finish_reason, usage=last.usage, ttft_s=self.ttft)
+                      finish_reason=last.finish_reason, usage=last.usage, ttft_s=self.ttft,
+                      logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None)
+
+    def after_loss(self, loss: _Lost, request_tag: str) -> bool:
+        """Decide what a lost attempt becomes: True to migrate, False to retry from the start (what
+        was received is dropped). Raises :class:`UpstreamError` (502) when neither is left."""
+        if self.ids and self.migrations < self.max_migrations:
+            self.migrations += 1
+            return True
+        if not self.delivered and self.retries < self.max_retries:
+            self.retries += 1
+            log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, loss.message, self.retries,
+                        self.max_retries)
+            self.ids, self.parts, self.ttft = [], [], None  # nothing of it reached the client
+            return False
+        moved = f" after {self.migrations} migration(s)" if self.migrations else ""
+        raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}", code="worker_lost")
 
 
 async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingParams, max_retries: int,
@@ -95,68 +117,67 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
     ``heartbeat_timeout``, ``stalled``, ``shutting_down``, ...)."""
     tried: set[int] = set()
-    got = _Progress()
-    retries = migrations = 0
+    got = _Progress(max_retries, max_migrations)
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
     while True:
         worker = await _choose(pool, tried, last_loss)
         if moving is not None:
             log.warning("request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
-                        request_tag, moving[0], worker.worker_id, len(got.ids), moving[1].message, migrations,
+                        request_tag, moving[0], worker.worker_id, len(got.ids), moving[1].message, got.migrations,
                         max_migrations)
-            moving = None
-        rid = pool.new_request_id()
-        log.info("request %s -> worker %d as %s (%d prompt tokens%s)", request_tag, worker.worker_id, rid, len(prompt),
-                 f", resuming after {len(got.ids)} generated" if got.ids else "")
-        queue = pool.register(worker, rid)
-        finished = ok = False  # finished: the worker is done with it, no Cancel needed
         try:
-            await pool.send_generate(worker, Generate(request_id=rid, prompt_token_ids=prompt, params=params,
-                                                      http_request_id=request_tag, output_token_ids=list(got.ids)))
-            while True:
-                event = await queue.get()
-                if isinstance(event, Tokens):
-                    if on_tokens is not None:
-                        on_tokens(worker.worker_id, event)
-                    finished = ok = event.finish_reason is not None
-                    got.ids.extend(event.token_ids)
-                    if buffered:
-                        got.parts.append(event.text_delta)
-                        got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
-                        if not finished:
-                            continue
-                        event = got.merged(event)
-                    got.delivered = got.delivered or bool(event.text_delta) or finished
+            async with aclosing(_attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)) as events:
+                async for event in events:
                     yield event
-                    if finished:
-                        return
-                    continue
-                if isinstance(event, Failed) and event.code != SHUTTING_DOWN:
-                    finished = True
-                    retry_after = {"Retry-After": "1"} if event.code == 429 else None
-                    raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
-                if isinstance(event, WorkerLost):
-                    raise _Lost(event.reason, str(event))
-                raise _Lost("shutting_down", event.message)
+            return
         except _Lost as loss:
             last_loss = loss.message
-            if got.ids and migrations < max_migrations:
-                migrations += 1
-                moving = (worker.worker_id, loss)
-                if on_migration is not None:
-                    on_migration(loss.reason)
-            elif not got.delivered and retries < max_retries:
-                retries += 1
-                log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, loss.message, retries,
-                            max_retries)
-                got = _Progress()  # start over: nothing of the lost attempt reached the client
-            else:
-                moved = f" after {migrations} migration(s)" if migrations else ""
-                raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}",
-                                    code="worker_lost") from None
-        finally:
-            if not finished:
-                await pool.cancel(rid)
-            pool.finish(rid, ok=ok)
+            moving = (worker.worker_id, loss) if got.after_loss(loss, request_tag) else None
+            if moving is not None and on_migration is not None:
+                on_migration(loss.reason)
         tried.add(worker.worker_id)
+
+
+async def _attempt(pool: WorkerPool, worker: Worker, prompt: list[int], params: SamplingParams, request_tag: str,
+                   got: _Progress, buffered: bool,
+                   on_tokens: Callable[[int, Tokens], None] | None) -> AsyncIterator[Tokens]:
+    """One attempt on ``worker``, resuming after ``got.ids``: yields events until the finish;
+    raises :class:`_Lost` when the worker goes, :class:`UpstreamError` when it fails the request."""
+    rid = pool.new_request_id()
+    log.info("request %s -> worker %d as %s (%d prompt tokens%s)", request_tag, worker.worker_id, rid, len(prompt),
+             f", resuming after {len(got.ids)} generated" if got.ids else "")
+    queue = pool.register(worker, rid)
+    finished = ok = False  # finished: the worker is done with it, no Cancel needed
+    try:
+        await pool.send_generate(worker, Generate(request_id=rid, prompt_token_ids=prompt, params=params,
+                                                  http_request_id=request_tag, output_token_ids=list(got.ids)))
+        while True:
+            event = await queue.get()
+            if isinstance(event, WorkerLost):
+                raise _Lost(event.reason, str(event))
+            if isinstance(event, Failed):
+                if event.code == SHUTTING_DOWN:
+                    raise _Lost("shutting_down", event.message)
+                finished = True
+                retry_after = {"Retry-After": "1"} if event.code == 429 else None
+                raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
+            if on_tokens is not None:
+                on_tokens(worker.worker_id, event)
+            finished = ok = event.finish_reason is not None
+            got.ids.extend(event.token_ids)
+            if buffered:
+                got.parts.append(event.text_delta)
+                got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
+                got.logprobs.extend(event.logprobs or [])
+                if not finished:
+                    continue
+                event = got.merged(event)
+            got.delivered = got.delivered or bool(event.text_delta) or finished
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:
+            await pool.cancel(rid)
+        pool.finish(rid, ok=ok)

@@ -20,16 +20,29 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 import zmq.asyncio
-
-import msgspec
 
 from router.admin_protocol import HAS_NO_PROCESS, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
-from worker.protocol import (PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready,
-                             Shutdown, Tokens, decode_for_router, encode, worker_identity)
+from worker.protocol import (
+    PROTOCOL_VERSION,
+    Bye,
+    Cancel,
+    Failed,
+    Generate,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    Tokens,
+    decode_for_router,
+    encode,
+    worker_identity,
+)
 
 log = logging.getLogger(__name__)
 

@@ -68,7 +68,10 @@ def assert_openai_error(err: dict, code: str) -> None:
 
 @pytest.fixture(scope="module")
 def sup(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("supervision"), {"workers": {"heartbeat_timeout_s": 5}})
+    # Failover without migration (what a stream that cannot migrate gets); tests/e2e/test_migration.py
+    # covers migration.
+    d = Deployment(tmp_path_factory.mktemp("supervision"),
+                   {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}})
     d.start()
     yield d
     assert d.stop() == 0, d.log()[-3000:]
