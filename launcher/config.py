@@ -49,6 +49,10 @@ class RouterConfig(Section):
     max_migrations: int = Field(3, ge=0, le=100, description="moves of a request whose worker is lost mid-generation "
                                                              "to another worker, resuming after the generated tokens; 0 = off")
     zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
+    keepalive_timeout_s: float = Field(75.0, gt=0, description="an idle keep-alive connection is closed after this; "
+                                       "client pools should drop idle connections sooner")
+    max_connections: int | None = Field(None, ge=1, description="open public connections before new ones get 503; "
+                                        "default: the open-file limit less a reserve")
 
     @field_validator("api_keys")
     @classmethod

@@ -13,35 +13,54 @@ from aiohttp import web
 from launcher.config import DeployConfig
 from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
-from router.app import create_admin_app, create_app
+from router.app import CONNECTIONS, create_admin_app, create_app
+from router.connections import raise_file_limit
 from router.openai_api import Api
 from router.workers import WorkerPool
 
 log = logging.getLogger("router")
 
 
+async def start_servers(api: Api) -> list[web.AppRunner]:
+    """Listen with the public and admin apps on the configured addresses; returns their runners
+    (public first) for :func:`stop_servers`."""
+    r = api.cfg.router
+    public = web.AppRunner(create_app(api), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=r.keepalive_timeout_s)
+    admin = web.AppRunner(create_admin_app(api), handler_cancellation=True, access_log=None,
+                          keepalive_timeout=r.keepalive_timeout_s)
+    await public.setup()
+    await admin.setup()
+    public.app[CONNECTIONS].attach(public.server)
+    await web.TCPSite(public, r.host, r.port).start()
+    await web.TCPSite(admin, r.admin_host, r.admin_port).start()
+    log.info("listening on http://%s:%d (admin on %s:%d, at most %d public connections), workers connect to %s",
+             r.host, r.port, r.admin_host, r.admin_port, public.app[CONNECTIONS].cap, api.pool.address)
+    return [public, admin]
+
+
+async def stop_servers(api: Api, runners: list[web.AppRunner]) -> None:
+    """Stop accepting requests (responses from now on close their connection), then close."""
+    api.pool.accepting = False
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
 async def run_router(cfg: DeployConfig, model_path: str, address: str) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT."""
     from transformers import AutoTokenizer
 
+    raise_file_limit()  # before create_app, which sizes the connection cap from it
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s)
     api = Api(cfg, pool, tokenizer)
-    public = web.AppRunner(create_app(api), handler_cancellation=True, access_log=None)
-    admin = web.AppRunner(create_admin_app(api), handler_cancellation=True, access_log=None)
-    await public.setup()
-    await admin.setup()
-    await web.TCPSite(public, cfg.router.host, cfg.router.port).start()
-    await web.TCPSite(admin, cfg.router.admin_host, cfg.router.admin_port).start()
-    log.info("listening on http://%s:%d (admin on %s:%d), workers connect to %s", cfg.router.host, cfg.router.port,
-             cfg.router.admin_host, cfg.router.admin_port, address)
+    runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the launcher decides when we stop
     await stop.wait()
-    await admin.cleanup()
-    await public.cleanup()
+    await stop_servers(api, runners)
 
 
 def main(argv: list[str] | None = None) -> None:
