@@ -19,7 +19,7 @@ import logging
 import os
 
 from launcher.placement import EXPECTED_GPUS_ENV
-from worker.budget import GpuFacts, kv_budget, memory_fraction
+from worker.budget import GpuFacts, KvBudget, kv_budget, memory_fraction, too_small
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,27 @@ def kv_budget_tokens(per_token: int, share: float, utilization: float, device_ma
     :func:`measure_gpus` (``activation_peak`` per cuda index: 0 when not measured yet)."""
     facts = measure_gpus(layer_fractions(device_map, num_layers), activation_peak)
     return kv_budget(facts, per_token, utilization, share).tokens
+
+
+class KvTooSmall(RuntimeError):
+    """The KV budget holds less than one ``max_model_len`` sequence: the worker must not report
+    Ready (it would answer every request 400); the message names the numbers and the fixes."""
+
+
+def kv_budget_after_warmup(kv_bytes_per_token: int, fractions: dict[int, float], utilization: float, share: float,
+                           max_model_len: int, block_tokens: int = 1, cuda=None) -> KvBudget:
+    """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.budget.kv_budget`.
+
+    Call after :func:`reset_peaks` and the warm-up forward at ``max_prefill_tokens``, before
+    allocating the KV cache; then allocate ``budget.gpus[i].bytes`` on ``cuda:i`` once
+    (``budget.tokens`` tokens, a multiple of ``block_tokens``). Raises :class:`KvTooSmall`.
+    """
+    budget = kv_budget(measure_gpus(fractions, cuda=cuda), kv_bytes_per_token, utilization, share,
+                       block_tokens=block_tokens)
+    log.info("KV budget: %s", budget.describe())
+    if message := too_small(budget, max_model_len, utilization, share):
+        raise KvTooSmall(message)
+    return budget
 
 
 def measure_gpus(fractions: dict[int, float], activation_peak: dict[int, int] | None = None,

@@ -147,3 +147,15 @@ def test_reset_fraction_reserved_and_capabilities_cover_every_visible_gpu():
                           ("fraction", pytest.approx(0.45), 1)]
     assert memory_reserved_total(cuda) == 18 * GiB  # both GPUs of a split replica, reserved not allocated
     assert capabilities(cuda) == [(9, 0), (8, 6)]
+
+
+def test_kv_budget_after_warmup_sizes_each_gpu_or_refuses_ready():
+    from worker.gpus import KvTooSmall, kv_budget_after_warmup
+
+    cuda = FakeCuda([fake_gpu(free=60 * GiB), fake_gpu(free=60 * GiB)])
+    budget = kv_budget_after_warmup(LLAMA2_7B_KV, {0: 0.5, 1: 0.5}, 0.9, 1.0, 4096, block_tokens=16, cuda=cuda)
+    assert budget.tokens % 16 == 0 and budget.tokens >= 4096
+    assert [g.bytes for g in budget.gpus] == [budget.tokens * LLAMA2_7B_KV // 2] * 2
+    tight = FakeCuda([fake_gpu(free=9 * GiB)])  # 80 GiB card, someone else holds most of it
+    with pytest.raises(KvTooSmall, match="less than one max_model_len=4096"):
+        kv_budget_after_warmup(LLAMA2_7B_KV, {0: 1.0}, 0.9, 1.0, 4096, cuda=tight)
