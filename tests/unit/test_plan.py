@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from launcher.models import ModelNotFound
 from launcher.placement import GpuInfo, Inventory
 from launcher.plan import GB, GiB, kv_bytes_per_token, make_plan, parse_gpus, recommend, size, weight_bytes
 from launcher.shapes import ModelShape, ShapeError, from_gguf, from_hf_config, read_shape
+from tests.deployment import free_port
 
 # Public Llama-2 shapes (the article's sizing table): hidden, layers, heads, kv heads, intermediate.
 LLAMA2 = {
@@ -198,12 +198,6 @@ def test_parse_gpus_units():
 
 # ---- the commands --------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_plan_command_for_a_70b_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA2["70B"], "vocab_size": 32000}))
     runner = CliRunner()
@@ -215,10 +209,19 @@ def test_plan_command_for_a_70b_config(tmp_path):
     assert too_small.exit_code == 1 and "error:" in too_small.output
 
 
+SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+
+
 def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
+    model = tmp_path / "model"  # its own config folder: the plan never needs the model cache
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SMOLLM2_135M))
     deploy = tmp_path / "deploy.yaml"
-    deploy.write_text(f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
+    deploy.write_text(f"model: {{name: {model}}}\n"
+                      f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
                       "workers: {devices: cpu, kv_cache_gib: 0.001}\n")
+    monkeypatch.setenv("LLAMADEPLOY_CACHE", str(tmp_path / "empty-cache"))
     started = []
     monkeypatch.setattr(cli, "serve", lambda *a: started.append(a) or 0)
     monkeypatch.setattr("launcher.models.resolve_model", lambda name, progress=True: Path("/model"))
