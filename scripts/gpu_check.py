@@ -156,8 +156,8 @@ def mixed_prompts(n: int = 8, seed: int = 0) -> list[tuple[str, int]]:
 
 def concurrent(url: str, model: str, admin: str | None, n: int = 8) -> bool:
     """``n`` mixed prompts at once at temperature 0.8 with seeds: every one 200 with text and a
-    finish reason, no worker lost; then prompt 0 again alone and its token-match rate (bf16
-    GEMMs vary with batch size on GPU, so equality is not expected there)."""
+    finish reason, no worker lost; then prompt 0 again alone and how much of it agrees with its
+    batched run (bf16 GEMMs vary with batch size on GPU, so equality is not expected there)."""
     before = incarnations(admin) if admin else {}
 
     def body(i: int, prompt: str, max_tokens: int) -> dict:
@@ -174,7 +174,8 @@ def concurrent(url: str, model: str, admin: str | None, n: int = 8) -> bool:
         print(f"  prompt {i} ({len(prompts[i][0].split())} words, max_tokens {prompts[i][1]}): HTTP {r.status}, "
               f"{r.tokens} tokens, finish {r.finish_reason}{'' if good else ' FAILED ' + r.error}")
     alone = stream(url, "/chat/completions", body(0, *prompts[0]))
-    print(f"  prompt 0 alone vs batched (seed 1000): token-match by characters {match_rate(alone.text, results[0].text):.2f}")
+    print(f"  prompt 0 alone vs batched (seed 1000): {match_rate(alone.text, results[0].text):.2f} of the text agrees "
+          "(bf16 on GPU may differ with batch size)")
     if admin and incarnations(admin) != before:
         print(f"  a worker was lost or restarted: before {before}, after {incarnations(admin)}")
         ok = False
@@ -182,7 +183,7 @@ def concurrent(url: str, model: str, admin: str | None, n: int = 8) -> bool:
 
 
 def match_rate(a: str, b: str) -> float:
-    """Share of the longer text's leading characters that agree (1.0 = identical)."""
+    """The common prefix of ``a`` and ``b`` as a share of the longer one (1.0 = identical)."""
     if not a and not b:
         return 1.0
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
