@@ -197,7 +197,7 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
     util = cfg.workers.gpu_memory_utilization
     gpus = sorted(gpus, key=lambda g: gpu_budget(g, util))  # plan for the tightest GPUs
-    k = min_gpus(sizing, gpus, util)
+    k = min_gpus(sizing, gpus[:1] if any(g.is_mig for g in gpus) else gpus, util)  # no split over MIG
     if k is None:
         return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
     seqs = planned_budget(gpus[:k], sizing, util).tokens // sizing.max_model_len

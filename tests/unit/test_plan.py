@@ -270,3 +270,13 @@ def test_auto_dtype_follows_the_gpus_capability_and_the_cpu_flags():
     amx = Inventory([], list(range(8)), None, 64 * GiB, cpu_flags=frozenset({"amx_bf16"}))
     assert make_plan(cfg(devices="cpu"), amx, llama2("7B")).sizing.dtype == "bfloat16"
     assert make_plan(cfg(devices="cpu"), inv([]), llama2("7B")).sizing.dtype == "float32"
+
+
+def test_mig_instances_are_planned_with_their_own_memory_and_never_split():
+    parent = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
+    instances = [GpuInfo(0, "H100 MIG 3g.40gb", f"MIG-{j}", 40 * GiB, 40 * GiB, (9, 0), parent) for j in range(2)]
+    small = make_plan(cfg(), inv(instances), llama2("7B"))
+    assert small.ok and [f.spec.cuda_visible_devices for f in small.fits] == ["MIG-0", "MIG-1"]
+    assert small.fits[0].budget == 36 * GiB  # 0.9 × the instance's 40 GiB, not the whole GPU's
+    big = make_plan(cfg(), inv(instances), llama2("70B"))
+    assert not big.ok and big.recommendation.replicas == 0  # 70B would need a split, which MIG cannot do
