@@ -274,7 +274,7 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
         return [Check("placement", "fail", str(exc), "see the message; `llamadeploy plan` shows what fits")]
     rows = [Check("placement", "ok", f"{len(specs)} worker(s): {', '.join(s.label for s in specs)}")]
     if shape is None:
-        return rows + [Check("memory plan", "skip", "no model config to plan with")]
+        return [*rows, Check("memory plan", "skip", "no model config to plan with")]
     plan = make_plan(cfg, inv, shape, specs=specs)
     if plan.errors:
         rows.append(Check("memory plan", "fail", " ".join(plan.errors), "run `llamadeploy plan` for the table"))

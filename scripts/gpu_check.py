@@ -186,7 +186,7 @@ def match_rate(a: str, b: str) -> float:
     """The common prefix of ``a`` and ``b`` as a share of the longer one (1.0 = identical)."""
     if not a and not b:
         return 1.0
-    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return same / max(len(a), len(b))
 
 
@@ -371,7 +371,7 @@ def bench(url: str, model: str, weights_bytes: int, levels: list[int], bw: float
     floor = weights_bytes / bw
     rows = []
     for level in levels:
-        def wave() -> tuple[list[Result], float]:
+        def wave(level: int = level) -> tuple[list[Result], float]:
             bodies = [{"model": model, "prompt": [rng.randrange(3, 128000) for _ in range(prompt_tokens)],
                        "max_tokens": output_tokens, "temperature": 0, "ignore_eos": True} for _ in range(level)]
             t = time.perf_counter()
@@ -410,7 +410,7 @@ def dry_run() -> bool:
     assert weights == 2 * 8_030_261_248, weights  # Llama-3-8B's published parameter count
     bw = bandwidth("cpu", mib=64, repeats=3)
     assert bw > 0 and math.isfinite(bw)
-    with stub_server() as url:
+    with StubServer() as url:
         rows = bench(url, "m", weights, [1, 3], bw, prompt_tokens=4, output_tokens=5)
         assert [r["ok"] for r in rows] == [2, 6] and all(r["step_ms"] for r in rows), rows
         assert concurrent_stub(url)
@@ -427,14 +427,14 @@ def concurrent_stub(url: str) -> bool:
     return all(r.status == 200 and r.text == "t1 t2 t3 t4 t5 " and r.finish_reason == "length" for r in results)
 
 
-class stub_server:  # noqa: N801 -- used as a context manager
+class StubServer:
     """A local OpenAI-style SSE server streaming five chunks ("t1 " … "t5 ") per request."""
 
     def __enter__(self) -> str:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 self.rfile.read(int(self.headers["Content-Length"]))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -458,53 +458,54 @@ class stub_server:  # noqa: N801 -- used as a context manager
         self.server.server_close()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("dry-run")
-    for name in ("concurrent", "near-budget", "oom", "bench"):
+    for name in ("concurrent", "near-budget", "oom"):
         p = sub.add_parser(name)
-        p.add_argument("url")
-        if name != "bench":
-            p.add_argument("admin")
-        p.add_argument("model")
-        if name == "near-budget":
-            p.add_argument("max_model_len", type=int)
-        if name == "oom":
-            p.add_argument("log")
-        if name == "bench":
-            p.add_argument("folder", type=Path)
-            p.add_argument("--levels", default="1,8,32,64")
+        for arg in ("url", "admin", "model"):
+            p.add_argument(arg)
+    sub.choices["near-budget"].add_argument("max_model_len", type=int)
+    sub.choices["oom"].add_argument("log")
+    bench_p = sub.add_parser("bench")
+    for arg in ("url", "model"):
+        bench_p.add_argument(arg)
+    bench_p.add_argument("folder", type=Path)
+    bench_p.add_argument("--levels", default="1,8,32,64")
     sub.add_parser("pick-util").add_argument("deploy")
     sub.add_parser("hog")
     sub.add_parser("make-model").add_argument("folder", type=Path)
     sub.add_parser("bandwidth")
-    a = ap.parse_args(argv)
-    if a.cmd == "dry-run":
-        return 0 if dry_run() else 1
-    if a.cmd == "concurrent":
-        return 0 if concurrent(a.url, a.model, a.admin) else 1
-    if a.cmd == "pick-util":
-        print(pick_util(a.deploy))
-        return 0
-    if a.cmd == "near-budget":
-        return 0 if near_budget(a.url, a.admin, a.model, a.max_model_len) else 1
-    if a.cmd == "hog":
-        hog()
-        return 0
-    if a.cmd == "oom":
-        return 0 if oom(a.url, a.admin, a.model, a.log) else 1
-    if a.cmd == "make-model":
-        print(make_model(a.folder))
-        return 0
-    if a.cmd == "bandwidth":
-        print(f"{bandwidth() / 1e9:.1f}")
-        return 0
+    return ap
+
+
+def run_bench(a: argparse.Namespace) -> bool:
+    from launcher.shapes import read_json_shape
+
     bw = bandwidth()
-    weights = 2 * __import__("launcher.shapes", fromlist=["x"]).read_json_shape(a.folder / "config.json").params
+    weights = 2 * read_json_shape(a.folder / "config.json").params
     rows = bench(a.url, a.model, weights, [int(x) for x in a.levels.split(",")], bw)
     print_bench(rows, weights, bw)
-    return 0 if all(r["failed"] == 0 for r in rows) else 1
+    return all(r["failed"] == 0 for r in rows)
+
+
+COMMANDS = {
+    "dry-run": lambda a: dry_run(),
+    "concurrent": lambda a: concurrent(a.url, a.model, a.admin),
+    "pick-util": lambda a: print(pick_util(a.deploy)) or True,
+    "near-budget": lambda a: near_budget(a.url, a.admin, a.model, a.max_model_len),
+    "hog": lambda a: hog() or True,
+    "oom": lambda a: oom(a.url, a.admin, a.model, a.log),
+    "make-model": lambda a: print(make_model(a.folder)) or True,
+    "bandwidth": lambda a: print(f"{bandwidth() / 1e9:.1f}") or True,
+    "bench": run_bench,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    return 0 if COMMANDS[a.cmd](a) else 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 GiB = 2**30
-GPU_ALLOWANCE_BYTES = GiB  # CUDA context (~0.3–0.6 GiB) + cuBLAS workspace + fragmentation
+GPU_ALLOWANCE_BYTES = GiB  # CUDA context (0.3 to 0.6 GiB) + cuBLAS workspace + fragmentation
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import DeployConfig
-from launcher.doctor import (arch_checks, cuda_compat, cuda_version, deployment_checks, dtype_check, gpu_checks,
-                             visibility_check, wheel_runs_on)
+from launcher.doctor import (
+    arch_checks,
+    cuda_compat,
+    cuda_version,
+    deployment_checks,
+    dtype_check,
+    gpu_checks,
+    visibility_check,
+    wheel_runs_on,
+)
 from launcher.placement import GpuInfo, GpuProblem, Inventory
 
 GiB = 2**30

@@ -150,7 +150,7 @@ def test_recommendation_splits_when_one_gpu_is_too_small():
 
 
 def test_partly_used_gpu_shrinks_its_budget_and_is_named():
-    plan = make_plan(cfg(), inv(gpus(1) + [GpuInfo(1, "GPU", "GPU-1", 80 * GiB, 10 * GiB)]), llama2("7B"))
+    plan = make_plan(cfg(), inv([*gpus(1), GpuInfo(1, "GPU", "GPU-1", 80 * GiB, 10 * GiB)]), llama2("7B"))
     assert plan.fits[0].fits and not plan.fits[1].fits
     assert plan.fits[1].budget == 2 * GiB  # 0.9 × 80 − 70 GiB used by others
     assert any("worker 1 (cuda[1])" in e for e in plan.errors)
