@@ -72,6 +72,18 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     total_tokens: int
 
 
+class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True):
+    """One sampled token's log-probability (natural log, floored at ``LOGPROB_FLOOR``) and, when
+    asked, the ``top`` most likely alternatives as ``[token_id, logprob]`` pairs, best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
+LOGPROB_FLOOR = -9999.0  # what a log-probability of -inf (a masked token) is reported as: JSON has no -inf
+
+
 class Tokens(Msg):
     """A streamed delta. ``finish_reason`` is ``"stop"`` or ``"length"`` on the last one only,
     which also carries ``usage``. ``text_delta`` is always whole UTF-8 characters."""
@@ -82,6 +94,7 @@ class Tokens(Msg):
     finish_reason: str | None = None
     usage: Usage | None = None
     ttft_s: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token sampled since the last message, when asked
 
 
 class Failed(Msg):
@@ -112,6 +125,23 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     stop: list[str] = []
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI: minus this from a token's logit once it was generated (-2..2)
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output (-2..2)
+    repetition_penalty: float = 1.0  # HF: divide positive / multiply negative logits of prompt+output tokens (> 0)
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit (-100..100; -100 bans it)
+    min_tokens: int = 0  # the stop tokens are masked until this many tokens were generated
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and the top k alternatives'
+    grammar: Grammar | None = None  # constrain the output (worker.grammar)
+
+
+class Grammar(msgspec.Struct, forbid_unknown_fields=True):
+    """A decoding constraint, compiled by the worker (xgrammar). ``kind``: ``json_object`` (any JSON
+    object; ``source`` unused), ``json_schema`` (``source`` = the schema as canonical JSON; ``strict``:
+    no properties beyond the schema's), ``regex`` or ``ebnf`` (``source`` = the pattern/grammar)."""
+
+    kind: str
+    source: str = ""
+    strict: bool = True
 
 
 class Generate(Msg):
