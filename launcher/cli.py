@@ -191,6 +191,9 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
                       str(w["restarts"]), f"{w['uptime_s']:.0f}s", f"{w['mem_bytes'] / 2**20:.0f} MiB")
     out = report_console()
     out.print(table)
+    if router := info.get("router"):
+        out.print(f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
+                  highlight=False)
     for w in info["workers"]:
         if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
             out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)

@@ -129,6 +129,7 @@ class SupervisorConfig(Section):
     restart_window_s: float = Field(300.0, gt=0)
     drain_timeout_s: float = Field(60.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
+    router_standby: bool = Field(True, description="keep a loaded standby router that takes over at once when the router dies")
 
 
 class LimitsConfig(Section):

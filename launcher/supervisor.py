@@ -9,7 +9,10 @@
   ``failed`` instead. An operator's ``restart`` of a failed worker starts it again.
 * Once a second the supervisor compares notes with the router: a worker the router declared dead
   (missed heartbeats) whose process is still alive is hung, and is killed so that it restarts.
-* The router exiting is fatal: everything is stopped and ``up`` exits non-zero.
+* A router that exits is restarted under the same rules as a worker (backoff, ``max_restarts``
+  within the window; past that ``up`` stops and exits non-zero). It rebinds the same ports and
+  ZeroMQ address; once it answers, the supervisor reports every worker process to it again, and
+  the running workers re-register (``Identify`` → ``Hello``/``Ready``) with their models loaded.
 * Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and set
   ``PR_SET_PDEATHSIG`` first thing (:mod:`launcher.lifeline`), so they die with the launcher even
   if it is killed with SIGKILL.
@@ -76,11 +79,12 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
     """``python ARGS`` in its own session (a terminal's Ctrl-C reaches only the launcher), with
-    ``env`` added. The child sets its own death signal from :data:`~launcher.lifeline.PARENT_ENV`
-    (no ``preexec_fn``: the launcher runs threads)."""
-    return subprocess.Popen([sys.executable, *args], stdin=subprocess.DEVNULL, start_new_session=True,
+    ``env`` added and stdin a pipe (``stdin_pipe``) or nothing. The child sets its own death signal
+    from :data:`~launcher.lifeline.PARENT_ENV` (no ``preexec_fn``: the launcher runs threads)."""
+    return subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                            start_new_session=True, text=stdin_pipe,
                             env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
 
 
@@ -96,6 +100,7 @@ class Slot:
     starts: int = 0  # processes started; restarts = starts - 1
     started_at: float = 0.0
     ever_ready: bool = False
+    ready_pid: int = 0  # the last process the router showed ready (it re-registers after a router restart)
     last_exit: str = ""
     kill_reason: str = ""  # why the supervisor killed it, if it did
 
@@ -171,7 +176,14 @@ class Supervisor:
         self.config_path = run_dir / "config.json"
         self.config_path.write_text(cfg.model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
-        self.router: subprocess.Popen | None = None
+        self.router: subprocess.Popen | None = None  # None while a dead router waits for its restart
+        self.router_starts = 0  # router processes started; its restarts = starts - 1
+        self.router_crashes: tuple[float, ...] = ()
+        self.router_restart_at: float | None = None
+        self.router_answering = False  # the current router process has answered its admin API
+        self.standby: subprocess.Popen | None = None  # a loaded router waiting to take over
+        self.standby_enabled = False  # set once serving: a standby must not slow the workers' start
+        self._standby_at = 0.0  # when a standby may be started (after one died)
         self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
         self.stopping = False
         self._next_sync = 0.0
@@ -180,6 +192,8 @@ class Supervisor:
     # ---- the router's admin API -------------------------------------------------------
 
     def _report(self, wid: int, msg: Started | Exited) -> None:
+        if not self.router_answering:
+            return  # no router to tell: a restarted one hears about every worker once it answers
         try:
             self.admin.report(wid, msg)
         except (OSError, ValueError) as exc:
@@ -202,13 +216,46 @@ class Supervisor:
 
     # ---- spawning ---------------------------------------------------------------------
 
-    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-        return spawn(args, env)
+    def _spawn(self, args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
+        return spawn(args, env, stdin_pipe)
+
+    def _router_args(self) -> list[str]:
+        return ["-m", "router.main", "--config", str(self.config_path), "--model-path", str(self.model_path),
+                "--address", self.address]
 
     def start_router(self) -> None:
-        self.router = self._spawn(["-m", "router.main", "--config", str(self.config_path), "--model-path",
-                                   str(self.model_path), "--address", self.address], {})
-        log.info("router started (pid %d)", self.router.pid)
+        """Start a router on the configured ports and ZeroMQ address (the same every time): the
+        standby takes over when there is one (it has loaded already), else a new process."""
+        self.router_starts += 1
+        self.router_answering = False
+        restarts = self.router_starts - 1
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.poll() is None:
+            try:
+                standby.stdin.write(f"go {restarts}\n")
+                standby.stdin.close()
+            except OSError:  # it died just now
+                standby = None
+            else:
+                self.router = standby
+                log.info("standby router (pid %d) taking over, restart %d", standby.pid, restarts)
+                return
+        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], {})
+        log.info("router started (pid %d)%s", self.router.pid, f", restart {restarts}" if restarts else "")
+
+    def keep_standby(self) -> None:
+        """With ``supervisor.router_standby``, keep one standby router loaded beside the serving one
+        (so a restart takes a moment, not the seconds of importing and loading the tokenizer)."""
+        if not (self.standby_enabled and self.cfg.supervisor.router_standby and self.router_answering):
+            return
+        now = self.clock()
+        if self.standby is not None and self.standby.poll() is not None:
+            log.warning("standby router (pid %d) %s; starting another in %.0fs", self.standby.pid,
+                        describe_exit(self.standby.returncode), MAX_BACKOFF_S)
+            self.standby, self._standby_at = None, now + MAX_BACKOFF_S
+        if self.standby is None and now >= self._standby_at:
+            self.standby = self._spawn([*self._router_args(), "--standby"], {}, stdin_pipe=True)
+            log.info("standby router started (pid %d)", self.standby.pid)
 
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
@@ -239,9 +286,11 @@ class Supervisor:
                 raise RuntimeError(f"the router exited during start-up ({describe_exit(self.router.returncode)})")
             try:
                 self.admin.table(timeout=1.0)
-                return
             except (OSError, ValueError):
                 time.sleep(0.2)
+                continue
+            self.router_answering = True
+            return
         raise RuntimeError(f"the router did not answer on {self.admin.base} within {timeout:.0f}s")
 
     # ---- watching ---------------------------------------------------------------------
@@ -283,19 +332,61 @@ class Supervisor:
         time.sleep(seconds)
 
     def poll_once(self, sync: bool = True) -> None:
-        """One supervision step: reap exits, restart what is due, read the router's table once a
-        second. Raises RuntimeError if the router died."""
-        if self.router.poll() is not None and not self.stopping:
-            raise RuntimeError(f"the router exited unexpectedly ({describe_exit(self.router.returncode)})")
+        """One supervision step: watch the router, reap exits, restart what is due, read the
+        router's table once a second. Raises RuntimeError when the router is given up on."""
+        if not self.stopping:
+            self.watch_router()
         self.reap()
         now = self.clock()
         for wid, slot in self.slots.items():
             if (not self.stopping and not slot.failed and slot.proc is None and slot.restart_at is not None
                     and now >= slot.restart_at):
                 self.start_worker(wid)
-        if sync and now >= self._next_sync:
+        if sync and now >= self._next_sync and self.router_answering:
             self._next_sync = now + SYNC_INTERVAL_S
             self.sync()
+
+    def watch_router(self) -> None:
+        """Restart a dead router under the workers' crash rules (:func:`judge_crash`); once the
+        new one answers, report every worker to it. The workers keep running and re-register.
+        Raises RuntimeError when the router crashed more than ``max_restarts`` times in the window."""
+        now, sup = self.clock(), self.cfg.supervisor
+        if self.router is not None and self.router.poll() is not None:
+            code, pid = self.router.returncode, self.router.pid
+            self.router, self.router_answering = None, False
+            verdict = judge_crash(self.router_crashes, now, sup.restart_window_s, sup.max_restarts,
+                                  sup.restart_backoff_s)
+            self.router_crashes = verdict.recent
+            if verdict.failed:
+                raise RuntimeError(f"the router (pid {pid}) {describe_exit(code)}; {len(verdict.recent)} crashes "
+                                   f"within {sup.restart_window_s:.0f}s (supervisor.max_restarts): giving up")
+            self.router_restart_at = now + verdict.delay_s
+            log.error("router (pid %d) %s; restarting it in %.1fs on the same addresses (crash %d, giving up after %d "
+                      "within %.0fs); workers keep running", pid, describe_exit(code), verdict.delay_s,
+                      len(verdict.recent), sup.max_restarts + 1, sup.restart_window_s)
+        if self.router is None and self.router_restart_at is not None and now >= self.router_restart_at:
+            self.router_restart_at = None
+            self.start_router()
+        if self.router is not None and not self.router_answering:
+            try:
+                self.admin.table(timeout=0.5)
+            except (OSError, ValueError):
+                return  # still starting
+            self.router_answering = True
+            self._tell_router_everything()
+        self.keep_standby()
+
+    def _tell_router_everything(self) -> None:
+        """A new router process answers: report every slot's process (or its last exit) to it."""
+        running = 0
+        for wid, slot in self.slots.items():
+            if slot.alive():
+                running += 1
+                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.spec.label))
+            elif slot.last_exit:
+                self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
+        log.info("router (pid %d) answers; reported %d running worker(s), which re-register without restarting",
+                 self.router.pid, running)
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
@@ -332,7 +423,7 @@ class Supervisor:
     def sync(self) -> dict[int, WorkerInfo] | None:
         """Read the router's worker table and act on it: start workers an operator asked for, kill
         hung ones (dead to the router but alive here, or still loading after startup_timeout_s)."""
-        table = self.read_table()
+        table = self.read_table() if self.router_answering else None
         if table is None or self.stopping:
             return table
         now = self.clock()
@@ -345,9 +436,12 @@ class Supervisor:
                 slot.failed, slot.crashes = False, ()
                 self.start_worker(wid)
             elif slot.alive() and w.pid == slot.proc.pid and not slot.kill_reason:
-                if w.state == WorkerState.DEAD:
+                if w.state == WorkerState.READY:
+                    slot.ready_pid = w.pid
+                elif w.state == WorkerState.DEAD:
                     self._kill(slot, f"hung: {w.exit_reason or 'missed heartbeats'}")
-                elif w.state == WorkerState.STARTING and now - slot.started_at > self.cfg.workers.startup_timeout_s:
+                elif (w.state == WorkerState.STARTING and slot.ready_pid != w.pid  # not re-registering
+                      and now - slot.started_at > self.cfg.workers.startup_timeout_s):
                     self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
         return table
 
@@ -359,6 +453,7 @@ class Supervisor:
     def run(self, stop_requested: Callable[[], bool]) -> int:
         """Supervise until ``stop_requested()`` is true; then shut down. Returns the exit code."""
         code = 0
+        self.standby_enabled = True
         try:
             while not stop_requested():
                 self.poll_once()
@@ -381,8 +476,8 @@ class Supervisor:
             self._wait_idle(grace)
         self._terminate([s.proc for s in self.slots.values() if s.proc is not None], TERM_TIMEOUT_S)
         self.reap()
-        if self.router is not None:
-            self._terminate([self.router], TERM_TIMEOUT_S)
+        routers = [p for p in (self.router, self.standby) if p is not None]
+        self._terminate(routers, TERM_TIMEOUT_S)
         log.info("all processes stopped")
 
     def _wait_idle(self, grace: float) -> None:

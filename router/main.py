@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 import uvloop
 from aiohttp import web
@@ -46,13 +47,31 @@ async def stop_servers(api: Api, runners: list[web.AppRunner]) -> None:
         await runner.cleanup()
 
 
-async def run_router(cfg: DeployConfig, model_path: str, address: str) -> None:
-    """Serve the public and admin apps until SIGTERM/SIGINT."""
+async def wait_for_takeover() -> int | None:
+    """A standby router's wait: the supervisor writes ``go <restarts>`` on its stdin when the
+    router it stands in for has died. Returns that restart count, or None when stdin closes first."""
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    word, _, count = line.strip().partition(" ")
+    return int(count) if word == "go" and count.isdigit() else None
+
+
+async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts: int = 0,
+                     standby: bool = False) -> None:
+    """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
+    time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so."""
     from transformers import AutoTokenizer
 
     raise_file_limit()  # before create_app, which sizes the connection cap from it
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s)
+    if standby:
+        log.info("standby router loaded; waiting to take over")
+        taken = await wait_for_takeover()
+        if taken is None:
+            log.info("standby router not needed; exiting")
+            return
+        restarts = taken
+        log.info("standby router taking over (restart %d)", restarts)
+    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts)
     api = Api(cfg, pool, tokenizer)
     runners = await start_servers(api)
     stop = asyncio.Event()
@@ -69,11 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--address", required=True)
+    ap.add_argument("--restarts", type=int, default=0, help="times the supervisor has restarted the router")
+    ap.add_argument("--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding")
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = DeployConfig.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(run_router(cfg, args.model_path, args.address))
+    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,19 @@ worker dead after ``heartbeat_timeout_s`` of silence (the supervisor then kills 
 Worker states: ``starting → ready ⇄ draining → stopped``; any state ``→ dead`` (process gone or
 silent) ``→ starting`` (the supervisor started it again) or ``→ failed`` (the supervisor gave up).
 Only ``ready`` workers receive new requests; a worker still loading its model is ``starting``.
+
+After a router restart the table starts empty: the supervisor reports every running process
+again, and a worker that sends anything before this router has had its ``Hello`` is asked to
+``Identify`` (it answers ``Hello`` and ``Ready`` with its model still loaded). Tokens of requests
+this router does not know (in flight at the crash) get a ``Cancel``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
 import re
 import time
 import uuid
@@ -24,7 +31,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from router.admin_protocol import HAS_NO_PROCESS, WorkerInfo, WorkerState, WorkerTable
+from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
 from worker.protocol import (
@@ -35,6 +42,7 @@ from worker.protocol import (
     Generate,
     Heartbeat,
     Hello,
+    Identify,
     ProtocolError,
     Ready,
     Shutdown,
@@ -47,6 +55,8 @@ from worker.protocol import (
 log = logging.getLogger(__name__)
 
 WORKER_IDENTITY = re.compile(rb"worker-([0-9]{1,6})")
+IDENTIFY_EVERY_S = 1.0  # how often an unregistered worker is asked to say Hello again
+MAX_ORPHANS = 4096  # request ids of unknown requests already cancelled (remembered to cancel once)
 MAX_FRAME_BYTES = 16 * 2**20  # worker -> router messages are small (token deltas, heartbeats)
 
 
@@ -85,6 +95,7 @@ class Worker:
     heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
+    registered: bool = False  # this router process has had a Hello from the slot
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
     @property
@@ -125,10 +136,15 @@ class NoWorker(ApiError):
 class WorkerPool:
     """Owns the ROUTER socket, the worker table and the request queues of one router."""
 
-    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float):
+    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0):
         self.address = address
         self.policy = make_policy(policy)
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.router = RouterInfo(pid=os.getpid(), restarts=restarts)  # this router process
+        self._router_started = time.time()
+        self._asked: dict[int, float] = {}  # worker id -> when it was last asked to Identify
+        self._orphans: collections.OrderedDict[str, None] = collections.OrderedDict()  # cancelled unknown ids
+        self._posting: set[asyncio.Task] = set()
         self.workers: dict[int, Worker] = {}
         self.queues: dict[str, asyncio.Queue] = {}
         self.owner: dict[str, int] = {}
@@ -231,7 +247,9 @@ class WorkerPool:
 
     def table(self) -> WorkerTable:
         """The worker table as the admin API serves it (slots by id)."""
-        return WorkerTable(policy=self.policy.name, accepting=self.accepting,
+        router = RouterInfo(pid=self.router.pid, restarts=self.router.restarts,
+                            uptime_s=round(time.time() - self._router_started, 1))
+        return WorkerTable(policy=self.policy.name, accepting=self.accepting, router=router,
                            workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)])
 
     def get(self, worker_id: int) -> Worker:
@@ -346,6 +364,8 @@ class WorkerPool:
             elif owner is not None:
                 log.warning("dropped %s for %s from worker %d, which does not own it", type(msg).__name__,
                             msg.request_id, wid)
+            elif isinstance(msg, Tokens) and msg.finish_reason is None:
+                self._cancel_orphan(wid, msg.request_id)
             return  # else: a late event of a request already finished or cancelled
         if getattr(msg, "worker_id", wid) != wid:
             log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
@@ -355,8 +375,41 @@ class WorkerPool:
             return
         self._on_control(wid, msg)
 
+    def _post(self, worker_id: int, msg) -> None:
+        """Send ``msg`` from synchronous code (frame handling) without waiting for it."""
+        try:
+            task = asyncio.get_running_loop().create_task(self._send(worker_id, msg))
+        except RuntimeError:  # no event loop: frames handled outside one (unit tests) send nothing
+            return
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a ZMQError here is not worth a trace
+
+    def _ask_identify(self, wid: int) -> None:
+        """A worker this router has not heard Hello from (it restarted): ask it, at most once a second."""
+        now = time.monotonic()
+        if now - self._asked.get(wid, -IDENTIFY_EVERY_S) >= IDENTIFY_EVERY_S:
+            self._asked[wid] = now
+            log.info("worker %d is not registered with this router: asking it to identify", wid)
+            self._post(wid, Identify())
+
+    def _cancel_orphan(self, wid: int, request_id: str) -> None:
+        """Tokens for a request this router does not know (it was in flight when the router
+        restarted): tell the worker to stop it, once."""
+        if request_id in self._orphans:
+            return
+        self._orphans[request_id] = None
+        if len(self._orphans) > MAX_ORPHANS:
+            self._orphans.popitem(last=False)
+        log.info("cancelling %s on worker %d: no client waits for it", request_id, wid)
+        self._post(wid, Cancel(request_id=request_id))
+
     def _on_control(self, wid: int, msg) -> None:
         w = self.workers.get(wid)
+        if not isinstance(msg, Hello) and (w is None or not w.registered):
+            self._ask_identify(wid)  # a heartbeat (or Ready) from before this router's time
+            if w is None or isinstance(msg, Ready):
+                return  # a Ready counts only after this router's Hello
         if isinstance(msg, Hello):
             if w is None:
                 w = self.workers[wid] = Worker(wid)
@@ -364,7 +417,7 @@ class WorkerPool:
                 self.mark_lost(wid, "replaced by a new process", kind="replaced")
             # The restart count comes from the supervisor (``on_started``), which also sees the
             # processes that crash before saying Hello; a Hello never counts one.
-            w.pid, w.device, w.start_requested = msg.pid, msg.device, False
+            w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
             w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
             w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
             self._set(w, State.STARTING)

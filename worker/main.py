@@ -70,10 +70,10 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     transport.start()
     out = transport.sender()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    out.send(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
-                   device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
-                   model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
-                   max_waiting=cfg.workers.max_waiting))
+    transport.announce(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
+                             device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+                             model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
+                             max_waiting=cfg.workers.max_waiting))
 
     stop = threading.Event()
 
@@ -110,8 +110,8 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     engine = Engine(model, tokenizer, scheduler, cfg.model.max_model_len, out.send, device)
     warm_up(engine, tokenizer)
     engine_ref["engine"] = engine
-    out.send(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
-                   kv_budget_tokens=budget))
+    transport.announce(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
+                             kv_budget_tokens=budget))
     log.info("ready after %.1fs", time.monotonic() - started)
 
     reason = serve(engine, inbox, stop)

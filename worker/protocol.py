@@ -173,7 +173,12 @@ class Shutdown(Msg):
 
 
 WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Failed | Bye
-RouterToWorker = Generate | Cancel | Shutdown
+class Identify(Msg):
+    """Say :class:`Hello` again, and :class:`Ready` if loaded: the router (restarted) does not
+    know this worker. The worker keeps its model and whatever it is generating."""
+
+
+RouterToWorker = Generate | Cancel | Shutdown | Identify
 
 _encoder = msgspec.msgpack.Encoder()
 _to_router = msgspec.msgpack.Decoder(WorkerToRouter)

@@ -211,6 +211,40 @@ def test_hung_worker_is_declared_dead_killed_and_restarted(sup):
     assert not alive(busy["pid"])
 
 
+# ---- the router is supervised too -----------------------------------------------------------
+
+
+def ready_status(d: Deployment) -> int:
+    try:
+        return httpx.get(f"{d.url}/health/ready", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0  # the router is down
+
+
+def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_unchanged(sup):
+    wait_for(lambda: all_ready_and_idle(sup), 30, "both workers ready")
+    workers = {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()}
+    router = sup.admin("GET", "/admin/workers").json()["router"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(long_chat, sup, i, 200) for i in range(4)]
+        wait_for(lambda: sum(w["running"] for w in sup.workers()) >= 2, 30, "requests decoding")
+        os.kill(router["pid"], signal.SIGKILL)
+        lost = [f.exception() for f in futures]  # their connections died with the router
+    assert all(isinstance(e, httpx.HTTPError) for e in lost), lost
+    wait_for(lambda: ready_status(sup) == 200, 10, "/health/ready to answer 200 again")
+    assert sup.proc.poll() is None  # `up` keeps running
+    assert {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers  # not restarted
+    assert sup.chat("Say hi.", max_tokens=4).status_code == 200
+    wait_for(lambda: all(w["state"] == "ready" for w in sup.workers()), 10, "every worker to re-register")
+    new = sup.admin("GET", "/admin/workers").json()["router"]
+    assert new["pid"] != router["pid"] and new["restarts"] == router["restarts"] + 1
+    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(sup.path)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
+    assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
+    wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
+
+
 # ---- 4. a worker that crashes at every start ---------------------------------------------
 
 

@@ -22,11 +22,22 @@ from router.workers import WorkerPool
 from worker.protocol import PROTOCOL_VERSION, Hello, Ready, encode, worker_identity
 
 
+class FakeStdin:
+    def __init__(self) -> None:
+        self.written, self.closed = "", False
+
+    def write(self, text: str) -> None:
+        self.written += text
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeProc:
     """What the supervisor uses of ``subprocess.Popen``."""
 
-    def __init__(self, pid: int, args: list[str]):
-        self.pid, self.args = pid, args
+    def __init__(self, pid: int, args: list[str], stdin: FakeStdin | None = None):
+        self.pid, self.args, self.stdin = pid, args, stdin
         self.returncode: int | None = None
         self.signals: list[int] = []
 
@@ -82,17 +93,19 @@ class PoolAdmin:
 
 class Harness(Supervisor):
     def __init__(self, tmp_path, config: dict | None = None, workers: int = 2):
-        cfg = DeployConfig.model_validate({"workers": {"devices": "cpu", "startup_timeout_s": 60},
-                                           "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2},
-                                           **(config or {})})
+        base = {"workers": {"devices": "cpu", "startup_timeout_s": 60},
+                "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2}}
+        for section, keys in (config or {}).items():
+            base[section] = {**base.get(section, {}), **keys}
+        cfg = DeployConfig.model_validate(base)
         specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
         self.now = 1000.0
         super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)
         self.admin = PoolAdmin()
         self.procs: list[FakeProc] = []
 
-    def _spawn(self, args, env):
-        self.procs.append(FakeProc(1000 + len(self.procs), args))
+    def _spawn(self, args, env, stdin_pipe=False):
+        self.procs.append(FakeProc(1000 + len(self.procs), args, FakeStdin() if stdin_pipe else None))
         return self.procs[-1]
 
     def _pause(self, seconds: float) -> None:
@@ -242,3 +255,56 @@ def test_no_worker_ready_by_the_startup_timeout_fails_the_deployment(tmp_path):
     sup.start()
     with pytest.raises(RuntimeError, match="not ready within 60s"):
         sup.wait_ready(timeout=60.0, pause_s=1.0)
+
+
+def test_a_dead_router_is_restarted_and_told_about_the_running_workers_which_are_not_restarted(tmp_path):
+    sup = started(tmp_path, config={"supervisor": {"router_standby": False}})
+    sup.tick(100.0)  # long after start: a re-registering worker is not "slow to load"
+    workers = {wid: sup.proc_of(wid) for wid in sup.slots}
+    old = sup.router
+    old.exit(-signal.SIGKILL)
+    sup.admin = PoolAdmin()  # what the new router process will serve: an empty table
+    sup.admin.down = True
+    sup.tick()
+    assert sup.router is None
+    sup.tick(1.1)  # the backoff passed: a new router process, on the same addresses
+    assert sup.router is not old and sup.router.args[-2:] == ["--restarts", "1"]
+    sup.tick()  # not answering yet: nothing reported
+    assert sup.admin.pool.workers == {}
+    sup.admin.down = False
+    sup.tick()
+    assert [(r.id, r.pid, r.state) for r in map(sup.row, workers)] == [
+        (wid, p.pid, WorkerState.STARTING) for wid, p in workers.items()]
+    sup.tick(1.0)
+    assert all(p.signals == [] for p in workers.values())  # kept, not killed as slow loaders
+    for wid in workers:
+        sup.ready(wid)  # Identify -> Hello, Ready
+    sup.tick(1.0)
+    assert all(sup.row(wid).state == WorkerState.READY and sup.proc_of(wid) is p for wid, p in workers.items())
+
+
+def test_a_router_crashing_past_max_restarts_stops_the_deployment(tmp_path):
+    sup = started(tmp_path)
+    for _ in range(2):
+        sup.router.exit(1)
+        sup.tick()
+        sup.tick(31.0)
+    sup.router.exit(1)
+    with pytest.raises(RuntimeError, match="giving up"):
+        sup.tick()
+
+
+def test_a_standby_router_is_kept_once_serving_and_takes_over_when_the_router_dies(tmp_path):
+    sup = started(tmp_path)
+    sup.tick()
+    assert sup.standby is None  # not while the workers load
+    sup.standby_enabled = True  # what run() does once serving
+    sup.tick()
+    standby = sup.standby
+    assert standby.args[-1] == "--standby" and standby.stdin.written == ""
+    sup.router.exit(-signal.SIGKILL)
+    sup.tick()
+    sup.tick(1.1)
+    assert sup.router is standby and standby.stdin.written == "go 1\n" and standby.stdin.closed
+    sup.tick()  # it answers: told about the workers, and a new standby loads
+    assert sup.row(0).pid == sup.proc_of(0).pid and sup.standby not in (None, standby)
