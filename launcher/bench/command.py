@@ -6,6 +6,7 @@ only when the command runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -104,12 +105,14 @@ def bench_command(
         scenarios=tuple(scenario),
         concurrency=tuple(int(c) for c in concurrency.split(",") if c.strip()),
     )
-    try:
-        from launcher.bench.runner import run_bench
-    except ImportError as exc:
+    missing = [m for m in ("httpx", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
         typer.echo(
-            f"llamadeploy bench needs the [bench] extra ({exc.name} is missing): pip install 'llamadeploy[bench]'",
+            f"llamadeploy bench needs the [bench] extra ({', '.join(missing)} missing): "
+            "pip install 'llamadeploy[bench]'",
             err=True,
         )
-        raise typer.Exit(2) from None
+        raise typer.Exit(2)
+    from launcher.bench.runner import run_bench
+
     run_bench(opts, tokenizer)

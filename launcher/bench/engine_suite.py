@@ -76,7 +76,9 @@ async def run_engine_suite(opts: BenchOptions, model: str | None, prompts: Engin
     watcher = asyncio.create_task(watch_memory(server_root(opts.base_url), peak, stop, opts.api_key))
     try:
         step("warm-up")
-        await load.one_after_another(client, prompts.warm, "warmup", **short)
+        warm = await load.one_after_another(client, prompts.warm, "warmup", **short)
+        if not any(s.ok for s in warm):
+            raise typer.BadParameter(f"{opts.base_url} did not answer: {warm[-1].error or 'no content'}")
         step(f"c1 ({len(prompts.c1)} short prompts one after another)")
         details["c1"] = batch_summary(await load.one_after_another(client, prompts.c1, "c1", **short))
         warmup, requests = opts.closed_loop_counts(opts.clients)
