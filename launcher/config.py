@@ -113,6 +113,7 @@ class WorkersConfig(Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
+    stall_timeout_s: float = Field(30.0, gt=0, description="a worker with work and no engine step for this long is declared dead")
     startup_timeout_s: float = Field(600.0, gt=0, description="a worker must be ready within this")
 
     @field_validator("replicas")

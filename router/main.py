@@ -71,7 +71,8 @@ async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts:
             return
         restarts = taken
         log.info("standby router taking over (restart %d)", restarts)
-    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts)
+    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts,
+                      stall_timeout_s=cfg.workers.stall_timeout_s)
     api = Api(cfg, pool, tokenizer)
     runners = await start_servers(api)
     stop = asyncio.Event()

@@ -4,7 +4,9 @@ One receive task reads every frame from every worker, updates the table (``Hello
 ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request ``asyncio.Queue``
 that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
 restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
-worker dead after ``heartbeat_timeout_s`` of silence (the supervisor then kills the hung process).
+worker dead after ``heartbeat_timeout_s`` of silence, or after ``stall_timeout_s`` with work and no
+engine step while it still heartbeats (its engine loop is stuck: a hung CUDA call, a deadlock);
+the supervisor then kills the hung process, and its requests move to other workers.
 
 Worker states: ``starting → ready ⇄ draining → stopped``; any state ``→ dead`` (process gone or
 silent) ``→ starting`` (the supervisor started it again) or ``→ failed`` (the supervisor gave up).
@@ -96,6 +98,22 @@ class Worker:
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
     registered: bool = False  # this router process has had a Hello from the slot
+    progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
+
+    @property
+    def busy(self) -> bool:
+        """It has work: requests the router sent it, or sequences its last heartbeat reported."""
+        hb = self.heartbeat
+        return bool(self.in_flight or (hb is not None and (hb.running or hb.waiting)))
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds its engine has had work but made no step (0 when it is idle, making progress,
+        or does not report its steps): the engine loop is stuck while its I/O thread heartbeats."""
+        hb = self.heartbeat
+        if hb is None or not self.busy or (hb.steps is None and hb.last_step_age_s is None):
+            return 0.0
+        stalled = now - self.progress_at
+        return stalled if hb.steps is not None else min(stalled, hb.last_step_age_s)
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
     @property
@@ -136,10 +154,12 @@ class NoWorker(ApiError):
 class WorkerPool:
     """Owns the ROUTER socket, the worker table and the request queues of one router."""
 
-    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0):
+    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0,
+                 stall_timeout_s: float = 30.0):
         self.address = address
         self.policy = make_policy(policy)
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self.router = RouterInfo(pid=os.getpid(), restarts=restarts)  # this router process
         self._router_started = time.time()
         self._asked: dict[int, float] = {}  # worker id -> when it was last asked to Identify
@@ -430,6 +450,8 @@ class WorkerPool:
             if w.state == State.STARTING:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):
+            if not w.busy or w.heartbeat is None or msg.steps != w.heartbeat.steps:
+                w.progress_at = w.last_seen
             w.heartbeat = msg
             w.heartbeats += 1
         elif isinstance(msg, Bye):
@@ -442,11 +464,22 @@ class WorkerPool:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            stalled, last_tick = now - last_tick > 2 * interval, now
-            if stalled:  # this loop was blocked: heartbeats may be waiting unread in the socket
+            blocked, last_tick = now - last_tick > 2 * interval, now
+            if blocked:  # this loop was blocked: heartbeats may be waiting unread in the socket
                 continue
-            for w in self.workers.values():
-                silent = now - w.last_seen
-                if w.state in (State.READY, State.DRAINING) and silent > self.heartbeat_timeout_s:
-                    log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
-                    self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
+            self.check_workers(now)
+
+    def check_workers(self, now: float) -> None:
+        """Declare dead (and fail over the requests of) every ready or draining worker silent for
+        ``heartbeat_timeout_s``, or busy without an engine step for ``stall_timeout_s``."""
+        for w in list(self.workers.values()):
+            if w.state not in (State.READY, State.DRAINING):
+                continue
+            silent = now - w.last_seen
+            if silent > self.heartbeat_timeout_s:
+                log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
+                self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
+            elif (stalled := w.stalled_for(now)) > self.stall_timeout_s:
+                log.warning("worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",
+                            w.worker_id, stalled)
+                self.mark_lost(w.worker_id, f"stalled: no engine step for {stalled:.0f}s", kind="stalled")

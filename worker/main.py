@@ -22,17 +22,25 @@ from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hel
 
 log = logging.getLogger("worker")
 
-# Test hook, in the style of vLLM's VLLM_TEST_* variables: worker ids ("1", "0,2" or "all") that
-# exit with FAULT_EXIT_CODE as soon as they start, before loading the model (a crash at start).
+# Test hooks, in the style of vLLM's VLLM_TEST_* variables; each names worker ids ("1", "0,2" or
+# "all"). CRASH_AT_START: exit with FAULT_EXIT_CODE as soon as the worker starts, before loading
+# the model. STALL: the engine loop blocks for good on the first real request (after queueing it)
+# while the I/O thread goes on heartbeating, as a stuck CUDA call or a deadlock would.
 FAULT_CRASH_AT_START = "LLAMADEPLOY_FAULT_CRASH_AT_START"
+FAULT_STALL = "LLAMADEPLOY_FAULT_STALL"
 FAULT_EXIT_CODE = 3
+
+
+def fault_names(variable: str, worker_id: int, env: dict | None = None) -> bool:
+    """True when the fault variable ``variable`` names ``worker_id`` (or ``all``)."""
+    value = (os.environ if env is None else env).get(variable, "")
+    ids = {v.strip() for v in value.split(",")} - {""}
+    return "all" in ids or str(worker_id) in ids
 
 
 def fault_crash_at_start(worker_id: int, env: dict | None = None) -> bool:
     """True when ``LLAMADEPLOY_FAULT_CRASH_AT_START`` names ``worker_id`` (or ``all``)."""
-    value = (os.environ if env is None else env).get(FAULT_CRASH_AT_START, "")
-    ids = {v.strip() for v in value.split(",")} - {""}
-    return "all" in ids or str(worker_id) in ids
+    return fault_names(FAULT_CRASH_AT_START, worker_id, env)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,7 +122,7 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
                              kv_budget_tokens=budget))
     log.info("ready after %.1fs", time.monotonic() - started)
 
-    reason = serve(engine, inbox, stop)
+    reason = serve(engine, inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
     for seq in list(engine.by_id.values()):
         out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {worker_id} is shutting down"))
     out.send(Bye(worker_id=worker_id, reason=reason))
@@ -125,8 +133,9 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     return 0
 
 
-def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
-    """The engine loop: take messages, step while there is work, block briefly when idle."""
+def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_request: bool = False) -> str:
+    """The engine loop: take messages, step while there is work, block briefly when idle.
+    ``stall_on_request``: the fault hook of :data:`FAULT_STALL`."""
     while not stop.is_set():
         try:
             msg = inbox.get_nowait() if engine.has_work else inbox.get(timeout=0.2)
@@ -137,6 +146,11 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
                 log.info("request %s: %d prompt tokens, max_tokens %d", msg.request_id, len(msg.prompt_token_ids),
                          msg.params.max_tokens, extra={"request_id": msg.http_request_id})
                 engine.submit(msg)
+                if stall_on_request:
+                    log.error("%s names this worker: the engine loop stops here, heartbeats go on (fault injection)",
+                              FAULT_STALL)
+                    stop.wait()
+                    return "SIGTERM"
             elif isinstance(msg, Cancel):
                 engine.cancel(msg.request_id)
             elif isinstance(msg, Shutdown):

@@ -23,6 +23,7 @@ import pytest
 from tests.deployment import MODEL, Deployment, alive
 
 FAULT = "LLAMADEPLOY_FAULT_CRASH_AT_START"
+STALL = "LLAMADEPLOY_FAULT_STALL"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
@@ -243,6 +244,28 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
     assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
     wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
+
+
+# ---- hung, not dead: an engine loop that stops stepping --------------------------------------
+
+
+def test_a_stalled_engine_is_declared_dead_its_request_moves_and_it_is_restarted(tmp_path):
+    d = Deployment(tmp_path, {"workers": {"stall_timeout_s": 3}}, env={STALL: "1"}).start()
+    try:
+        victim = d.worker(1)
+        if victim["steps"] is None:
+            pytest.skip("the engine does not report its steps yet (engine.stats()['steps'])")
+        with ThreadPoolExecutor(2) as pool:  # least_loaded: one request on each worker
+            results = list(pool.map(lambda i: long_chat(d, i, 24), range(2)))
+        assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+        assert all(r.json()["usage"]["completion_tokens"] == 24 for r in results)
+        back = wait_for(lambda: (w := d.worker(1))["pid"] != victim["pid"] and w["state"] == "ready" and w, 120,
+                        "the stalled worker to be replaced")
+        assert "stalled: no engine step" in back["exit_reason"] and "SIGKILL" in back["exit_reason"], back
+        assert back["restarts"] == 1 and d.worker(0)["restarts"] == 0
+        assert f"{STALL} names this worker" in d.log()
+    finally:
+        d.stop()
 
 
 # ---- 4. a worker that crashes at every start ---------------------------------------------
