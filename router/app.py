@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 import re
+import resource
 import uuid
 
 from aiohttp import web
 
 from launcher.logs import REQUEST_ID as LOG_REQUEST_ID
-from router import admin, openai_api
+from router import admin, admin_protocol, openai_api
 from router.auth import auth_middleware
+from router.connections import ConnectionGuard, connection_cap
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openai_api import API, Api
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 KEPT_HEADERS = frozenset({"allow", "retry-after", "www-authenticate"})  # of aiohttp's own HTTP errors
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
 
 @web.middleware
@@ -82,9 +85,8 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def workers(request: web.Request) -> web.Response:
-    pool = request.app[API].pool
-    return web.json_response({"policy": pool.policy.name, "accepting": pool.accepting,
-                              "workers": [w.info() for w in sorted(pool.workers.values(), key=lambda w: w.worker_id)]})
+    """The worker table (:class:`router.admin_protocol.WorkerTable`)."""
+    return web.Response(body=admin_protocol.encode(request.app[API].pool.table()), content_type="application/json")
 
 
 def metrics_of(api: Api) -> Metrics:
@@ -94,15 +96,24 @@ def metrics_of(api: Api) -> Metrics:
     return api.metrics
 
 
-def create_app(api: Api) -> web.Application:
-    """The public application. ``api.pool`` is started and closed with it."""
+def create_app(api: Api, file_limit: int | None = None) -> web.Application:
+    """The public application. ``api.pool`` is started and closed with it.
+
+    ``file_limit`` (default: this process's soft ``RLIMIT_NOFILE``) bounds the connection cap;
+    ``app[CONNECTIONS].attach(runner.server)`` once its runner is set up turns the cap on.
+    """
+    if file_limit is None:
+        file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    guard = ConnectionGuard(connection_cap(api.cfg.router.max_connections, file_limit), lambda: api.pool.accepting)
     app = web.Application(
-        middlewares=[request_id_middleware, metrics_middleware, error_middleware(),
+        middlewares=[request_id_middleware, metrics_middleware, error_middleware(), guard.middleware,
                      auth_middleware(lambda r: r.app[API].cfg.router.api_keys)],
         client_max_size=api.cfg.limits.max_body_bytes)
     app[API] = api
     app[METRICS] = metrics_of(api)
+    app[CONNECTIONS] = guard
     app.on_response_prepare.append(echo_request_id)
+    app.on_response_prepare.append(guard.on_response_prepare)
 
     async def pool_ctx(app: web.Application):
         await app[API].pool.start()
@@ -136,4 +147,4 @@ def create_admin_app(api: Api) -> web.Application:
     return app
 
 
-__all__ = ["State", "create_admin_app", "create_app"]
+__all__ = ["CONNECTIONS", "State", "create_admin_app", "create_app"]

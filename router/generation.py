@@ -1,14 +1,22 @@
-"""Driving one generation across workers: dispatch, relay, retry on worker loss, cancel.
+"""Driving one generation across workers: dispatch, relay, retry and migration on worker loss, cancel.
 
-``stream_tokens`` yields the worker's :class:`~worker.protocol.Tokens` events in order. If the
-worker is lost (or leaves while shutting down) before any text reached the client, the request is
-sent again to another ready worker (waiting for a restarted one when none is ready), up to
-``max_retries`` times; after that, or once text has
-been delivered, the loss surfaces as :class:`UpstreamError` (502). With ``buffered=True`` (a
-non-streaming request: the client sees nothing until the end) the attempt's deltas are merged into
-one final event, so a loss can be retried however far the lost attempt had got. Whatever way the
-caller stops iterating (finish, error, timeout, client gone), the request is cancelled on the
-worker and released from the pool's accounting.
+``stream_tokens`` yields the worker's :class:`~worker.protocol.Tokens` events in order. When the
+worker serving it is lost (process gone, silent, stalled, or leaving while shutting down):
+
+* **Migration**, once tokens were generated: the same prompt and parameters go to another ready
+  worker with ``Generate.output_token_ids`` = every token id generated so far. The worker takes
+  them as context, replays them through its detokenizer and stop matcher without sending their
+  text again (it was delivered), and generates only the rest of ``max_tokens``; its final
+  ``usage`` counts the prompt and all generated tokens once. So the client's stream goes on with
+  no duplicated text, no gap and one ``finish_reason``. Up to ``max_migrations`` moves per request.
+* **Retry** from the start, when nothing was generated yet (or, for a request whose client has seen
+  nothing, when no migration is left), up to ``max_retries`` times.
+* Otherwise the loss surfaces as :class:`UpstreamError` (502): an error event once a stream started.
+
+Both wait for a restarting worker when none is ready (:func:`_choose`). With ``buffered=True`` (a
+non-streaming request: the client sees nothing until the end) the deltas of every attempt are
+merged into one final event. Whatever way the caller stops iterating (finish, error, timeout,
+client gone), the request is cancelled on the worker and released from the pool's accounting.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
 
 from router.errors import ApiError
 from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
@@ -29,12 +39,17 @@ class UpstreamError(ApiError):
     """The worker failed the request or was lost mid-way (502 unless the worker gave a status)."""
 
 
-class _Retry(Exception):
-    """This attempt's worker was lost and the request may go to another one."""
+class _Lost(Exception):
+    """This attempt's worker was lost; ``reason`` is a metric label, ``message`` says what happened."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
 
 
 RETRY_WAIT_S = 60.0  # how long a retry waits for a worker to come back when none is ready
 COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves by itself
+SHUTTING_DOWN = 503  # a worker's Failed code when it leaves with the request in flight
 
 
 async def _choose(pool: WorkerPool, tried: set[int], last_loss: str) -> Worker:
@@ -56,61 +71,113 @@ async def _choose(pool: WorkerPool, tried: set[int], last_loss: str) -> Worker:
         await asyncio.sleep(0.25)
 
 
+@dataclass
+class _Progress:
+    """What one request has got so far, across its attempts, and what it may still spend."""
+
+    max_retries: int
+    max_migrations: int
+    ids: list[int] = field(default_factory=list)  # every token id generated (a migration's context)
+    parts: list[str] = field(default_factory=list)  # text not yet handed on (buffered requests)
+    ttft: float | None = None
+    logprobs: list = field(default_factory=list)  # TokenLogprob of every token, when asked (buffered requests)
+    delivered: bool = False  # text reached the client: a restart from scratch would duplicate it
+    retries: int = 0
+    migrations: int = 0
+
+    def merged(self, last: Tokens) -> Tokens:
+        """One event with everything received, ending like ``last`` (buffered requests)."""
+        return Tokens(request_id=last.request_id, text_delta="".join(self.parts), token_ids=list(self.ids),
+                      finish_reason=last.finish_reason, usage=last.usage, ttft_s=self.ttft,
+                      logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None)
+
+    def after_loss(self, loss: _Lost, request_tag: str) -> bool:
+        """Decide what a lost attempt becomes: True to migrate, False to retry from the start (what
+        was received is dropped). Raises :class:`UpstreamError` (502) when neither is left."""
+        if self.ids and self.migrations < self.max_migrations:
+            self.migrations += 1
+            return True
+        if not self.delivered and self.retries < self.max_retries:
+            self.retries += 1
+            log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, loss.message, self.retries,
+                        self.max_retries)
+            self.ids, self.parts, self.ttft = [], [], None  # nothing of it reached the client
+            return False
+        moved = f" after {self.migrations} migration(s)" if self.migrations else ""
+        raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}", code="worker_lost")
+
+
 async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingParams, max_retries: int,
                         request_tag: str = "", buffered: bool = False,
-                        on_tokens: Callable[[int, Tokens], None] | None = None) -> AsyncIterator[Tokens]:
-    """``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing)."""
+                        on_tokens: Callable[[int, Tokens], None] | None = None, max_migrations: int = 0,
+                        on_migration: Callable[[str], None] | None = None) -> AsyncIterator[Tokens]:
+    """The request's events, across retries and migrations (see the module docstring).
+
+    ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
+    ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
+    ``heartbeat_timeout``, ``stalled``, ``shutting_down``, ...)."""
     tried: set[int] = set()
-    delivered = False  # text reached the client: no retry from here on
+    got = _Progress(max_retries, max_migrations)
+    moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
-    for attempt in range(max_retries + 1):
+    while True:
         worker = await _choose(pool, tried, last_loss)
-        rid = pool.new_request_id()
-        log.info("request %s -> worker %d as %s (%d prompt tokens)", request_tag, worker.worker_id, rid, len(prompt))
-        queue = pool.register(worker, rid)
-        finished = False  # the worker is done with it: no Cancel needed
-        ok = False
-        parts: list[str] = []
-        ids: list[int] = []
-        ttft: float | None = None
+        if moving is not None:
+            log.warning("request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
+                        request_tag, moving[0], worker.worker_id, len(got.ids), moving[1].message, got.migrations,
+                        max_migrations)
         try:
-            await pool.send_generate(worker, Generate(request_id=rid, prompt_token_ids=prompt, params=params,
-                                                      http_request_id=request_tag))
-            while True:
-                event = await queue.get()
-                if isinstance(event, Tokens):
-                    if on_tokens is not None:
-                        on_tokens(worker.worker_id, event)
-                    finished = ok = event.finish_reason is not None
-                    if buffered:
-                        parts.append(event.text_delta)
-                        ids.extend(event.token_ids)
-                        ttft = ttft if event.ttft_s is None else event.ttft_s
-                        if not finished:
-                            continue
-                        event = Tokens(request_id=rid, text_delta="".join(parts), token_ids=ids,
-                                       finish_reason=event.finish_reason, usage=event.usage, ttft_s=ttft)
-                    delivered = delivered or bool(event.text_delta) or finished
+            async with aclosing(_attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)) as events:
+                async for event in events:
                     yield event
-                    if finished:
-                        return
-                    continue
-                lost = isinstance(event, WorkerLost) or (isinstance(event, Failed) and event.code == 503)
-                message = str(event) if isinstance(event, WorkerLost) else event.message
-                if lost and not delivered and attempt < max_retries:
-                    log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, message,
-                                attempt + 1, max_retries)
-                    last_loss = message
-                    raise _Retry
-                if isinstance(event, Failed) and not lost:
-                    finished = True
-                    retry_after = {"Retry-After": "1"} if event.code == 429 else None
-                    raise UpstreamError(event.code, message, code="worker_error", headers=retry_after)
-                raise UpstreamError(502, f"{message}; the request could not be completed", code="worker_lost")
-        except _Retry:
-            pass
-        finally:
-            if not finished:
-                await pool.cancel(rid)
-            pool.finish(rid, ok=ok)
+            return
+        except _Lost as loss:
+            last_loss = loss.message
+            moving = (worker.worker_id, loss) if got.after_loss(loss, request_tag) else None
+            if moving is not None and on_migration is not None:
+                on_migration(loss.reason)
         tried.add(worker.worker_id)
+
+
+async def _attempt(pool: WorkerPool, worker: Worker, prompt: list[int], params: SamplingParams, request_tag: str,
+                   got: _Progress, buffered: bool,
+                   on_tokens: Callable[[int, Tokens], None] | None) -> AsyncIterator[Tokens]:
+    """One attempt on ``worker``, resuming after ``got.ids``: yields events until the finish;
+    raises :class:`_Lost` when the worker goes, :class:`UpstreamError` when it fails the request."""
+    rid = pool.new_request_id()
+    log.info("request %s -> worker %d as %s (%d prompt tokens%s)", request_tag, worker.worker_id, rid, len(prompt),
+             f", resuming after {len(got.ids)} generated" if got.ids else "")
+    queue = pool.register(worker, rid)
+    finished = ok = False  # finished: the worker is done with it, no Cancel needed
+    try:
+        await pool.send_generate(worker, Generate(request_id=rid, prompt_token_ids=prompt, params=params,
+                                                  http_request_id=request_tag, output_token_ids=list(got.ids)))
+        while True:
+            event = await queue.get()
+            if isinstance(event, WorkerLost):
+                raise _Lost(event.reason, str(event))
+            if isinstance(event, Failed):
+                if event.code == SHUTTING_DOWN:
+                    raise _Lost("shutting_down", event.message)
+                finished = True
+                retry_after = {"Retry-After": "1"} if event.code == 429 else None
+                raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
+            if on_tokens is not None:
+                on_tokens(worker.worker_id, event)
+            finished = ok = event.finish_reason is not None
+            got.ids.extend(event.token_ids)
+            if buffered:
+                got.parts.append(event.text_delta)
+                got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
+                got.logprobs.extend(event.logprobs or [])
+                if not finished:
+                    continue
+                event = got.merged(event)
+            got.delivered = got.delivered or bool(event.text_delta) or finished
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:
+            await pool.cancel(rid)
+        pool.finish(rid, ok=ok)

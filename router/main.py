@@ -6,53 +6,96 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 import uvloop
 from aiohttp import web
 
 from launcher.config import DeployConfig
+from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
-from router.app import create_admin_app, create_app
+from router.app import CONNECTIONS, create_admin_app, create_app
+from router.connections import raise_file_limit
 from router.openai_api import Api
 from router.workers import WorkerPool
 
 log = logging.getLogger("router")
 
 
-async def run_router(cfg: DeployConfig, model_path: str, address: str) -> None:
-    """Serve the public and admin apps until SIGTERM/SIGINT."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s)
-    api = Api(cfg, pool, tokenizer)
-    public = web.AppRunner(create_app(api), handler_cancellation=True, access_log=None)
-    admin = web.AppRunner(create_admin_app(api), handler_cancellation=True, access_log=None)
+async def start_servers(api: Api) -> list[web.AppRunner]:
+    """Listen with the public and admin apps on the configured addresses; returns their runners
+    (public first) for :func:`stop_servers`."""
+    r = api.cfg.router
+    public = web.AppRunner(create_app(api), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=r.keepalive_timeout_s)
+    admin = web.AppRunner(create_admin_app(api), handler_cancellation=True, access_log=None,
+                          keepalive_timeout=r.keepalive_timeout_s)
     await public.setup()
     await admin.setup()
-    await web.TCPSite(public, cfg.router.host, cfg.router.port).start()
-    await web.TCPSite(admin, cfg.router.admin_host, cfg.router.admin_port).start()
-    log.info("listening on http://%s:%d (admin on %s:%d), workers connect to %s", cfg.router.host, cfg.router.port,
-             cfg.router.admin_host, cfg.router.admin_port, address)
+    public.app[CONNECTIONS].attach(public.server)
+    await web.TCPSite(public, r.host, r.port).start()
+    await web.TCPSite(admin, r.admin_host, r.admin_port).start()
+    log.info("listening on http://%s:%d (admin on %s:%d, at most %d public connections), workers connect to %s",
+             r.host, r.port, r.admin_host, r.admin_port, public.app[CONNECTIONS].cap, api.pool.address)
+    return [public, admin]
+
+
+async def stop_servers(api: Api, runners: list[web.AppRunner]) -> None:
+    """Stop accepting requests (responses from now on close their connection), then close."""
+    api.pool.accepting = False
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+async def wait_for_takeover() -> int | None:
+    """A standby router's wait: the supervisor writes ``go <restarts>`` on its stdin when the
+    router it stands in for has died. Returns that restart count, or None when stdin closes first."""
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    word, _, count = line.strip().partition(" ")
+    return int(count) if word == "go" and count.isdigit() else None
+
+
+async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts: int = 0,
+                     standby: bool = False) -> None:
+    """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
+    time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so."""
+    from transformers import AutoTokenizer
+
+    raise_file_limit()  # before create_app, which sizes the connection cap from it
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if standby:
+        log.info("standby router loaded; waiting to take over")
+        taken = await wait_for_takeover()
+        if taken is None:
+            log.info("standby router not needed; exiting")
+            return
+        restarts = taken
+        log.info("standby router taking over (restart %d)", restarts)
+    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts,
+                      stall_timeout_s=cfg.workers.stall_timeout_s)
+    api = Api(cfg, pool, tokenizer)
+    runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the launcher decides when we stop
     await stop.wait()
-    await admin.cleanup()
-    await public.cleanup()
+    await stop_servers(api, runners)
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # first: a launcher killed from here on takes this process with it
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--config", required=True)
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--address", required=True)
+    ap.add_argument("--restarts", type=int, default=0, help="times the supervisor has restarted the router")
+    ap.add_argument("--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding")
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = DeployConfig.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(run_router(cfg, args.model_path, args.address))
+    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby))
 
 
 if __name__ == "__main__":

@@ -110,6 +110,9 @@ class Metrics:
                                          ["worker_id"], registry=r)
         self.request_success = Counter(f"{PREFIX}_request_success", "Requests finished by a worker",
                                        ["worker_id", "finished_reason"], registry=r)
+        self.migrations = Counter(f"{PREFIX}_request_migrations",
+                                  "Requests moved to another worker mid-generation, by why the first was lost",
+                                  ["reason"], registry=r)
         ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
         r.register(WorkerCollector(pool))
 
@@ -146,6 +149,11 @@ class RequestTimer:
             if tok.usage is not None:
                 m.prompt_tokens.labels(wid).inc(tok.usage.prompt_tokens)
                 m.generation_tokens.labels(wid).inc(tok.usage.completion_tokens)
+
+    def on_migration(self, reason: str) -> None:
+        """The request moved to another worker (``reason``: why the last one was lost)."""
+        if self.metrics is not None:
+            self.metrics.migrations.labels(reason).inc()
 
     async def wrap(self, events: AsyncIterator[Tokens]) -> AsyncIterator[Tokens]:
         """Relay ``events``, counting the request as waiting, then running, until it ends."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import re
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import msgspec
 from aiohttp import web
 from jinja2 import TemplateError
 
@@ -24,8 +25,11 @@ from router.errors import ApiError
 from router.generation import stream_tokens
 from router.metrics import request_timer
 from router.schemas import ChatRequest, CompletionRequest, Sampling, parse
+from router.shaping import Choice, Shaper, TokenTexts, total_usage
+from router.structured import GrammarChecker, check_schema
+from router.tools import ToolMode, chat_messages, template_has_tools, tool_grammar, tool_mode
 from router.workers import WorkerPool
-from worker.protocol import SamplingParams, Tokens
+from worker.protocol import Grammar, SamplingParams
 
 
 @dataclass
@@ -44,6 +48,21 @@ class Api:
     @property
     def max_prompt_tokens(self) -> int:
         return self.cfg.limits.max_prompt_tokens or self.cfg.model.max_model_len - 1
+
+    @cached_property
+    def grammar_checker(self) -> GrammarChecker:
+        """Compiles ``response_format`` and forced-tool grammars before dispatch (router.structured)."""
+        return GrammarChecker(self.tokenizer)
+
+    @cached_property
+    def token_texts(self) -> TokenTexts:
+        """Each token's bytes, for logprobs."""
+        return TokenTexts(list(self.grammar_checker.info.decoded_vocab))
+
+    @cached_property
+    def native_tools(self) -> bool:
+        """The chat template renders ``tools`` itself (router.tools)."""
+        return template_has_tools(self.tokenizer)
 
     @cached_property
     def longest_token_chars(self) -> int:
@@ -83,6 +102,28 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+
+
+def deepest_key(text: str) -> str | None:
+    """The top-level key of a JSON object text under which the nesting is deepest (to name the
+    field of a body too deep to parse); ``None`` if the text is not an object."""
+    depth, key, best, best_depth = 0, None, None, 0
+    for m in _JSON_TOKEN.finditer(text):
+        tok = m.group()
+        if tok[0] == '"':
+            if depth == 1:
+                key = tok
+            continue
+        depth += 1 if tok in "{[" else -1
+        if depth > best_depth and key is not None:
+            best, best_depth = key, depth
+    try:
+        return json.loads(best) if best is not None else None
+    except ValueError:
+        return None
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -96,7 +137,10 @@ async def read_json(request: web.Request) -> Any:
     except UnicodeDecodeError:
         raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
     except RecursionError:
-        raise ApiError(400, "request body is not valid JSON: nested too deeply", code="invalid_json") from None
+        key = deepest_key(raw.decode("utf-8"))
+        where = f"{key}: " if key else ""
+        raise ApiError(400, f"{where}request body is not valid JSON: nested too deeply", param=key,
+                       code="invalid_json") from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of more than 4300 digits
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
@@ -130,20 +174,66 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
         raise ApiError(400, f"a stop string is longer than {lim.max_stop_length} characters (limits.max_stop_length)",
                        param="stop", code="stop_too_long")
     temperature = 1.0 if req.temperature is None else req.temperature
+    bias = req.logit_bias_ids()
+    vocab = len(api.tokenizer)
+    if any(t >= vocab for t in bias):
+        raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
+    max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
+    if req.min_tokens and req.min_tokens > max_new:
+        raise ApiError(400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens",
+                       code="invalid_value")
+    if isinstance(req, ChatRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
     return SamplingParams(
-        max_tokens=max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len),
+        max_tokens=max_new,
         temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-        seed=req.seed, stop=stops, ignore_eos=req.ignore_eos)
+        seed=req.seed, stop=stops, ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias, min_tokens=req.min_tokens or 0, logprobs=logprobs)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice ``index`` of an ``n > 1`` request samples with ``seed + index`` (wrapped into int64),
+    so a seeded ``n`` is reproducible and choice 0 equals the ``n = 1`` answer."""
+    if seed is None:
+        return None
+    return ((seed + index + 2**63) % 2**64) - 2**63
+
+
+async def request_grammar(api: Api, req: ChatRequest, tools: ToolMode | None) -> Grammar | None:
+    """The decoding constraint of a chat request, compiled once here (400 before dispatch if it
+    cannot be): a forced tool call's, or ``response_format``'s."""
+    grammar, param = None, "response_format"
+    if tools is not None and tools.forced:
+        if req.response_format is not None and req.response_format.type != "text":
+            raise ApiError(400, "response_format cannot be combined with a forced tool_choice", param="response_format",
+                           code="invalid_value")
+        grammar, param = tool_grammar(req, tools), "tools"
+    elif req.response_format is not None and req.response_format.type == "json_object":
+        grammar = Grammar(kind="json_object")
+    elif req.response_format is not None and req.response_format.type == "json_schema":
+        schema, strict = req.response_format.schema_and_strict()
+        grammar = Grammar(kind="json_schema", source=check_schema(schema), strict=strict)
+    if grammar is None:
+        return None
+    if req.ignore_eos:
+        raise ApiError(400, "ignore_eos cannot be combined with constrained output", param="ignore_eos",
+                       code="invalid_value")
+    await api.grammar_checker.check(grammar, param)
+    return grammar
 
 
 async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    messages, extra = chat_messages(req, api.native_tools)
 
     check_prompt_chars(api, "".join(m["content"] for m in messages), "messages")
 
     def run() -> list[int]:
         try:
-            text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         except TemplateError as exc:  # e.g. a template that requires alternating roles
             raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
                            code="invalid_value") from None
@@ -170,9 +260,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     api = request.app[API]
     req = parse(ChatRequest, await read_json(request))
     check_model(api, req.model)
+    tools = tool_mode(req)
+    grammar = await request_grammar(api, req, tools)
     prompt = await tokenize_chat(api, req)
     params = sampling_params(api, req, len(prompt), req.max_completion_tokens or req.max_tokens)
-    return await respond(request, api, req, prompt, params, chat=True)
+    params.grammar = grammar
+    return await respond(request, api, req, prompt, params, chat=True, tools=tools)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -191,37 +284,6 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [
         {"id": api.model_name, "object": "model", "created": 0, "owned_by": "llamadeploy",
          "max_model_len": api.cfg.model.max_model_len}]})
-
-
-class Shaper:
-    """Builds OpenAI response objects for chat (``chat.completion``) or completions (``text_completion``)."""
-
-    def __init__(self, model: str, chat: bool):
-        self.chat = chat
-        self.base = {"id": ("chatcmpl-" if chat else "cmpl-") + WorkerPool.new_request_id()[4:],
-                     "created": int(time.time()), "model": model}
-
-    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False) -> dict:
-        if self.chat:
-            delta: dict = {} if text is None else {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-            return {**self.base, "object": "chat.completion.chunk", "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
-        return {**self.base, "object": "text_completion", "choices": [choice]}
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return {**self.base, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "choices": [], "usage": usage}
-
-    def whole(self, text: str, finish_reason: str, usage: dict) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish_reason, "logprobs": None}
-            return {**self.base, "object": "chat.completion", "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        return {**self.base, "object": "text_completion", "choices": [choice], "usage": usage}
 
 
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -249,36 +311,77 @@ def timeout_error(seconds: float) -> ApiError:
                     code="timeout")
 
 
-def usage_dict(tok: Tokens) -> dict:
-    u = tok.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens} if u else {}
-
-
 async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[int], params: SamplingParams,
-                  chat: bool) -> web.StreamResponse:
-    shaper = Shaper(api.model_name, chat)
+                  chat: bool, tools: ToolMode | None = None) -> web.StreamResponse:
+    """Fan out ``req.n`` generations (choice ``i`` seeded with :func:`choice_seed`) and answer with
+    one JSON body or one SSE stream whose chunks carry each choice's ``index``."""
+    shaper = Shaper(WorkerPool.new_request_id()[4:], api.model_name, chat,
+                    include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage))
     timeout = request_timeout(request, api)
     timer = request_timer(request)
-    events = timer.wrap(stream_tokens(api.pool, prompt, params, api.cfg.router.max_retries,
-                                      request.get("request_id", ""), buffered=not req.stream,
-                                      on_tokens=timer.on_tokens))
+    top = params.logprobs
+    texts = api.token_texts if top is not None else None
+    choices = [Choice(i, chat, tools, texts, top) for i in range(req.n)]
+
+    def events(i: int):
+        p = params if i == 0 else msgspec.structs.replace(params, seed=choice_seed(params.seed, i))
+        return stream_tokens(api.pool, prompt, p, api.cfg.router.max_retries,
+                             request.get("request_id", ""), buffered=not req.stream,
+                             on_tokens=timer.on_tokens, max_migrations=api.cfg.router.max_migrations,
+                             on_migration=timer.on_migration)
+
+    merged = timer.wrap(merge_events([events(i) for i in range(req.n)]))  # one request in the gauges
     if req.stream:
-        return await respond_stream(request, req, shaper, events, timeout)
-    parts: list[str] = []
+        return await respond_stream(request, shaper, choices, merged, timeout, len(prompt))
     try:
         async with asyncio.timeout(timeout):
-            async with aclosing(events) as stream:
-                async for tok in stream:
-                    parts.append(tok.text_delta)
-                    last = tok
+            async with aclosing(merged) as stream:
+                async for i, tok in stream:
+                    choices[i].feed(tok)
     except TimeoutError:
         raise timeout_error(timeout) from None
-    return web.json_response(shaper.whole("".join(parts), last.finish_reason, usage_dict(last)))
+    return web.json_response(shaper.whole([c.whole() for c in choices], total_usage(len(prompt), choices)))
 
 
-async def respond_stream(request: web.Request, req: Sampling, shaper: Shaper, events,
-                         timeout: float) -> web.StreamResponse:
+async def merge_events(streams: list):
+    """``(choice index, event)`` from several event streams as they arrive. The first error ends
+    the whole and closes every stream (each cancels its own worker request)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for tok in only:
+                yield 0, tok
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    DONE = object()
+
+    async def pump(i: int, stream) -> None:
+        try:
+            async with aclosing(stream) as it:
+                async for tok in it:
+                    await queue.put((i, tok))
+            await queue.put((i, DONE))
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, re-raised there)
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if item is DONE:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def respond_stream(request: web.Request, shaper: Shaper, choices: list[Choice], events, timeout: float,
+                         prompt_tokens: int) -> web.StreamResponse:
     resp: web.StreamResponse | None = None
 
     async def send(obj: dict | str) -> None:
@@ -288,18 +391,14 @@ async def respond_stream(request: web.Request, req: Sampling, shaper: Shaper, ev
     try:
         async with asyncio.timeout(timeout):
             async with aclosing(events) as stream:
-                async for tok in stream:
+                async for i, tok in stream:
                     if resp is None:
                         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
                         await resp.prepare(request)
-                        if shaper.chat:
-                            await send(shaper.chunk("", None, first=True))
-                    if tok.text_delta:
-                        await send(shaper.chunk(tok.text_delta, None))
-                    if tok.finish_reason:
-                        await send(shaper.chunk(None, tok.finish_reason))
-                        if req.stream_options and req.stream_options.include_usage:
-                            await send(shaper.usage_chunk(usage_dict(tok)))
+                    for part in choices[i].feed(tok):
+                        await send(shaper.chunk([part]))
+        if shaper.include_usage:
+            await send(shaper.usage_chunk(total_usage(prompt_tokens, choices)))
     except (ApiError, TimeoutError) as exc:
         err = exc if isinstance(exc, ApiError) else timeout_error(timeout)
         if resp is None:

@@ -4,48 +4,75 @@ One receive task reads every frame from every worker, updates the table (``Hello
 ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request ``asyncio.Queue``
 that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
 restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
-worker dead after ``heartbeat_timeout_s`` of silence (the supervisor then kills the hung process).
+worker dead after ``heartbeat_timeout_s`` of silence, or after ``stall_timeout_s`` with work and no
+engine step while it still heartbeats (its engine loop is stuck: a hung CUDA call, a deadlock);
+the supervisor then kills the hung process, and its requests move to other workers.
 
 Worker states: ``starting → ready ⇄ draining → stopped``; any state ``→ dead`` (process gone or
 silent) ``→ starting`` (the supervisor started it again) or ``→ failed`` (the supervisor gave up).
 Only ``ready`` workers receive new requests; a worker still loading its model is ``starting``.
+
+After a router restart the table starts empty: the supervisor reports every running process
+again, and a worker that sends anything before this router has had its ``Hello`` is asked to
+``Identify`` (it answers ``Hello`` and ``Ready`` with its model still loaded). Tokens of requests
+this router does not know (in flight at the crash) get a ``Cancel``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import collections
 import logging
+import os
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 import zmq.asyncio
 
+from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
-from worker.protocol import (PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Heartbeat, Hello, ProtocolError, Ready,
-                             Shutdown, Tokens, decode_for_router, encode, worker_identity)
+from worker.protocol import (
+    PROTOCOL_VERSION,
+    Bye,
+    Cancel,
+    Failed,
+    Generate,
+    Heartbeat,
+    Hello,
+    Identify,
+    ProtocolError,
+    Ready,
+    Shutdown,
+    Tokens,
+    decode_for_router,
+    encode,
+    worker_identity,
+)
 
 log = logging.getLogger(__name__)
 
 WORKER_IDENTITY = re.compile(rb"worker-([0-9]{1,6})")
+IDENTIFY_EVERY_S = 1.0  # how often an unregistered worker is asked to say Hello again
+MAX_ORPHANS = 4096  # request ids of unknown requests already cancelled (remembered to cancel once)
 MAX_FRAME_BYTES = 16 * 2**20  # worker -> router messages are small (token deltas, heartbeats)
 
 
-class State(str, enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    DEAD = "dead"
-    FAILED = "failed"
-    STOPPED = "stopped"
+State = WorkerState  # the one worker-state enum, shared with the supervisor (router.admin_protocol)
 
 
 class WorkerLost(Exception):
-    """Put on a request's queue when its worker dies with the request in flight."""
+    """Put on a request's queue when its worker dies with the request in flight. ``reason`` is a
+    bounded label (``exited``, ``heartbeat_timeout``, ``stalled``, ``replaced``, ``unreachable``);
+    ``str()`` says what happened."""
+
+    def __init__(self, message: str, reason: str = "exited"):
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -67,8 +94,26 @@ class Worker:
     last_seen: float = field(default_factory=time.monotonic)
     load_seconds: float = 0.0
     heartbeat: Heartbeat | None = None
+    heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
+    registered: bool = False  # this router process has had a Hello from the slot
+    progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
+
+    @property
+    def busy(self) -> bool:
+        """It has work: requests the router sent it, or sequences its last heartbeat reported."""
+        hb = self.heartbeat
+        return bool(self.in_flight or (hb is not None and (hb.running or hb.waiting)))
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds its engine has had work but made no step (0 when it is idle, making progress,
+        or does not report its steps): the engine loop is stuck while its I/O thread heartbeats."""
+        hb = self.heartbeat
+        if hb is None or not self.busy or (hb.steps is None and hb.last_step_age_s is None):
+            return 0.0
+        stalled = now - self.progress_at
+        return stalled if hb.steps is not None else min(stalled, hb.last_step_age_s)
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
     @property
@@ -76,20 +121,24 @@ class Worker:
         """Requests this worker may hold at once: its batch plus its waiting queue."""
         return self.max_num_seqs + self.max_waiting
 
-    def info(self) -> dict:
+    def report(self) -> WorkerInfo:
+        """This slot as one row of the admin API's worker table."""
         hb = self.heartbeat
-        return {
-            "id": self.worker_id, "device": self.device, "pid": self.pid, "state": self.state.value,
-            "in_flight": self.in_flight, "served": self.served, "failed_requests": self.failed_requests,
-            "restarts": self.restarts,
-            "uptime_s": round(time.time() - self.started_at, 1) if self.state in (State.READY, State.DRAINING) else 0.0,
-            "running": hb.running if hb else 0, "waiting": hb.waiting if hb else 0,
-            "peak_running": hb.peak_running if hb else 0,
-            "kv_used_tokens": hb.kv_used_tokens if hb else 0, "kv_budget_tokens": self.kv_budget_tokens,
-            "mem_bytes": hb.mem_bytes if hb else 0, "max_num_seqs": self.max_num_seqs,
-            "max_waiting": self.max_waiting, "load_seconds": round(self.load_seconds, 2),
-            "exit_reason": self.exit_reason, "start_requested": self.start_requested,
-        }
+        up = self.state in (State.READY, State.DRAINING)
+        return WorkerInfo(
+            id=self.worker_id, device=self.device, pid=self.pid, state=self.state, in_flight=self.in_flight,
+            served=self.served, failed_requests=self.failed_requests, restarts=self.restarts,
+            uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
+            running=hb.running if hb else 0, waiting=hb.waiting if hb else 0,
+            peak_running=hb.peak_running if hb else 0, kv_used_tokens=hb.kv_used_tokens if hb else 0,
+            kv_budget_tokens=self.kv_budget_tokens, mem_bytes=hb.mem_bytes if hb else 0,
+            max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting, load_seconds=round(self.load_seconds, 2),
+            exit_reason=self.exit_reason, start_requested=self.start_requested, heartbeats=self.heartbeats,
+            steps=hb.steps if hb else None, last_step_age_s=hb.last_step_age_s if hb else None)
+
+    def info(self) -> dict:
+        """:meth:`report` as plain JSON-ready data."""
+        return msgspec.to_builtins(self.report())
 
 
 class Overloaded(ApiError):
@@ -105,10 +154,17 @@ class NoWorker(ApiError):
 class WorkerPool:
     """Owns the ROUTER socket, the worker table and the request queues of one router."""
 
-    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float):
+    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0,
+                 stall_timeout_s: float = 30.0):
         self.address = address
         self.policy = make_policy(policy)
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.router = RouterInfo(pid=os.getpid(), restarts=restarts)  # this router process
+        self._router_started = time.time()
+        self._asked: dict[int, float] = {}  # worker id -> when it was last asked to Identify
+        self._orphans: collections.OrderedDict[str, None] = collections.OrderedDict()  # cancelled unknown ids
+        self._posting: set[asyncio.Task] = set()
         self.workers: dict[int, Worker] = {}
         self.queues: dict[str, asyncio.Queue] = {}
         self.owner: dict[str, int] = {}
@@ -177,7 +233,7 @@ class WorkerPool:
         except zmq.ZMQError:
             q = self.queues.get(gen.request_id)
             if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable"))
+                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable", "unreachable"))
 
     async def cancel(self, request_id: str) -> None:
         """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
@@ -208,6 +264,13 @@ class WorkerPool:
         return f"req-{uuid.uuid4().hex}"
 
     # ---- operations -------------------------------------------------------------------
+
+    def table(self) -> WorkerTable:
+        """The worker table as the admin API serves it (slots by id)."""
+        router = RouterInfo(pid=self.router.pid, restarts=self.router.restarts,
+                            uptime_s=round(time.time() - self._router_started, 1))
+        return WorkerTable(policy=self.policy.name, accepting=self.accepting, router=router,
+                           workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)])
 
     def get(self, worker_id: int) -> Worker:
         if worker_id not in self.workers:
@@ -243,7 +306,7 @@ class WorkerPool:
         """Ask the supervisor (it reads the table once a second) to start a worker that has no
         process: ``failed``, ``dead`` or ``stopped``. Returns False when it has one."""
         w = self.get(worker_id)
-        if w.state not in (State.FAILED, State.DEAD, State.STOPPED):
+        if w.state not in HAS_NO_PROCESS:
             return False
         w.start_requested = True
         return True
@@ -254,7 +317,7 @@ class WorkerPool:
         w.restarts, w.start_requested = restarts, False
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
-                self.mark_lost(worker_id, "replaced by a new process")
+                self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.heartbeat = pid, None
             self._set(w, State.STARTING)
 
@@ -265,8 +328,9 @@ class WorkerPool:
         except zmq.ZMQError:
             pass
 
-    def mark_lost(self, worker_id: int, reason: str, failed: bool = False) -> None:
-        """The worker process is gone (or given up on): fail over its in-flight requests."""
+    def mark_lost(self, worker_id: int, reason: str, failed: bool = False, kind: str = "exited") -> None:
+        """The worker process is gone, silent or stalled (or given up on): its in-flight requests
+        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
         w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
         if failed:
@@ -276,7 +340,7 @@ class WorkerPool:
         for rid in list(w.requests):
             q = self.queues.get(rid)
             if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})"))
+                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
     # ---- internals --------------------------------------------------------------------
 
@@ -320,6 +384,8 @@ class WorkerPool:
             elif owner is not None:
                 log.warning("dropped %s for %s from worker %d, which does not own it", type(msg).__name__,
                             msg.request_id, wid)
+            elif isinstance(msg, Tokens) and msg.finish_reason is None:
+                self._cancel_orphan(wid, msg.request_id)
             return  # else: a late event of a request already finished or cancelled
         if getattr(msg, "worker_id", wid) != wid:
             log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
@@ -329,16 +395,49 @@ class WorkerPool:
             return
         self._on_control(wid, msg)
 
+    def _post(self, worker_id: int, msg) -> None:
+        """Send ``msg`` from synchronous code (frame handling) without waiting for it."""
+        try:
+            task = asyncio.get_running_loop().create_task(self._send(worker_id, msg))
+        except RuntimeError:  # no event loop: frames handled outside one (unit tests) send nothing
+            return
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a ZMQError here is not worth a trace
+
+    def _ask_identify(self, wid: int) -> None:
+        """A worker this router has not heard Hello from (it restarted): ask it, at most once a second."""
+        now = time.monotonic()
+        if now - self._asked.get(wid, -IDENTIFY_EVERY_S) >= IDENTIFY_EVERY_S:
+            self._asked[wid] = now
+            log.info("worker %d is not registered with this router: asking it to identify", wid)
+            self._post(wid, Identify())
+
+    def _cancel_orphan(self, wid: int, request_id: str) -> None:
+        """Tokens for a request this router does not know (it was in flight when the router
+        restarted): tell the worker to stop it, once."""
+        if request_id in self._orphans:
+            return
+        self._orphans[request_id] = None
+        if len(self._orphans) > MAX_ORPHANS:
+            self._orphans.popitem(last=False)
+        log.info("cancelling %s on worker %d: no client waits for it", request_id, wid)
+        self._post(wid, Cancel(request_id=request_id))
+
     def _on_control(self, wid: int, msg) -> None:
         w = self.workers.get(wid)
+        if not isinstance(msg, Hello) and (w is None or not w.registered):
+            self._ask_identify(wid)  # a heartbeat (or Ready) from before this router's time
+            if w is None or isinstance(msg, Ready):
+                return  # a Ready counts only after this router's Hello
         if isinstance(msg, Hello):
             if w is None:
                 w = self.workers[wid] = Worker(wid)
             elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
-                self.mark_lost(wid, "replaced by a new process")
+                self.mark_lost(wid, "replaced by a new process", kind="replaced")
             # The restart count comes from the supervisor (``on_started``), which also sees the
             # processes that crash before saying Hello; a Hello never counts one.
-            w.pid, w.device, w.start_requested = msg.pid, msg.device, False
+            w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
             w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
             w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
             self._set(w, State.STARTING)
@@ -351,7 +450,10 @@ class WorkerPool:
             if w.state == State.STARTING:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):
+            if not w.busy or w.heartbeat is None or msg.steps != w.heartbeat.steps:
+                w.progress_at = w.last_seen
             w.heartbeat = msg
+            w.heartbeats += 1
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason
             self._set(w, State.STOPPED)
@@ -362,11 +464,22 @@ class WorkerPool:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            stalled, last_tick = now - last_tick > 2 * interval, now
-            if stalled:  # this loop was blocked: heartbeats may be waiting unread in the socket
+            blocked, last_tick = now - last_tick > 2 * interval, now
+            if blocked:  # this loop was blocked: heartbeats may be waiting unread in the socket
                 continue
-            for w in self.workers.values():
-                silent = now - w.last_seen
-                if w.state in (State.READY, State.DRAINING) and silent > self.heartbeat_timeout_s:
-                    log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
-                    self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s")
+            self.check_workers(now)
+
+    def check_workers(self, now: float) -> None:
+        """Declare dead (and fail over the requests of) every ready or draining worker silent for
+        ``heartbeat_timeout_s``, or busy without an engine step for ``stall_timeout_s``."""
+        for w in list(self.workers.values()):
+            if w.state not in (State.READY, State.DRAINING):
+                continue
+            silent = now - w.last_seen
+            if silent > self.heartbeat_timeout_s:
+                log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
+                self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
+            elif (stalled := w.stalled_for(now)) > self.stall_timeout_s:
+                log.warning("worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",
+                            w.worker_id, stalled)
+                self.mark_lost(w.worker_id, f"stalled: no engine step for {stalled:.0f}s", kind="stalled")

@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# GPU host acceptance check (under 5 minutes): doctor, plan, then a real deployment of two
-# replicas sharing GPU 0 (workers_per_gpu: 2), a few requests to each replica, each worker's
-# visible GPU and memory, and a clean shutdown. Exit 0 only when every step held.
+# GPU host acceptance check, under 8 minutes on one H200. Exit 0 only when every step held:
+#   1. doctor and plan;
+#   2. two replicas sharing GPU 0 (workers_per_gpu: 2): greedy requests to each, each worker's
+#      visible GPU and memory, then 8 concurrent mixed-length prompts at temperature 0.8 with seeds
+#      (every one answered, no worker lost); clean shutdown;
+#   3. one replica whose KV budget is ~1.5 max_model_len sequences (gpu_memory_utilization picked
+#      by plan's rule): a deliberate OOM (a hog takes the GPU's free memory while a batch of long
+#      prompts arrives) that the worker survives, then requests that together overrun the KV
+#      budget (admission holds one back; no OOM, all answered);
+#   4. with two or more GPUs, a gpus_per_replica: 2 replica (layer split);
+#   5. an engine bench on a random-weight Llama-3-8B-shaped model in bfloat16 (model.random_init)
+#      at concurrency 1/8/32/64: tok/s, TTFT p50, ms per decode step against the bandwidth floor
+#      (weights bytes / the device-to-device copy bandwidth measured here).
 #
 #   scripts/gpu_check.sh                      # ports 18100/18101, the embedded default model
-#   PORT=9000 ADMIN_PORT=9001 MODEL=/models/llama-2-7b-hf scripts/gpu_check.sh
+#   scripts/gpu_check.sh --dry-run            # no GPU: syntax and every Python piece on CPU
+#   PORT=9000 ADMIN_PORT=9001 MODEL=/models/llama-2-7b-hf SKIP_BENCH=1 scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,21 +23,36 @@ PORT=${PORT:-18100}
 ADMIN_PORT=${ADMIN_PORT:-18101}
 MODEL=${MODEL:-smollm2-135m-instruct}
 REQUESTS_PER_REPLICA=${REQUESTS_PER_REPLICA:-3}
+BUDGET_MAX_MODEL_LEN=${BUDGET_MAX_MODEL_LEN:-8192}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}
+HELPER=scripts/gpu_check.py
+URL="http://127.0.0.1:$PORT/v1"
+ADMIN="http://127.0.0.1:$ADMIN_PORT"
+
+if [ "${1:-}" = "--dry-run" ]; then
+  bash -n "$0" && echo "bash -n $0: OK"
+  exec "$PY" "$HELPER" dry-run
+fi
+
 LD=${LLAMADEPLOY:-$( [ -x .venv/bin/llamadeploy ] && echo .venv/bin/llamadeploy || command -v llamadeploy || true )}
-DEADLINE=$((SECONDS + 285))
+DEADLINE=$((SECONDS + 470))
 WORK=$(mktemp -d -t gpu_check.XXXXXX)
 LAUNCHER=""
+HOG=""
+LOG="$WORK/none.log"
 
 step() { printf '\n=== [%3ds] %s\n' "$SECONDS" "$*"; }
 die() {
   printf '\nFAIL (%s): %s\n' "${CURRENT:-setup}" "$*" >&2
-  if [ -s "$WORK/up.log" ]; then echo "--- last 40 lines of the deployment log ($WORK/up.log):" >&2; tail -n 40 "$WORK/up.log" >&2; fi
+  if [ -s "$LOG" ]; then echo "--- last 40 lines of the deployment log ($LOG):" >&2; tail -n 40 "$LOG" >&2; fi
   exit 1
 }
 left() { echo $((DEADLINE - SECONDS)); }
+need() { [ "$(left)" -ge "$1" ] || die "only $(left)s of the 8-minute budget left, this step needs $1s"; }
+kill_hog() { if [ -n "$HOG" ]; then kill "$HOG" 2>/dev/null || true; wait "$HOG" 2>/dev/null || true; HOG=""; fi; }
 cleanup() {
   local code=$?
+  kill_hog
   if [ -n "$LAUNCHER" ] && kill -0 "$LAUNCHER" 2>/dev/null; then
     kill -TERM "$LAUNCHER" 2>/dev/null || true
     for _ in $(seq 1 40); do kill -0 "$LAUNCHER" 2>/dev/null || break; sleep 1; done
@@ -38,54 +64,80 @@ cleanup() {
 trap cleanup EXIT
 trap 'die "interrupted"' INT TERM
 
+workers_json() { curl -sf --max-time 3 "$ADMIN/admin/workers"; }
+ready_count() {
+  workers_json | "$PY" -c 'import json,sys; print(sum(w["state"]=="ready" for w in json.load(sys.stdin)["workers"]))' 2>/dev/null || echo 0
+}
+
+# up NAME READY_WANTED TIMEOUT: start the deployment in $WORK/NAME.yaml, wait for READY_WANTED ready workers.
+up() {
+  local name=$1 want=$2 limit=$3 until
+  LOG="$WORK/$name.log"
+  "$LD" up "$WORK/$name.yaml" > "$LOG" 2>&1 &
+  LAUNCHER=$!
+  until=$((SECONDS + limit))
+  while [ "$(ready_count)" != "$want" ]; do
+    kill -0 "$LAUNCHER" 2>/dev/null || die "llamadeploy up exited during start-up"
+    [ "$SECONDS" -lt "$until" ] || die "$want worker(s) were not ready within ${limit}s"
+    sleep 2
+  done
+  echo "$want worker(s) ready after ${SECONDS}s"
+}
+
+# down: SIGTERM the launcher; it must exit 0 within 60 s and leave no worker behind.
+down() {
+  local pids status=""
+  pids=$(workers_json | "$PY" -c 'import json,sys; print(" ".join(str(w["pid"]) for w in json.load(sys.stdin)["workers"] if w.get("pid")))' || true)
+  kill -TERM "$LAUNCHER"
+  for _ in $(seq 1 60); do
+    if ! kill -0 "$LAUNCHER" 2>/dev/null; then wait "$LAUNCHER" && status=0 || status=$?; break; fi
+    sleep 1
+  done
+  [ -n "$status" ] || die "the launcher did not stop within 60 s of SIGTERM"
+  LAUNCHER=""
+  [ "$status" = 0 ] || die "the launcher exited with code $status after SIGTERM"
+  for pid in $pids; do
+    kill -0 "$pid" 2>/dev/null && die "worker pid $pid is still running after shutdown"
+  done
+  echo "launcher exited 0; worker processes $pids are gone"
+}
+
+greedy() {  # greedy I: one greedy completion, 200 or die
+  local body out code
+  body=$(printf '{"model": "%s", "prompt": "Count from 1 to 5:", "max_tokens": 8, "temperature": 0}' "$MODEL")
+  out=$(curl -sS --max-time 60 -w '\n%{http_code}' -H 'Content-Type: application/json' -d "$body" "$URL/completions") \
+    || die "request $1: no answer from the router"
+  code=$(echo "$out" | tail -n 1)
+  [ "$code" = 200 ] || die "request $1: HTTP $code: $(echo "$out" | head -n -1)"
+  echo "request $1: 200 $(echo "$out" | head -n -1 | "$PY" -c 'import json,sys; print(repr(json.load(sys.stdin)["choices"][0]["text"]))')"
+}
+
 CURRENT="prerequisites"
 [ -n "$LD" ] || die "llamadeploy is not installed (run scripts/setup.sh first)"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this script needs a host with an NVIDIA GPU and driver"
 command -v curl >/dev/null || die "curl not found"
-nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv \
+nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap --format=csv \
   || die "nvidia-smi cannot talk to the driver"
+GPUS=$(nvidia-smi -L | grep -c '^GPU ' || true)
 
-cat > "$WORK/deploy.yaml" <<EOF
+# ---- 1. doctor and plan ---------------------------------------------------------------------
+cat > "$WORK/shared.yaml" <<EOF
 model: {name: "$MODEL", max_model_len: 1024}
 router: {port: $PORT, admin_port: $ADMIN_PORT, policy: round_robin}
-workers: {devices: [0], workers_per_gpu: 2, replicas: 2, max_num_seqs: 4, startup_timeout_s: 180}
+workers: {devices: [0], workers_per_gpu: 2, replicas: 2, max_num_seqs: 8, startup_timeout_s: 180}
 logging: {format: text, level: info}
 EOF
-
 CURRENT="doctor"; step "llamadeploy doctor"
-timeout 120 "$LD" doctor "$WORK/deploy.yaml" || die "doctor reported a problem (see the table above)"
-
+timeout 120 "$LD" doctor "$WORK/shared.yaml" || die "doctor reported a problem (see the table above)"
 CURRENT="plan"; step "llamadeploy plan"
-timeout 60 "$LD" plan "$WORK/deploy.yaml" || die "the plan says two replicas of $MODEL do not fit on GPU 0"
+timeout 60 "$LD" plan "$WORK/shared.yaml" || die "the plan says two replicas of $MODEL do not fit on GPU 0"
 
-CURRENT="up"; step "llamadeploy up (2 replicas sharing GPU 0)"
-"$LD" up "$WORK/deploy.yaml" > "$WORK/up.log" 2>&1 &
-LAUNCHER=$!
-workers_json() { curl -sf --max-time 3 "http://127.0.0.1:$ADMIN_PORT/admin/workers"; }
-ready=""
-while [ "$(left)" -gt 60 ]; do
-  kill -0 "$LAUNCHER" 2>/dev/null || die "llamadeploy up exited during start-up"
-  if json=$(workers_json) && [ "$(echo "$json" | "$PY" -c 'import json,sys; w=json.load(sys.stdin)["workers"]; print(sum(x["state"]=="ready" for x in w))' 2>/dev/null)" = 2 ]; then
-    ready=1; break
-  fi
-  sleep 2
-done
-[ -n "$ready" ] || die "two workers were not ready in time"
-echo "both workers ready after ${SECONDS}s"
-
-CURRENT="requests"; step "$((2 * REQUESTS_PER_REPLICA)) requests, round robin over the two replicas"
-for i in $(seq 1 $((2 * REQUESTS_PER_REPLICA))); do
-  body=$(printf '{"model": "%s", "prompt": "Count from 1 to 5:", "max_tokens": 8, "temperature": 0}' "$MODEL")
-  out=$(curl -sS --max-time 60 -w '\n%{http_code}' -H 'Content-Type: application/json' -d "$body" \
-        "http://127.0.0.1:$PORT/v1/completions") || die "request $i: no answer from the router"
-  code=$(echo "$out" | tail -n 1)
-  [ "$code" = 200 ] || die "request $i: HTTP $code: $(echo "$out" | head -n -1)"
-  text=$(echo "$out" | head -n -1 | "$PY" -c 'import json,sys; print(repr(json.load(sys.stdin)["choices"][0]["text"]))') \
-    || die "request $i: the answer is not a completion"
-  echo "request $i: 200 $text"
-done
-
-CURRENT="workers"; step "each worker: visible GPU and memory"
+# ---- 2. two replicas sharing GPU 0 ----------------------------------------------------------
+CURRENT="shared GPU"; step "llamadeploy up (2 replicas sharing GPU 0)"
+up shared 2 "$(( $(left) < 150 ? $(left) : 150 ))"
+step "$((2 * REQUESTS_PER_REPLICA)) greedy requests, round robin over the two replicas"
+for i in $(seq 1 $((2 * REQUESTS_PER_REPLICA))); do greedy "$i"; done
+step "each worker: visible GPU and memory"
 sleep 2  # one heartbeat, so memory and counters are current
 workers_json > "$WORK/workers.json" || die "the admin API did not answer"
 "$PY" - "$WORK/workers.json" "$REQUESTS_PER_REPLICA" <<'EOF' || die "the workers are not as placed (see above)"
@@ -108,28 +160,85 @@ for w in workers:
 sys.exit(0 if ok else 1)
 EOF
 echo "--- what each worker logged about its GPUs:"
-grep -E "sees [0-9]+ GPU|GPU memory after loading" "$WORK/up.log" || true
-sees=$(grep -cE "sees 1 GPU\(s\)" "$WORK/up.log" || true)
+grep -E "sees [0-9]+ GPU|GPU memory after loading" "$LOG" || true
+sees=$(grep -cE "sees 1 GPU\(s\)" "$LOG" || true)
 [ "$sees" = 2 ] || die "expected two workers each seeing exactly 1 GPU, the log shows $sees such line(s)"
-grep -q "GPU memory after loading" "$WORK/up.log" || die "no worker logged its memory after loading"
 echo "--- nvidia-smi compute processes:"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv || true
-pids=$("$PY" -c 'import json,sys; print(" ".join(str(w["pid"]) for w in json.load(open(sys.argv[1]))["workers"]))' "$WORK/workers.json")
-
+CURRENT="concurrent sampling"; step "8 concurrent mixed-length prompts, temperature 0.8, seeded"
+"$PY" "$HELPER" concurrent "$URL" "$ADMIN" "$MODEL" || die "a concurrent sampled request failed or a worker was lost"
 CURRENT="shutdown"; step "shutdown (SIGTERM to the launcher)"
-kill -TERM "$LAUNCHER"
-status=""
-for _ in $(seq 1 60); do
-  if ! kill -0 "$LAUNCHER" 2>/dev/null; then wait "$LAUNCHER" && status=0 || status=$?; break; fi
-  sleep 1
-done
-[ -n "$status" ] || die "the launcher did not stop within 60 s of SIGTERM"
-LAUNCHER=""
-[ "$status" = 0 ] || die "the launcher exited with code $status after SIGTERM"
-for pid in $pids; do
-  kill -0 "$pid" 2>/dev/null && die "worker pid $pid is still running after shutdown"
-done
-echo "launcher exited 0; worker processes $pids are gone"
+down
 
-printf '\nPASS: doctor, plan, 2 replicas on GPU 0, %d requests, clean shutdown in %ds\n' \
-  "$((2 * REQUESTS_PER_REPLICA))" "$SECONDS"
+# ---- 3. KV budget near max_model_len, and a deliberate OOM ----------------------------------
+CURRENT="KV budget"; need 120
+cat > "$WORK/budget.yaml" <<EOF
+model: {name: "$MODEL", max_model_len: $BUDGET_MAX_MODEL_LEN}
+router: {port: $PORT, admin_port: $ADMIN_PORT}
+workers: {devices: [0], replicas: 1, max_num_seqs: 4, max_prefill_tokens: 2048, startup_timeout_s: 120}
+logging: {format: text, level: info}
+EOF
+UTIL=$("$PY" "$HELPER" pick-util "$WORK/budget.yaml") || die "could not pick a gpu_memory_utilization"
+sed -i "s/max_prefill_tokens: 2048,/max_prefill_tokens: 2048, gpu_memory_utilization: $UTIL,/" "$WORK/budget.yaml"
+step "llamadeploy up (1 replica, gpu_memory_utilization $UTIL planned for ~1.5 × $BUDGET_MAX_MODEL_LEN tokens of KV)"
+timeout 60 "$LD" plan "$WORK/budget.yaml" | tail -n 12 || true
+up budget 1 "$(( $(left) < 120 ? $(left) : 120 ))"
+CURRENT="deliberate OOM"; step "a hog takes GPU 0's free memory while 4 long prompts arrive"
+"$PY" "$HELPER" hog > "$WORK/hog.out" 2>&1 &
+HOG=$!
+for _ in $(seq 1 60); do grep -q holding "$WORK/hog.out" 2>/dev/null && break; kill -0 "$HOG" 2>/dev/null || break; sleep 1; done
+cat "$WORK/hog.out"
+grep -q holding "$WORK/hog.out" || die "the memory hog did not start"
+"$PY" "$HELPER" oom "$URL" "$ADMIN" "$MODEL" "$LOG" > "$WORK/oom.out" 2>&1 &
+OOM=$!
+for _ in $(seq 1 60); do grep -q RELEASE "$WORK/oom.out" 2>/dev/null && break; kill -0 "$OOM" 2>/dev/null || break; sleep 1; done
+kill_hog
+oom_status=0; wait "$OOM" || oom_status=$?
+grep -v RELEASE "$WORK/oom.out" || true
+[ "$oom_status" = 0 ] || die "the worker did not survive the OOM, or a request after it failed"
+CURRENT="near the KV budget"; step "3 requests of 0.6 × max_model_len at once against a ~1.5-sequence budget"
+"$PY" "$HELPER" near-budget "$URL" "$ADMIN" "$MODEL" "$BUDGET_MAX_MODEL_LEN" \
+  || die "admission near the KV budget failed (see above)"
+CURRENT="shutdown"; down
+
+# ---- 4. a layer split over two GPUs ---------------------------------------------------------
+if [ "$GPUS" -ge 2 ]; then
+  CURRENT="gpus_per_replica 2"; need 90
+  cat > "$WORK/split.yaml" <<EOF
+model: {name: "$MODEL", max_model_len: 2048}
+router: {port: $PORT, admin_port: $ADMIN_PORT}
+workers: {devices: [0, 1], gpus_per_replica: 2, replicas: 1, max_num_seqs: 8, startup_timeout_s: 120}
+logging: {format: text, level: info}
+EOF
+  step "llamadeploy up (1 replica split over GPUs 0 and 1)"
+  up split 1 "$(( $(left) < 120 ? $(left) : 120 ))"
+  device=$(workers_json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["workers"][0]["device"])')
+  [ "$device" = "cuda[0,1]" ] || die "expected the replica on cuda[0,1], it reports $device"
+  greedy 1
+  "$PY" "$HELPER" concurrent "$URL" "$ADMIN" "$MODEL" || die "the split replica failed concurrent sampling"
+  CURRENT="shutdown"; down
+else
+  step "gpus_per_replica: 2 skipped: this host has $GPUS GPU"
+fi
+
+# ---- 5. engine bench: random-weight Llama-3-8B shape, bfloat16 ------------------------------
+if [ -z "${SKIP_BENCH:-}" ]; then
+  CURRENT="bench"; need 150
+  BENCH_MODEL="$WORK/llama3-8b-random"
+  "$PY" "$HELPER" make-model "$BENCH_MODEL" > /dev/null || die "could not write the random-weight model folder"
+  cat > "$WORK/bench.yaml" <<EOF
+model: {name: "$BENCH_MODEL", served_name: llama3-8b-random, dtype: bfloat16, random_init: true, max_model_len: 1024}
+router: {port: $PORT, admin_port: $ADMIN_PORT}
+workers: {devices: [0], replicas: 1, max_num_seqs: 64, max_waiting: 256, startup_timeout_s: 180}
+logging: {format: text, level: info}
+EOF
+  MODEL=llama3-8b-random
+  step "llamadeploy up (random-weight Llama-3-8B shape, bfloat16; needs the loader's model.random_init)"
+  up bench 1 "$(( $(left) < 180 ? $(left) : 180 ))"
+  step "engine bench at concurrency 1/8/32/64 (128-token prompts, 64 output tokens)"
+  "$PY" "$HELPER" bench "$URL" llama3-8b-random "$BENCH_MODEL" || die "bench requests failed (see the table)"
+  CURRENT="shutdown"; down
+fi
+
+printf '\nPASS: doctor, plan, shared GPU, concurrent sampling, OOM survived, KV budget held%s%s in %ds\n' \
+  "$( [ "$GPUS" -ge 2 ] && echo ', layer split' )" "$( [ -z "${SKIP_BENCH:-}" ] && echo ', bench' )" "$SECONDS"

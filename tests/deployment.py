@@ -2,24 +2,59 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import yaml
 
 MODEL = "smollm2-135m-instruct"
+T = TypeVar("T")
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "") -> T:
+    """Call ``predicate`` until it returns something truthy, and return that; raise
+    ``TimeoutError`` (naming ``what`` and the last value) after ``timeout`` seconds.
+
+    An ``httpx.HTTPError`` inside ``predicate`` counts as not yet (a server still starting).
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            if value := predicate():
+                return value
+            last = value
+        except httpx.HTTPError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true within {timeout}s: {what or predicate} (last: {last!r:.500})")
+        time.sleep(interval)
+
+
+async def wait_for_async(predicate: Callable[[], T], timeout: float, interval: float = 0.01, what: str = "") -> T:
+    """:func:`wait_for` for tests inside an event loop: sleeps without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true within {timeout}s: {what or predicate} (last: {value!r:.500})")
+        await asyncio.sleep(interval)
+    return value
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -67,7 +102,7 @@ class Deployment:
 
     def start(self, timeout: float = 240.0) -> Deployment:
         self.path.write_text(yaml.safe_dump(self.config))
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed by stop())
+        self._log = open(self.log_path, "ab")  # closed by stop()
         cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
         self.proc = subprocess.Popen(cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)

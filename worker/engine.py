@@ -24,7 +24,7 @@ import torch
 
 from worker.protocol import Failed, Generate, Msg
 from worker.runner import ModelRunner
-from worker.sampling import sample_batch
+from worker.sampling import SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
 from worker.sequence import Sequence
 
@@ -71,8 +71,11 @@ class Engine:
         p = gen.params
         if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             return self._fail(rid, 400, "sampling parameters out of range")
-        seq = Sequence(rid, ids, p, self.tokenizer, self.eos_ids, self.max_model_len, self.device,
-                       self.vocab_size, output=output)
+        try:
+            seq = Sequence(rid, ids, p, self.tokenizer, self.eos_ids, self.max_model_len, self.device,
+                           self.vocab_size, output=output)
+        except SamplingError as exc:
+            return self._fail(rid, 400, str(exc))
         if output and len(output) >= seq.max_output:
             return self._fail(rid, 400, f"{len(output)} tokens already generated, max_tokens is {seq.max_output}")
         try:
@@ -120,28 +123,20 @@ class Engine:
         self._retire()
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        finite = torch.isfinite(logits).all(dim=-1).tolist()                   # [N]
-        if not all(finite):
-            for seq, ok in zip(seqs, finite):
-                if not ok and not seq.finished:
-                    log.error("request %s: non-finite logits at position %d; failing it", seq.request_id,
-                              seq.num_tokens)
-                    seq.cancelled = True
-                    self._fail(seq.request_id, 500, "the model produced non-finite logits for this request")
-            keep = [i for i, ok in enumerate(finite) if ok]
-            seqs, logits = [seqs[i] for i in keep], logits[keep]
-        if not seqs:
-            return
-        tokens = sample_batch(logits, [s.sampler for s in seqs])
-        for seq, token in zip(seqs, tokens):
+        """Sample every sequence whose tokens are all computed (``logits`` [N, V]); a row the sampler
+        cannot sample (non-finite logits, a grammar with no allowed token) fails that request alone."""
+        result = sample_batch_ex(logits, [s.sampler for s in seqs])
+        for i, (seq, token) in enumerate(zip(seqs, result.token_ids)):
             if seq.cancelled:
                 continue
-            accept = getattr(seq.sampler, "accept", None)
-            if accept is not None:
-                accept(token)
-            msg = seq.append(token)
-            if msg is not None:
-                self.emit(msg)
+            if i in result.bad_rows:
+                log.error("request %s: cannot sample at position %d (%s); failing it", seq.request_id,
+                          seq.num_tokens, result.bad_rows[i])
+                seq.cancelled = True
+                self._fail(seq.request_id, 500, result.bad_rows[i])
+                continue
+            seq.sampler.accept(token)
+            self.emit(seq.append(token))
 
     def _on_oom(self, plan: Plan, exc: Exception) -> None:
         """Out of device memory in the forward pass: nothing advanced (``computed`` moves only after
@@ -212,6 +207,8 @@ def trim_heap() -> None:
 def memory_bytes(device: torch.device) -> int:
     """Memory this worker holds: reserved by torch's allocator over its visible GPUs, RSS on CPU."""
     if device.type == "cuda":
-        return sum(torch.cuda.memory_reserved(i) for i in range(torch.cuda.device_count()))
+        from worker.gpus import memory_reserved_total
+
+        return memory_reserved_total()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

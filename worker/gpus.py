@@ -4,6 +4,12 @@ The launcher sets ``CUDA_VISIBLE_DEVICES`` (physical indices, ``CUDA_DEVICE_ORDE
 and ``LLAMADEPLOY_EXPECTED_GPUS`` (JSON: ``share`` and the NVML ``gpus`` it meant) before this
 process imports torch. A different count, UUID or name is an error naming both sides: the
 classic cause is a ``CUDA_VISIBLE_DEVICES`` renumbered or overridden somewhere in between.
+
+Also the torch side of the memory rules: the facts :func:`worker.budget.kv_budget` needs, measured
+after warm-up (:func:`reset_peaks`, :func:`measure_gpus`), the per-replica allocator cap
+(:func:`apply_memory_fraction`), the heartbeat's memory figure (:func:`memory_reserved_total`)
+and the GPUs' compute capabilities for ``dtype: auto``. Each takes ``cuda`` (``torch.cuda``, or a
+stand-in in tests).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import logging
 import os
 
 from launcher.placement import EXPECTED_GPUS_ENV
+from worker.budget import GpuFacts, KvBudget, kv_budget, memory_fraction, too_small
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +62,17 @@ def describe(gpus: list[dict]) -> str:
 
 
 def _norm_uuid(uuid: str) -> str:
-    """``GPU-1a2b…`` / ``1A2B…`` → ``1a2b…`` (36 characters for a whole GPU)."""
-    return uuid.strip().lower().removeprefix("gpu-")
+    """``GPU-1a2b…`` / ``MIG-1a2b…`` / ``1A2B…`` → ``1a2b…`` (36 characters when well formed)."""
+    return uuid.strip().lower().removeprefix("gpu-").removeprefix("mig-")
 
 
 def _same(expected: dict, seen: dict) -> bool:
-    """Same GPU: by UUID when both sides have a well-formed one, else by name."""
-    a, b = _norm_uuid(expected.get("uuid") or ""), _norm_uuid(seen.get("uuid") or "")
-    if len(a) == 36 and len(b) == 36:
-        return a == b
+    """Same GPU: by UUID when both sides have a well-formed one, else by name. For a MIG
+    instance torch may report the instance's UUID or (older drivers) its GPU's; either matches."""
+    b = _norm_uuid(seen.get("uuid") or "")
+    wanted = [_norm_uuid(u) for u in (expected.get("uuid") or "", expected.get("parent_uuid") or "") if u]
+    if len(b) == 36 and any(len(a) == 36 for a in wanted):
+        return b in wanted
     return expected.get("name") == seen.get("name")
 
 
@@ -131,19 +140,101 @@ def layer_fractions(device_map: dict | None, num_layers: int) -> dict[int, float
     return {d: c / total for d, c in counts.items()} if total else {0: 1.0}
 
 
-def kv_budget_tokens(per_token: int, share: float, utilization: float, device_map: dict | None, num_layers: int) -> int:
-    """KV tokens this worker may hold across its GPUs.
+def kv_budget_tokens(per_token: int, share: float, utilization: float, device_map: dict | None, num_layers: int,
+                     activation_peak: dict[int, int] | None = None) -> int:
+    """KV tokens this worker may hold across its GPUs, by :func:`worker.budget.kv_budget` over
+    :func:`measure_gpus` (``activation_peak`` per cuda index: 0 when not measured yet)."""
+    facts = measure_gpus(layer_fractions(device_map, num_layers), activation_peak)
+    return kv_budget(facts, per_token, utilization, share).tokens
 
-    Per GPU i: ``min(total × utilization × share − reserved by this process,
-    free − total × (1 − utilization))`` bytes (the second term respects other processes). A token
-    costs ``per_token × fraction of layers on i`` there; the tightest GPU bounds the total.
+
+class KvTooSmall(RuntimeError):
+    """The KV budget holds less than one ``max_model_len`` sequence: the worker must not report
+    Ready (it would answer every request 400); the message names the numbers and the fixes."""
+
+
+def kv_budget_after_warmup(kv_bytes_per_token: int, fractions: dict[int, float], utilization: float, share: float,
+                           max_model_len: int, block_tokens: int = 1, cuda=None) -> KvBudget:
+    """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.budget.kv_budget`.
+
+    Call after :func:`reset_peaks` and the warm-up forward at ``max_prefill_tokens``, before
+    allocating the KV cache; then allocate ``budget.gpus[i].bytes`` on ``cuda:i`` once
+    (``budget.tokens`` tokens, a multiple of ``block_tokens``). Raises :class:`KvTooSmall`.
     """
-    import torch
+    budget = kv_budget(measure_gpus(fractions, cuda=cuda), kv_bytes_per_token, utilization, share,
+                       block_tokens=block_tokens)
+    log.info("KV budget: %s", budget.describe())
+    if message := too_small(budget, max_model_len, utilization, share):
+        raise KvTooSmall(message)
+    return budget
 
-    tokens = []
-    for dev, frac in layer_fractions(device_map, num_layers).items():
-        free, total = torch.cuda.mem_get_info(dev)
-        mine = int(total * utilization * share) - torch.cuda.memory_reserved(dev)
-        device_wide = free - int(total * (1 - utilization))
-        tokens.append(int(max(0, min(mine, device_wide)) // (per_token * frac)))
-    return min(tokens)
+
+def measure_gpus(fractions: dict[int, float], activation_peak: dict[int, int] | None = None,
+                 cuda=None) -> list[GpuFacts]:
+    """This worker's facts for :func:`worker.budget.kv_budget`, one per GPU in ``fractions``
+    (cuda index → share of the layers there, from :func:`layer_fractions`).
+
+    Call it after loading and warm-up, before allocating the KV cache: it empties torch's cache
+    so the warm-up's transient blocks count as free, then reads ``weights`` =
+    ``memory_allocated`` (what stays: weights and buffers) and device-wide free memory
+    (``mem_get_info``). ``activation_peak`` overrides the peak read from
+    ``max_memory_allocated − memory_allocated`` (valid after ``reset_peak_memory_stats()`` and a
+    ``max_prefill_tokens`` forward). ``cuda`` is ``torch.cuda`` (a stand-in in tests).
+    """
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    cuda.empty_cache()
+    facts = []
+    for dev, frac in sorted(fractions.items()):
+        free, total = cuda.mem_get_info(dev)
+        held = int(cuda.memory_allocated(dev))
+        peak = (activation_peak or {}).get(dev, max(0, int(cuda.max_memory_allocated(dev)) - held))
+        facts.append(GpuFacts(int(total), int(free), held, peak, frac, resident=True))
+    return facts
+
+
+def reset_peaks(cuda=None) -> None:
+    """``reset_peak_memory_stats`` on every visible GPU: call it just before the warm-up forward
+    at ``max_prefill_tokens`` whose peak :func:`measure_gpus` then reads."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    for dev in range(cuda.device_count()):
+        cuda.reset_peak_memory_stats(dev)
+
+
+def apply_memory_fraction(utilization: float, share: float, cuda=None) -> float:
+    """Cap torch's allocator on every visible GPU at :func:`worker.budget.memory_fraction` of it,
+    so a transient peak raises ``OutOfMemoryError`` in this worker rather than eating a
+    co-tenant's share. Call before loading. Returns the fraction."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    fraction = memory_fraction(utilization, share)
+    for dev in range(cuda.device_count()):
+        cuda.set_per_process_memory_fraction(fraction, dev)
+    return fraction
+
+
+def memory_reserved_total(cuda=None) -> int:
+    """Bytes torch's allocator holds on all visible GPUs together (``memory_reserved`` summed):
+    the heartbeat's ``mem_bytes`` on GPU, so a layer-split replica counts every GPU, and cached
+    blocks count as the device sees them."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    return sum(int(cuda.memory_reserved(dev)) for dev in range(cuda.device_count()))
+
+
+def capabilities(cuda=None) -> list[tuple[int, int]]:
+    """Compute capability (major, minor) of each visible GPU, for :func:`worker.dtypes.resolve`."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    return [tuple(cuda.get_device_capability(dev)) for dev in range(cuda.device_count())]

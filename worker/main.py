@@ -16,22 +16,31 @@ import threading
 import time
 
 from launcher.config import DeployConfig
+from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
 from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, SamplingParams, Shutdown
 
 log = logging.getLogger("worker")
 
-# Test hook, in the style of vLLM's VLLM_TEST_* variables: worker ids ("1", "0,2" or "all") that
-# exit with FAULT_EXIT_CODE as soon as they start, before loading the model (a crash at start).
+# Test hooks, in the style of vLLM's VLLM_TEST_* variables; each names worker ids ("1", "0,2" or
+# "all"). CRASH_AT_START: exit with FAULT_EXIT_CODE as soon as the worker starts, before loading
+# the model. STALL: the engine loop blocks for good on the first real request (after queueing it)
+# while the I/O thread goes on heartbeating, as a stuck CUDA call or a deadlock would.
 FAULT_CRASH_AT_START = "LLAMADEPLOY_FAULT_CRASH_AT_START"
+FAULT_STALL = "LLAMADEPLOY_FAULT_STALL"
 FAULT_EXIT_CODE = 3
+
+
+def fault_names(variable: str, worker_id: int, env: dict | None = None) -> bool:
+    """True when the fault variable ``variable`` names ``worker_id`` (or ``all``)."""
+    value = (os.environ if env is None else env).get(variable, "")
+    ids = {v.strip() for v in value.split(",")} - {""}
+    return "all" in ids or str(worker_id) in ids
 
 
 def fault_crash_at_start(worker_id: int, env: dict | None = None) -> bool:
     """True when ``LLAMADEPLOY_FAULT_CRASH_AT_START`` names ``worker_id`` (or ``all``)."""
-    value = (os.environ if env is None else env).get(FAULT_CRASH_AT_START, "")
-    ids = {v.strip() for v in value.split(",")} - {""}
-    return "all" in ids or str(worker_id) in ids
+    return fault_names(FAULT_CRASH_AT_START, worker_id, env)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,10 +78,10 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     transport.start()
     out = transport.sender()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    out.send(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
-                   device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
-                   model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
-                   max_waiting=cfg.workers.max_waiting))
+    transport.announce(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
+                             device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+                             model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
+                             max_waiting=cfg.workers.max_waiting))
 
     stop = threading.Event()
 
@@ -99,11 +108,11 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
         log.info("GPU memory after loading: %s", worker_gpus.memory_report())
     warm_up(engine)
     engine_ref["engine"] = engine
-    out.send(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
-                   kv_budget_tokens=budget))
+    transport.announce(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
+                             kv_budget_tokens=budget))
     log.info("ready after %.1fs", time.monotonic() - started)
 
-    reason = serve(engine, inbox, stop)
+    reason = serve(engine, inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
     for seq in list(engine.by_id.values()):
         out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {worker_id} is shutting down"))
     out.send(Bye(worker_id=worker_id, reason=reason))
@@ -114,8 +123,9 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     return 0
 
 
-def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
-    """The engine loop: take messages, step while there is work, block briefly when idle."""
+def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_request: bool = False) -> str:
+    """The engine loop: take messages, step while there is work, block briefly when idle.
+    ``stall_on_request``: the fault hook of :data:`FAULT_STALL`."""
     while not stop.is_set():
         try:
             msg = inbox.get_nowait() if engine.has_work else inbox.get(timeout=0.2)
@@ -126,6 +136,11 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event) -> str:
                 log.info("request %s: %d prompt tokens, max_tokens %d", msg.request_id, len(msg.prompt_token_ids),
                          msg.params.max_tokens, extra={"request_id": msg.http_request_id})
                 engine.submit(msg)
+                if stall_on_request:
+                    log.error("%s names this worker: the engine loop stops here, heartbeats go on (fault injection)",
+                              FAULT_STALL)
+                    stop.wait()
+                    return "SIGTERM"
             elif isinstance(msg, Cancel):
                 engine.cancel(msg.request_id)
             elif isinstance(msg, Shutdown):
@@ -143,10 +158,12 @@ BLOCK_SIZE = 16  # tokens per KV block: the prefix cache's granularity (vLLM's d
 
 
 def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit):
-    """Load the replica, size and allocate its KV cache once, and assemble the engine.
-    Returns ``(engine, kv_budget_tokens)``."""
+    """Load the replica, size its KV cache (after measuring a prefill's activation peak on GPU),
+    allocate it once, and assemble the engine. Returns ``(engine, kv_budget_tokens)``.
+    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     import torch
 
+    from worker import gpus as worker_gpus
     from worker import model as model_mod
     from worker.attention import KVCache
     from worker.blocks import BlockManager
@@ -156,17 +173,29 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
 
     w = cfg.workers
     device = model_mod.pick_device(device_kind)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
     dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
     config = model_mod.load_config(model_path)
     tokenizer = model_mod.load_tokenizer(model_path)
+    split = worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
     model = model_mod.load_model(model_path, config, device, dtype, cfg.model.max_model_len,
-                                 random_init=getattr(cfg.model, "random_init", False))
+                                 random_init=cfg.model.random_init, max_memory=split)
     per_token = model_mod.kv_bytes_per_token(config, dtype)
-    budget_bytes = int(w.kv_cache_gib * 2**30) if device.type == "cpu" else gpu_kv_budget_bytes(cfg, share)
-    num_blocks = max(1, budget_bytes // (per_token * BLOCK_SIZE))
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
-    cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, device)
-    prefill, idle = w.prefill_budgets(device.type == "cuda")
+    devices = model_mod.layer_devices(model, device)
+    prefill, idle = w.prefill_budgets(on_gpu)
+    if on_gpu:
+        worker_gpus.reset_peaks()
+        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device)
+        fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
+        budget = worker_gpus.kv_budget_after_warmup(per_token, fractions, w.gpu_memory_utilization, share,
+                                                    cfg.model.max_model_len, block_tokens=BLOCK_SIZE)
+        num_blocks = budget.tokens // BLOCK_SIZE
+    else:
+        num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
+    cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
     scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE), w.max_num_seqs, w.max_waiting, prefill,
                           idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
     engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
@@ -174,15 +203,31 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
     return engine, num_blocks * BLOCK_SIZE
 
 
-def gpu_kv_budget_bytes(cfg: DeployConfig, share: float) -> int:
-    """KV bytes for a GPU worker: its share of ``gpu_memory_utilization`` of the card, less what
-    it already holds (weights) and an activation allowance."""
+def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device) -> None:
+    """One forward pass of ``tokens`` prompt tokens over a scratch cache, so the allocator's peak
+    (read by ``worker.gpus.kv_budget_after_warmup``) includes the largest step's activations
+    (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed."""
     import torch
 
-    free, total = torch.cuda.mem_get_info(0)
-    mine = int(total * cfg.workers.gpu_memory_utilization * share) - torch.cuda.memory_reserved(0)
-    device_wide = free - int(total * (1 - cfg.workers.gpu_memory_utilization))
-    return max(0, int(min(mine, device_wide) * 0.9))
+    from worker.attention import KVCache
+    from worker.model import kv_shape
+    from worker.runner import ModelRunner
+    from worker.scheduler import Plan
+
+    class Scratch:  # just enough of a Sequence for the runner
+        def __init__(self, n):
+            self.table = type("T", (), {"blocks": list(range(-(-n // block_size)))})()
+            self.num_tokens, self.computed = n, 0
+
+        def tokens(self, start, end):
+            return [0] * (end - start)
+
+    layers, kv_heads, head_dim = kv_shape(model.config)
+    scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
+    seq = Scratch(tokens)
+    ModelRunner(model, scratch, device).run(Plan(prefill=[(seq, 0, tokens)]))
+    del scratch
+    torch.cuda.empty_cache()
 
 
 def warm_up(engine) -> None:
@@ -200,6 +245,7 @@ def warm_up(engine) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # first: a launcher killed from here on takes this process with it
     args = parse_args(argv)
     cpus = [int(c) for c in args.cpus.split(",") if c]
     if cpus:

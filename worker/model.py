@@ -31,13 +31,13 @@ def pick_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 where the hardware computes it natively, float16 on older GPUs, float32 on
-    other CPUs (:mod:`worker.dtypes`)."""
-    if dtype != "auto":
-        return DTYPES[dtype]
-    from worker.dtypes import auto_dtype_for
+    """``auto``: bfloat16 where the hardware computes it natively (GPUs from compute capability 8.0,
+    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.dtypes`)."""
+    from worker import dtypes
+    from worker.gpus import capabilities
 
-    return DTYPES[auto_dtype_for(device.type)]
+    caps = capabilities() if device.type == "cuda" else ()
+    return DTYPES[dtypes.resolve(dtype, device.type, caps, dtypes.cpu_flags())]
 
 
 def load_config(model_path: str):
@@ -60,21 +60,32 @@ def eos_ids(model_path: str, config, tokenizer) -> set[int]:
 
 
 def load_model(model_path: str, config, device: torch.device, dtype: torch.dtype, max_positions: int,
-               random_init: bool = False) -> llama.LlamaModel:
-    """The replica's forward pass with its weights (random ones with ``random_init``, for benchmarks).
-    Raises ``ValueError`` for an architecture :func:`worker.llama.supports` refuses."""
+               random_init: bool = False, max_memory: dict | None = None):
+    """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
+    where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
+    which is also how a replica split by layers over several GPUs (``max_memory``) runs.
+    ``random_init`` (benchmarks) needs the compact path. Raises ``ValueError``."""
     why = llama.supports(config)
-    if why is not None:
-        raise ValueError(f"{model_path}: {why}; the engine runs Llama-family models "
-                         f"({', '.join(sorted(llama.ARCHITECTURES))})")
-    weights = (llama.random_weights(config, device, dtype) if random_init
-               else llama.load_weights(model_path, device, dtype))
-    linear = None
-    if device.type == "cpu":
-        from worker.cpu_kernels import packed_linear
+    if why is None and not max_memory:
+        weights = (llama.random_weights(config, device, dtype) if random_init
+                   else llama.load_weights(model_path, device, dtype))
+        linear = None
+        if device.type == "cpu":
+            from worker.cpu_kernels import packed_linear
 
-        linear = packed_linear
-    return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear)
+            linear = packed_linear
+        return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear)
+    if random_init:
+        raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
+    from worker.hf_model import HFModel
+
+    log.info("running %s through transformers (%s)", model_path, why or "layer split over several GPUs")
+    return HFModel.load(model_path, dtype, device, max_memory)
+
+
+def layer_devices(model, device: torch.device) -> list[torch.device]:
+    """The device of each decoder layer's KV cache."""
+    return model.layer_devices() if hasattr(model, "layer_devices") else [device] * model.num_layers
 
 
 def kv_shape(config) -> tuple[int, int, int]:

@@ -60,10 +60,10 @@ class Heartbeat(Msg):
     mem_bytes: int
     peak_running: int = 0
     served: int = 0
-    steps: int = 0
-    last_step_age_s: float = 0.0
-    prefix_hit_tokens: int = 0
-    prefix_queried_tokens: int = 0
+    steps: int | None = None  # engine steps so far; None: the engine does not report it
+    last_step_age_s: float | None = None  # seconds since the engine's last step (None: not reported)
+    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache, since start
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in it, since start
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     preemptions: int = 0
@@ -77,6 +77,18 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     total_tokens: int
 
 
+class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True):
+    """One sampled token's log-probability (natural log, floored at ``LOGPROB_FLOOR``) and, when
+    asked, the ``top`` most likely alternatives as ``[token_id, logprob]`` pairs, best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
+LOGPROB_FLOOR = -9999.0  # what a log-probability of -inf (a masked token) is reported as: JSON has no -inf
+
+
 class Tokens(Msg):
     """A streamed delta. ``finish_reason`` is ``"stop"`` or ``"length"`` on the last one only,
     which also carries ``usage``. ``text_delta`` is always whole UTF-8 characters."""
@@ -87,6 +99,7 @@ class Tokens(Msg):
     finish_reason: str | None = None
     usage: Usage | None = None
     ttft_s: float | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token sampled since the last message, when asked
 
 
 class Failed(Msg):
@@ -117,12 +130,33 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     stop: list[str] = []
     ignore_eos: bool = False
+    presence_penalty: float = 0.0  # OpenAI: minus this from a token's logit once it was generated (-2..2)
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output (-2..2)
+    repetition_penalty: float = 1.0  # HF: divide positive / multiply negative logits of prompt+output tokens (> 0)
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit (-100..100; -100 bans it)
+    min_tokens: int = 0  # the stop tokens are masked until this many tokens were generated
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and the top k alternatives'
+    grammar: Grammar | None = None  # constrain the output (worker.grammar)
+
+
+class Grammar(msgspec.Struct, forbid_unknown_fields=True):
+    """A decoding constraint, compiled by the worker (xgrammar). ``kind``: ``json_object`` (any JSON
+    object; ``source`` unused), ``json_schema`` (``source`` = the schema as canonical JSON; ``strict``:
+    no properties beyond the schema's), ``regex`` or ``ebnf`` (``source`` = the pattern/grammar)."""
+
+    kind: str
+    source: str = ""
+    strict: bool = True
 
 
 class Generate(Msg):
     """Generate a continuation of ``prompt_token_ids`` (already templated and tokenized).
 
-    ``http_request_id`` is the HTTP request's ``X-Request-ID``, for the worker's logs only."""
+    ``http_request_id`` is the HTTP request's ``X-Request-ID``, for the worker's logs only.
+    ``output_token_ids``: tokens an earlier attempt already generated (request migration). The
+    worker takes prompt + output as context, replays the output through its detokenizer and stop
+    matcher without sending that text again, generates ``params.max_tokens - len(output)`` more,
+    and reports ``usage`` counting the prompt and all output once."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -144,7 +178,12 @@ class Shutdown(Msg):
 
 
 WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Failed | Bye
-RouterToWorker = Generate | Cancel | Shutdown
+class Identify(Msg):
+    """Say :class:`Hello` again, and :class:`Ready` if loaded: the router (restarted) does not
+    know this worker. The worker keeps its model and whatever it is generating."""
+
+
+RouterToWorker = Generate | Cancel | Shutdown | Identify
 
 _encoder = msgspec.msgpack.Encoder()
 _to_router = msgspec.msgpack.Decoder(WorkerToRouter)

@@ -39,7 +39,8 @@ class Sequence:
         self.stops = StopMatcher(params.stop)
         for token in self.output:
             self.stops.feed(self.detok.add(token))
-        self.sampler = _row_sampler(params, device, vocab_size, prompt, self.output)
+        self.sampler = RowSampler.from_params(params, device, vocab_size=vocab_size, prompt=prompt,
+                                              output=self.output, eos_ids=eos_ids)  # raises SamplingError
         self.table = BlockTable()
         self.computed = 0          # leading tokens whose keys/values are in the cache
         self.cached_at_admission = 0
@@ -97,11 +98,5 @@ class Sequence:
             n = len(self.output)
             usage = Usage(prompt_tokens=len(self.prompt), completion_tokens=n, total_tokens=len(self.prompt) + n)
         return Tokens(request_id=self.request_id, text_delta=delta, token_ids=[token_id],
-                      finish_reason=self.finish_reason, usage=usage, ttft_s=ttft)
+                      finish_reason=self.finish_reason, usage=usage, ttft_s=ttft, logprobs=self.sampler.take_logprobs())
 
-
-def _row_sampler(params, device, vocab_size, prompt, output):
-    make = getattr(RowSampler, "from_params", None)  # TEMP until the batched sampler lands
-    if make is not None:
-        return make(params, device, vocab_size=vocab_size, prompt=prompt, output=output)
-    return RowSampler(params.temperature, params.top_p, params.top_k, params.seed, device)

@@ -4,7 +4,12 @@ The thread owns the DEALER socket (ZeroMQ sockets are single-threaded). Frames f
 schema-checked and put on ``inbox``; an invalid frame is logged and dropped. The engine sends
 through :meth:`Transport.sender`, a PUSH socket on an ``inproc://`` pipe that this thread drains,
 so the engine never blocks on the network. Heartbeats go out every ``heartbeat_s`` seconds with
-the engine's current load.
+the engine's current load (the fields of :class:`~worker.protocol.Heartbeat` that ``stats()`` has).
+
+Re-registration: :meth:`Transport.announce` sends ``Hello`` and ``Ready`` and keeps them; when a
+restarted router, which does not know this worker, answers a frame with ``Identify``, this thread
+sends them again, so the worker rejoins with its model loaded and nothing restarted. While no
+router is there, frames that do not fit the socket's queue are dropped (they would be stale).
 """
 
 from __future__ import annotations
@@ -13,15 +18,28 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
+import msgspec
 import zmq
 
-from worker.protocol import Heartbeat, Msg, ProtocolError, decode_for_worker, encode, worker_identity
+from worker.protocol import (
+    Heartbeat,
+    Hello,
+    Identify,
+    Msg,
+    ProtocolError,
+    Ready,
+    decode_for_worker,
+    encode,
+    worker_identity,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 256 * 2**20  # a Generate carries at most max_model_len prompt tokens (~5 bytes each)
+SEND_HWM = 100_000  # frames queued for the router while it is away (a restart takes seconds)
+HEARTBEAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Heartbeat)) - {"worker_id"}
 
 
 class Sender:
@@ -52,6 +70,9 @@ class Transport(threading.Thread):
         self.heartbeat_s = heartbeat_s
         self.pipe = f"inproc://outbox-{worker_id}"
         self._stopping = threading.Event()
+        self._announced: queue.SimpleQueue = queue.SimpleQueue()  # Hello/Ready to send from this thread
+        self.registration: dict[type, Msg] = {}  # the last Hello and Ready, sent again on Identify
+        self.dropped = 0  # frames dropped because no router took them
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.bind(self.pipe)  # bound before any Sender connects
 
@@ -62,11 +83,22 @@ class Transport(threading.Thread):
     def stop(self) -> None:
         self._stopping.set()
 
+    def announce(self, msg: Hello | Ready) -> None:
+        """Send ``msg`` (from any thread) and keep it: it is sent again whenever the router asks
+        who this worker is (``Identify``). ``Hello`` first, then ``Ready`` once loaded."""
+        self._announced.put(msg)
+
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat for now: ``stats()`` keys that are Heartbeat fields (others are ignored)."""
+        stats = self.stats()
+        return Heartbeat(worker_id=self.worker_id, **{k: v for k, v in stats.items() if k in HEARTBEAT_FIELDS})
+
     def run(self) -> None:
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, worker_identity(self.worker_id))
         dealer.setsockopt(zmq.LINGER, 2000)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        dealer.setsockopt(zmq.SNDHWM, SEND_HWM)
         dealer.connect(self.address)
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
@@ -74,22 +106,49 @@ class Transport(threading.Thread):
         next_beat = 0.0
         while True:
             events = dict(poller.poll(timeout=100))
+            self._send_announced(dealer)
             if self._pull in events:
                 while True:  # forward everything queued, then look at the socket again
                     try:
-                        dealer.send(self._pull.recv(zmq.NOBLOCK))
+                        frame = self._pull.recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
+                    self._send(dealer, frame)
             if dealer in events:
                 self._receive(dealer)
             if self._stopping.is_set() and not events:
                 break
             now = time.monotonic()
             if now >= next_beat:
-                dealer.send(encode(Heartbeat(worker_id=self.worker_id, **self.stats())))
+                self._send(dealer, encode(self.heartbeat()))
                 next_beat = now + self.heartbeat_s
         dealer.close()
         self._pull.close()
+
+    def _send(self, dealer: zmq.Socket, frame: bytes) -> None:
+        try:
+            dealer.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # no router has taken frames for a while: drop rather than stall the engine
+            self.dropped += 1
+            if self.dropped in (1, 100) or self.dropped % 10_000 == 0:
+                log.warning("no router is taking frames: dropped %d so far", self.dropped)
+
+    def _send_announced(self, dealer: zmq.Socket) -> None:
+        while True:
+            try:
+                msg = self._announced.get_nowait()
+            except queue.Empty:
+                return
+            self.registration[type(msg)] = msg
+            self._send(dealer, encode(msg))
+
+    def _identify(self, dealer: zmq.Socket) -> None:
+        """The router asked who we are: Hello again, and Ready if loaded."""
+        self._send_announced(dealer)
+        found = [self.registration[t] for t in (Hello, Ready) if t in self.registration]
+        log.info("the router asked who this worker is: sending %s again", " and ".join(type(m).__name__ for m in found))
+        for msg in found:
+            self._send(dealer, encode(msg))
 
     def _receive(self, dealer: zmq.Socket) -> None:
         while True:
@@ -98,7 +157,11 @@ class Transport(threading.Thread):
             except zmq.Again:
                 return
             try:
-                self.inbox.put(decode_for_worker(frame))
+                msg = decode_for_worker(frame)
+                if isinstance(msg, Identify):
+                    self._identify(dealer)
+                    continue
+                self.inbox.put(msg)
             except ProtocolError as exc:
                 log.warning("dropped an invalid frame from the router (%d bytes): %s", len(frame), exc)
             except Exception:  # never let one frame stop the I/O thread (and with it the heartbeats)

@@ -149,14 +149,14 @@ def test_memory_stable_over_200_mixed_requests(busy):
     assert "memory" in busy.log() and "bytes" in busy.log()  # per-request memory at debug level
 
 
-def test_bench_command_writes_table_json_and_plot(busy, tmp_path):
-    """`llamadeploy bench` end to end against our router (a tiny run: the numbers are not checked)."""
+def test_bench_load_suite_writes_table_json_and_plot(busy, tmp_path):
+    """`llamadeploy bench --suite load` end to end against our router (a tiny run: the numbers are not checked)."""
     import json
     import subprocess
     import sys
 
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, "--scenario", "chat",
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, "--suite", "load", "--scenario", "chat",
                            "--output-tokens", "4", "--concurrency", "1,2", "--requests", "2", "--warmup", "1",
                            "--output", str(out)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -167,3 +167,27 @@ def test_bench_command_writes_table_json_and_plot(busy, tmp_path):
     assert all(lv["mean_output_tokens"] == 4 and lv["peak_worker_mem_bytes"] > 0 for lv in levels)
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert "out tok/s" in proc.stdout and "TTFT p50" in proc.stdout
+
+
+def test_bench_engine_suite_measures_every_figure(busy, tmp_path):
+    """`llamadeploy bench` (the engine suite) end to end, tiny counts: every figure is measured, every
+    request answered with the asked length, the document's prompt is the asked length, and both
+    streams ran through its prefill."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "engine"
+    args = ["--prompts", "2", "--clients", "2", "--requests", "2", "--warmup", "1", "--doc-tokens", "200",
+            "--streams", "2", "--output-tokens", "4", "--doc-output-tokens", "2", "--output", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["suite"] == "engine"
+    assert all(v is not None for v in result["figures"].values()), result["figures"]
+    d = result["details"]
+    assert all(d[k]["failures"] == 0 and d[k]["mean_output_tokens"] == 4 for k in ("c1", "closed_loop", "burst"))
+    assert d["doc"]["mean_prompt_tokens"] == 200 and d["stall"]["doc_prompt_tokens"] == 200
+    assert d["stall"]["spanning"] == 2
+    assert "doc again / doc TTFT" in proc.stdout and "stall: longest / median gap" in proc.stdout

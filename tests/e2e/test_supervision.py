@@ -23,6 +23,7 @@ import pytest
 from tests.deployment import MODEL, Deployment, alive
 
 FAULT = "LLAMADEPLOY_FAULT_CRASH_AT_START"
+STALL = "LLAMADEPLOY_FAULT_STALL"
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
@@ -68,7 +69,10 @@ def assert_openai_error(err: dict, code: str) -> None:
 
 @pytest.fixture(scope="module")
 def sup(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("supervision"), {"workers": {"heartbeat_timeout_s": 5}})
+    # Failover without migration (what a stream that cannot migrate gets); tests/e2e/test_migration.py
+    # covers migration.
+    d = Deployment(tmp_path_factory.mktemp("supervision"),
+                   {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}})
     d.start()
     yield d
     assert d.stop() == 0, d.log()[-3000:]
@@ -206,6 +210,62 @@ def test_hung_worker_is_declared_dead_killed_and_restarted(sup):
     assert back["restarts"] == busy["restarts"] + 1
     assert "no heartbeat" in back["exit_reason"] and "SIGKILL" in back["exit_reason"]
     assert not alive(busy["pid"])
+
+
+# ---- the router is supervised too -----------------------------------------------------------
+
+
+def ready_status(d: Deployment) -> int:
+    try:
+        return httpx.get(f"{d.url}/health/ready", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0  # the router is down
+
+
+def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_unchanged(sup):
+    wait_for(lambda: all_ready_and_idle(sup), 30, "both workers ready")
+    workers = {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()}
+    router = sup.admin("GET", "/admin/workers").json()["router"]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(long_chat, sup, i, 200) for i in range(4)]
+        wait_for(lambda: sum(w["running"] for w in sup.workers()) >= 2, 30, "requests decoding")
+        os.kill(router["pid"], signal.SIGKILL)
+        lost = [f.exception() for f in futures]  # their connections died with the router
+    assert all(isinstance(e, httpx.HTTPError) for e in lost), lost
+    wait_for(lambda: ready_status(sup) == 200, 10, "/health/ready to answer 200 again")
+    assert sup.proc.poll() is None  # `up` keeps running
+    assert {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers  # not restarted
+    assert sup.chat("Say hi.", max_tokens=4).status_code == 200
+    wait_for(lambda: all(w["state"] == "ready" for w in sup.workers()), 10, "every worker to re-register")
+    new = sup.admin("GET", "/admin/workers").json()["router"]
+    assert new["pid"] != router["pid"] and new["restarts"] == router["restarts"] + 1
+    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(sup.path)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
+    assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
+    wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
+
+
+# ---- hung, not dead: an engine loop that stops stepping --------------------------------------
+
+
+def test_a_stalled_engine_is_declared_dead_its_request_moves_and_it_is_restarted(tmp_path):
+    d = Deployment(tmp_path, {"workers": {"stall_timeout_s": 3}}, env={STALL: "1"}).start()
+    try:
+        victim = d.worker(1)
+        if victim["steps"] is None:
+            pytest.skip("the engine does not report its steps yet (engine.stats()['steps'])")
+        with ThreadPoolExecutor(2) as pool:  # least_loaded: one request on each worker
+            results = list(pool.map(lambda i: long_chat(d, i, 24), range(2)))
+        assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+        assert all(r.json()["usage"]["completion_tokens"] == 24 for r in results)
+        back = wait_for(lambda: (w := d.worker(1))["pid"] != victim["pid"] and w["state"] == "ready" and w, 120,
+                        "the stalled worker to be replaced")
+        assert "stalled: no engine step" in back["exit_reason"] and "SIGKILL" in back["exit_reason"], back
+        assert back["restarts"] == 1 and d.worker(0)["restarts"] == 0
+        assert f"{STALL} names this worker" in d.log()
+    finally:
+        d.stop()
 
 
 # ---- 4. a worker that crashes at every start ---------------------------------------------

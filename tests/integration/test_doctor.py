@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher.placement import nvml_gpus
+from tests.deployment import free_port
 
 EXE = Path(sys.executable).with_name("llamadeploy")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def doctor(tmp_path: Path, yaml_text: str) -> subprocess.CompletedProcess:

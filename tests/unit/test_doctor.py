@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
+
 from launcher.config import DeployConfig
-from launcher.doctor import cuda_compat, cuda_version, deployment_checks, gpu_checks, visibility_check
-from launcher.placement import GpuInfo, Inventory
+from launcher.doctor import (
+    arch_checks,
+    cuda_compat,
+    cuda_version,
+    deployment_checks,
+    dtype_check,
+    gpu_checks,
+    visibility_check,
+    wheel_runs_on,
+)
+from launcher.placement import GpuInfo, GpuProblem, Inventory
 
 GiB = 2**30
 
@@ -53,3 +64,52 @@ def test_gpu_devices_without_gpu_fail_with_a_fix():
     cfg = DeployConfig.model_validate({"workers": {"devices": [0]}})
     rows = deployment_checks(cfg, Inventory([], [0, 1]), None)
     assert rows[0].name == "placement" and rows[0].status == "fail" and "devices: cpu" in rows[0].detail
+
+
+def test_newer_cuda_major_is_a_warning_when_the_test_kernel_ran():
+    assert cuda_compat("13.0", "12.8").status == "fail"
+    forward = cuda_compat("13.0", "12.8", kernel_ran=True)
+    assert forward.status == "warn" and "forward-compatibility" in forward.detail
+
+
+@pytest.mark.parametrize("capability, arch_list, runs", [
+    ((7, 0), ["sm_75", "sm_80", "sm_86", "sm_90"], False),  # V100 after torch dropped sm70
+    ((7, 0), ["sm_70", "sm_75"], True),
+    ((8, 6), ["sm_80"], True),                               # same major, newer minor
+    ((8, 0), ["sm_86"], False),                              # older minor than the cubin
+    ((9, 0), ["sm_80", "sm_90a"], True),
+    ((10, 0), ["sm_90a"], False),                            # arch-specific: exactly 9.0 only
+    ((10, 0), ["sm_80", "compute_90"], True),                # PTX JIT for newer GPUs
+    ((12, 0), ["sm_100", "sm_120"], True),
+    ((9, 0), [], False),
+])
+def test_wheel_architectures_against_compute_capability(capability, arch_list, runs):
+    assert wheel_runs_on(capability, arch_list) is runs
+
+
+def test_gpu_the_wheel_cannot_run_on_fails_with_a_fix():
+    v100 = GpuInfo(0, "Tesla V100-SXM2-32GB", "GPU-0", 32 * GiB, 32 * GiB, capability=(7, 0))
+    h100 = GpuInfo(1, "NVIDIA H100", "GPU-1", 80 * GiB, 80 * GiB, capability=(9, 0))
+    rows = arch_checks([v100, h100], ["sm_80", "sm_90"])
+    assert [(r.name, r.status) for r in rows] == [("GPU 0 kernels", "fail")]
+    assert "7.0" in rows[0].detail and "cannot run" in rows[0].detail and "older release" in rows[0].fix
+    assert arch_checks([h100], ["sm_80", "sm_90"])[0].status == "ok"
+    assert arch_checks([h100], [])[0].status == "skip"
+    assert arch_checks([], ["sm_90"])[0].status == "skip"
+
+
+def test_dtype_row_says_what_auto_means_here():
+    t4 = Inventory([GpuInfo(0, "Tesla T4", "GPU-0", 16 * GiB, 16 * GiB, capability=(7, 5))], [0])
+    row = dtype_check(DeployConfig(), t4)
+    assert row.status == "ok" and row.detail == "auto → float16 (GPU compute capability 7.5 < 8.0)"
+    forced = DeployConfig.model_validate({"model": {"dtype": "bfloat16"}})
+    assert dtype_check(forced, t4).status == "warn"
+    cpu = Inventory([], [0], cpu_flags=frozenset({"avx512_bf16"}))
+    assert "bfloat16" in dtype_check(DeployConfig(), cpu).detail
+
+
+def test_nvml_missing_while_cuda_works_and_unqueried_gpus_fail():
+    rows = gpu_checks(Inventory([], [0], nvml_error="NVML unavailable: not found", cuda_without_nvml=1))
+    assert rows[0].status == "fail" and "NVIDIA_DRIVER_CAPABILITIES" in rows[0].detail
+    rows = gpu_checks(Inventory([gpu(0)], [0], gpu_problems=(GpuProblem(1, "NVML cannot query GPU 1: lost"),)))
+    assert [(r.name, r.status) for r in rows] == [("GPU 0", "ok"), ("GPU 1", "fail")]

@@ -207,3 +207,112 @@ def test_worker_matches_torch_uuids_without_the_nvml_prefix():
     check_gpus(expected_from_env(spec.env), [torch_style], "1")  # the UUID decides, not the name
     with pytest.raises(GpuMismatch):
         check_gpus(expected_from_env(spec.env), [{**torch_style, "uuid": gpu(0).uuid[4:]}], "1")
+
+
+# ---- NVML: per-GPU errors, MIG, and NVML missing while CUDA works --------------------------
+
+from launcher.placement import GpuProblem, cuda_probe, nvml_gpus, nvml_scan  # noqa: E402
+from tests.unit.fake_nvml import FakeNvml  # noqa: E402
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "total_gib": 80, "used_gib": 1, "capability": (9, 0)}
+
+
+def nvml_gpu(i: int, **kw) -> dict:
+    return {**H100, "uuid": f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}", **kw}
+
+
+def mig(i: int, j: int, gib: float = 10) -> dict:
+    return {"name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "uuid": f"MIG-{i:04x}{j:04x}-1111-2222-3333-{j:012x}",
+            "total_gib": gib, "used_gib": 0}
+
+
+def test_nvml_scan_reads_memory_and_capability():
+    fake = FakeNvml([nvml_gpu(0), nvml_gpu(1, capability=(7, 5), name="Tesla T4", total_gib=16)])
+    scan = nvml_scan(fake)
+    assert not scan.error and not scan.problems and fake.shutdowns == 1
+    assert [(g.index, g.name, g.capability) for g in scan.gpus] == [(0, H100["name"], (9, 0)), (1, "Tesla T4", (7, 5))]
+    assert scan.gpus[1].total_bytes == 16 * GiB and scan.gpus[0].used_bytes == GiB
+
+
+def test_one_failing_gpu_is_named_and_the_others_are_kept():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0), nvml_gpu(1, fail="memory"), nvml_gpu(2)]))
+    assert [g.index for g in scan.gpus] == [0, 2]
+    assert scan.problems == [GpuProblem(1, "NVML cannot query GPU 1: memory: GPU is lost")]
+
+
+def test_nvml_init_failure_is_an_error_not_an_exception():
+    scan = nvml_scan(FakeNvml([], init_error="NVML Shared Library Not Found"))
+    assert scan.gpus == [] and "NVML Shared Library Not Found" in scan.error
+
+
+def test_auto_refuses_a_gpu_nvml_could_not_query():
+    inv = Inventory([gpu(0), gpu(2)], [0], None, gpu_problems=(GpuProblem(1, "NVML cannot query GPU 1: lost"),))
+    with pytest.raises(PlacementError) as err:
+        place(workers(), inv)
+    assert "GPU 1" in str(err.value) and "workers.devices: [0, 2]" in str(err.value)
+    assert [s.gpus for s in place(workers(devices=[0, 2]), inv)] == [(0,), (2,)]  # left out on purpose
+    with pytest.raises(PlacementError, match="cannot be used: NVML cannot query GPU 1"):
+        place(workers(devices=[1]), inv)
+    assert [s.gpus for s in place(workers(), Inventory(inv.gpus, [0], "2", gpu_problems=inv.gpu_problems))] == [(2,)]
+
+
+def test_nvml_missing_while_cuda_sees_gpus_fails_loudly_with_the_fix():
+    inv = Inventory([], [0, 1], None, nvml_error="NVML unavailable: NVML Shared Library Not Found", cuda_without_nvml=2)
+    with pytest.raises(PlacementError) as err:
+        place(workers(), inv)
+    msg = str(err.value)
+    assert "CUDA sees 2 GPU(s)" in msg and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in msg and "devices: cpu" in msg
+    assert place(workers(devices="cpu"), inv)[0].device == "cpu"  # CPU on purpose still works
+    cpu_box = Inventory([], [0, 1], None, nvml_error="NVML unavailable: no driver", cuda_without_nvml=0)
+    assert place(workers(), cpu_box)[0].device == "cpu"
+
+
+def test_cuda_probe_on_this_machine_matches_nvml():
+    assert (cuda_probe() > 0) == bool(nvml_gpus())
+
+
+def test_mig_gpu_is_listed_by_its_instances_with_their_own_memory():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[mig(0, 0), mig(0, 1, 20)]), nvml_gpu(1)]))
+    assert [(g.index, g.is_mig, g.total_bytes) for g in scan.gpus] == [(0, True, 10 * GiB), (0, True, 20 * GiB),
+                                                                       (1, False, 80 * GiB)]
+    assert scan.gpus[0].parent_uuid == nvml_gpu(0)["uuid"] and scan.gpus[0].capability == (9, 0)
+
+
+def test_mig_mode_without_instances_is_a_problem_with_the_fix():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[])]))
+    assert scan.gpus == [] and "MIG mode but has no MIG instances" in scan.problems[0].message
+    assert "-mig 0" in scan.problems[0].message
+    with pytest.raises(PlacementError, match="no MIG instances"):
+        place(workers(), Inventory(scan.gpus, [0], None, gpu_problems=tuple(scan.problems)))
+
+
+def test_workers_are_placed_on_mig_instances_by_uuid():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[mig(0, 0), mig(0, 1)]), nvml_gpu(1)]))
+    inv = Inventory(scan.gpus, [0], None)
+    specs = place(workers(), inv)
+    assert [s.cuda_visible_devices for s in specs] == [mig(0, 0)["uuid"], mig(0, 1)["uuid"], "1"]
+    assert [s.gpus for s in specs] == [(0,), (0,), (1,)]
+    assert specs[0].label.startswith("cuda[0:MIG-") and specs[0].label != specs[1].label
+    sent = json.loads(specs[0].env[EXPECTED_GPUS_ENV])["gpus"][0]
+    assert sent["total_bytes"] == 10 * GiB and sent["parent_uuid"] == nvml_gpu(0)["uuid"]
+    assert [s.cuda_visible_devices for s in place(workers(devices=[0]), inv)] == [mig(0, 0)["uuid"], mig(0, 1)["uuid"]]
+    only = Inventory(scan.gpus, [0], mig(0, 1)["uuid"])
+    assert [s.cuda_visible_devices for s in place(workers(), only)] == [mig(0, 1)["uuid"]]
+
+
+def test_mig_instances_cannot_be_layer_split():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[mig(0, 0), mig(0, 1)])]))
+    with pytest.raises(PlacementError, match="one MIG instance"):
+        place(workers(gpus_per_replica=2), Inventory(scan.gpus, [0], None))
+
+
+def test_worker_accepts_a_mig_instance_by_its_uuid_or_its_gpu():
+    scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[mig(0, 0)])]))
+    spec = place(workers(), Inventory(scan.gpus, [0], None))[0]
+    expected = expected_from_env(spec.env)
+    bare = mig(0, 0)["uuid"].removeprefix("MIG-")
+    check_gpus(expected, [{"cuda": 0, "name": "x", "uuid": "GPU-" + bare, "total_bytes": 1}], spec.cuda_visible_devices)
+    parent = {"cuda": 0, "name": "x", "uuid": nvml_gpu(0)["uuid"], "total_bytes": 1}
+    check_gpus(expected, [parent], spec.cuda_visible_devices)  # drivers that report the parent's UUID
+    with pytest.raises(GpuMismatch):
+        check_gpus(expected, [{**parent, "uuid": nvml_gpu(5)["uuid"]}], spec.cuda_visible_devices)

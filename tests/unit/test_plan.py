@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from launcher.models import ModelNotFound
 from launcher.placement import GpuInfo, Inventory
 from launcher.plan import GB, GiB, kv_bytes_per_token, make_plan, parse_gpus, recommend, size, weight_bytes
 from launcher.shapes import ModelShape, ShapeError, from_gguf, from_hf_config, read_shape
+from tests.deployment import free_port
 
 # Public Llama-2 shapes (the article's sizing table): hidden, layers, heads, kv heads, intermediate.
 LLAMA2 = {
@@ -83,7 +83,7 @@ def test_kv_for_the_whole_batch():
     assert s.kv_per_seq == 4096 * 512 * 1024 == 2 * GiB
     assert s.kv_full == 32 * GiB
     assert s.need(1, 16) == s.weights + s.overhead(1) + 32 * GiB
-    assert s.overhead(2) - s.overhead(1) == GiB  # one CUDA context allowance per GPU
+    assert s.overhead(2) == 2 * s.overhead(1) == 2 * (GiB + s.activations)  # allowance + activations per GPU
 
 
 # ---- reading shapes from config only -------------------------------------------------------
@@ -150,7 +150,7 @@ def test_recommendation_splits_when_one_gpu_is_too_small():
 
 
 def test_partly_used_gpu_shrinks_its_budget_and_is_named():
-    plan = make_plan(cfg(), inv(gpus(1) + [GpuInfo(1, "GPU", "GPU-1", 80 * GiB, 10 * GiB)]), llama2("7B"))
+    plan = make_plan(cfg(), inv([*gpus(1), GpuInfo(1, "GPU", "GPU-1", 80 * GiB, 10 * GiB)]), llama2("7B"))
     assert plan.fits[0].fits and not plan.fits[1].fits
     assert plan.fits[1].budget == 2 * GiB  # 0.9 × 80 − 70 GiB used by others
     assert any("worker 1 (cuda[1])" in e for e in plan.errors)
@@ -198,12 +198,6 @@ def test_parse_gpus_units():
 
 # ---- the commands --------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_plan_command_for_a_70b_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA2["70B"], "vocab_size": 32000}))
     runner = CliRunner()
@@ -215,10 +209,19 @@ def test_plan_command_for_a_70b_config(tmp_path):
     assert too_small.exit_code == 1 and "error:" in too_small.output
 
 
+SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+
+
 def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
+    model = tmp_path / "model"  # its own config folder: the plan never needs the model cache
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(SMOLLM2_135M))
     deploy = tmp_path / "deploy.yaml"
-    deploy.write_text(f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
+    deploy.write_text(f"model: {{name: {model}}}\n"
+                      f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
                       "workers: {devices: cpu, kv_cache_gib: 0.001}\n")
+    monkeypatch.setenv("LLAMADEPLOY_CACHE", str(tmp_path / "empty-cache"))
     started = []
     monkeypatch.setattr(cli, "serve", lambda *a: started.append(a) or 0)
     monkeypatch.setattr("launcher.models.resolve_model", lambda name, progress=True: Path("/model"))
@@ -227,3 +230,53 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
     assert "does not fit" in refused.output and "--force" in refused.output
     forced = CliRunner().invoke(cli.app, ["up", str(deploy), "--force"])
     assert forced.exit_code == 0 and len(started) == 1
+
+
+# ---- one budget rule with the worker, and dtype auto per hardware --------------------------
+
+def test_plan_uses_the_workers_budget_rule_per_gpu_of_a_split():
+    from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget
+
+    shape = llama2("70B")
+    deploy = DeployConfig.model_validate({"model": {"max_model_len": 4096}, "workers": {"gpus_per_replica": 2}})
+    plan = make_plan(deploy, inv(gpus(2)), shape)
+    s = plan.sizing
+    # what the worker computes after warm-up when its measurements equal plan's estimates
+    context = GPU_ALLOWANCE_BYTES // 2
+    measured = [GpuFacts(80 * GiB, 80 * GiB - s.weights // 2 - context, s.weights // 2, s.activations, 0.5,
+                         resident=True)] * 2
+    tokens = kv_budget(measured, s.kv_per_token, 0.9).tokens
+    assert plan.fits[0].seqs == tokens // 4096 >= 1
+    assert plan.fits[0].kv_room == tokens * s.kv_per_token
+    # activations and the allowance come off each GPU, not once per replica
+    per_gpu = int(80 * GiB * 0.9) - s.weights // 2 - s.activations - GPU_ALLOWANCE_BYTES
+    assert tokens == per_gpu // (s.kv_per_token // 2)
+
+
+def test_co_tenants_beside_another_process_plan_for_the_last_to_start():
+    busy = [GpuInfo(0, "GPU", "GPU-0", 80 * GiB, 50 * GiB)]  # 30 GiB held by someone else
+    plan = make_plan(cfg(workers_per_gpu=2), inv(busy), llama2("7B"))
+    s = plan.sizing
+    # the second replica sees 50 GiB − the first one's 36 GiB share = 14 GiB free
+    room = 14 * GiB - (80 * GiB - int(80 * GiB * 0.9)) - s.weights - s.activations - GiB
+    assert [f.seqs for f in plan.fits] == [max(0, room) // s.kv_per_seq] * 2
+
+
+def test_auto_dtype_follows_the_gpus_capability_and_the_cpu_flags():
+    t4 = [GpuInfo(0, "Tesla T4", "GPU-0", 16 * GiB, 16 * GiB, capability=(7, 5))]
+    assert make_plan(cfg(), inv(t4), llama2("7B")).sizing.dtype == "float16"
+    h100 = [GpuInfo(0, "H100", "GPU-0", 80 * GiB, 80 * GiB, capability=(9, 0))]
+    assert make_plan(cfg(), inv(h100), llama2("7B")).sizing.dtype == "bfloat16"
+    amx = Inventory([], list(range(8)), None, 64 * GiB, cpu_flags=frozenset({"amx_bf16"}))
+    assert make_plan(cfg(devices="cpu"), amx, llama2("7B")).sizing.dtype == "bfloat16"
+    assert make_plan(cfg(devices="cpu"), inv([]), llama2("7B")).sizing.dtype == "float32"
+
+
+def test_mig_instances_are_planned_with_their_own_memory_and_never_split():
+    parent = "GPU-00000000-aaaa-bbbb-cccc-000000000000"
+    instances = [GpuInfo(0, "H100 MIG 3g.40gb", f"MIG-{j}", 40 * GiB, 40 * GiB, (9, 0), parent) for j in range(2)]
+    small = make_plan(cfg(), inv(instances), llama2("7B"))
+    assert small.ok and [f.spec.cuda_visible_devices for f in small.fits] == ["MIG-0", "MIG-1"]
+    assert small.fits[0].budget == 36 * GiB  # 0.9 × the instance's 40 GiB, not the whole GPU's
+    big = make_plan(cfg(), inv(instances), llama2("70B"))
+    assert not big.ok and big.recommendation.replicas == 0  # 70B would need a split, which MIG cannot do

@@ -43,9 +43,25 @@ def bad(model, body) -> ApiError:
     ({"messages": HI, "temperature": "hot"}, "temperature"),
     ({"messages": HI, "temperature": 2.5}, "temperature"),
     ({"messages": HI, "top_p": 0}, "top_p"),
-    ({"messages": HI, "n": 2}, "n"),
-    ({"messages": HI, "logprobs": True}, "logprobs"),
-    ({"messages": HI, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": HI, "n": 17}, "n"),
+    ({"messages": HI, "logprobs": 1}, "logprobs"),
+    ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"messages": HI, "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": HI, "tools": [{"type": "function"}]}, "tools.0.function"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty"),
+    ({"messages": HI, "frequency_penalty": -3}, "frequency_penalty"),
+    ({"messages": HI, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": HI, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"messages": HI, "logit_bias": {"5": -101}}, "logit_bias"),
+    ({"messages": HI, "min_tokens": -1}, "min_tokens"),
+    ({"messages": HI, "response_format": {"type": "xml"}}, "response_format"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}, "response_format"),
+    ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": HI, "audio": {"voice": "x"}}, "audio"),
+    ({"messages": HI, "modalities": ["text", "audio"]}, "modalities.1"),
     ({"messages": []}, "messages"),
     ({"model": "x"}, "messages"),
 ])
@@ -59,6 +75,10 @@ def test_chat_rejects_with_the_field_named(body, param):
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
+    ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "\udc00"}, "prompt"),
 ])
 def test_completion_rejects_with_the_field_named(body, param):
@@ -83,7 +103,8 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
                     max_leaves=20)
 CHAT_KEYS = st.sampled_from(["messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                             "n", "logprobs", "tools", "model", "user", "stream_options", "max_completion_tokens"])
+                             "n", "logprobs", "tools", "model", "user", "stream_options", "max_completion_tokens",
+                             "response_format", "tool_choice", "logit_bias", "top_logprobs", "presence_penalty"])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -130,7 +151,7 @@ def test_openapi_request_schema_is_the_validators():
     assert chat["required"] == ["messages"]
     assert chat["properties"]["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
     role = doc["components"]["schemas"]["Message"]["properties"]["role"]
-    assert set(role["enum"]) == {"system", "user", "assistant", "developer"}
+    assert set(role["enum"]) == {"system", "user", "assistant", "developer", "tool"}
 
 
 def test_config_refuses_an_exposed_admin_api_without_a_token():

@@ -1,0 +1,73 @@
+"""The options of one ``llamadeploy bench`` run, as one frozen dataclass (the CLI builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUITES = ("engine", "load")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Everything a run needs; no field is read from anywhere else.
+
+    Shared by both suites: ``base_url`` (an OpenAI-compatible ``/v1`` URL), ``model`` (sent as
+    ``model``; None: the first of ``GET /models``), ``ignore_eos`` (send it, so every stream runs to
+    ``max_tokens``), ``extra_body`` (merged into every request body, for peer-specific fields),
+    ``response_format`` (an OpenAI ``response_format`` object: the engine suite adds a ``json``
+    figure with it; the load suite sends it in every request), ``api_key``, ``timeout`` (seconds
+    per request), ``label``, ``output`` (writes ``OUTPUT.json`` and ``OUTPUT.png``), ``compare``
+    (earlier runs' JSON), ``ceiling`` (the in-process static-batch ceiling) and ``replay`` (an
+    earlier run's JSON to print and plot again, against ``compare``, instead of running).
+
+    The engine suite (``suite="engine"``): ``prompts`` short prompts one after another (c1) and all
+    at once (burst), a closed loop of ``clients`` clients with ``warmup`` + ``requests`` requests,
+    a ``doc_tokens``-token document alone, again, and arriving while ``streams`` chat streams run.
+    Short answers are ``output_tokens`` long, the document's answer ``doc_output_tokens``.
+
+    The load suite (``suite="load"``): each of ``scenarios`` at each of ``concurrency``.
+    """
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    suite: str = "engine"
+    model: str | None = None
+    ignore_eos: bool = True
+    extra_body: dict = field(default_factory=dict)
+    response_format: dict | None = None
+    api_key: str | None = None
+    timeout: float = 600.0
+    label: str = "llamadeploy"
+    output: Path = Path("bench")
+    compare: tuple[Path, ...] = ()
+    ceiling: bool = False
+    replay: Path | None = None
+    output_tokens: int | None = None
+    requests: int | None = None
+    warmup: int | None = None
+    # engine suite
+    prompts: int = 8
+    clients: int = 8
+    doc_tokens: int = 1500
+    doc_output_tokens: int = 16
+    streams: int = 4
+    # load suite
+    scenarios: tuple[str, ...] = ("long", "chat")
+    concurrency: tuple[int, ...] = (1, 8)
+
+    @property
+    def short_output_tokens(self) -> int:
+        """Output length of the engine suite's short prompts (64 unless ``output_tokens`` says)."""
+        return self.output_tokens or 64
+
+    def closed_loop_counts(self, concurrency: int) -> tuple[int, int]:
+        """(warm-up, measured) requests of a closed loop at ``concurrency``."""
+        warmup = concurrency if self.warmup is None else self.warmup
+        return warmup, self.requests or max(8, 4 * concurrency)
+
+    def public(self) -> dict:
+        """The options as JSON-able values, stored in the run's JSON."""
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items() if k != "api_key"}
+        out["compare"] = [str(p) for p in self.compare]
+        out["replay"] = str(self.replay) if self.replay else None
+        return out

@@ -1,0 +1,112 @@
+"""The supervisor ↔ router contract: typed messages of the admin API's worker endpoints.
+
+The launcher's supervisor and the router each keep a view of every worker slot; they agree through
+these structs only (JSON on the wire, ``msgspec`` on both ends), so a renamed state or key fails
+loudly at decode time instead of silently turning off hung-worker kills and restarts.
+
+* ``GET /admin/workers`` (and the public ``GET /workers``) → :class:`WorkerTable`.
+* ``POST /admin/workers/{id}/started`` ← :class:`Started` (the supervisor spawned a process).
+* ``POST /admin/workers/{id}/exited`` ← :class:`Exited` (a process ended; ``failed`` = given up on).
+
+:class:`WorkerState` is the one worker-state enum of the project: the router's table holds it and
+the supervisor decides on it. This module must stay import-light (msgspec only): both sides import it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class WorkerState(str, enum.Enum):
+    """A worker slot as the router sees it.
+
+    ``starting → ready ⇄ draining → stopped``; any state ``→ dead`` (process gone, silent or
+    stalled) ``→ starting`` (started again) or ``→ failed`` (the supervisor gave up on it).
+    """
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    DEAD = "dead"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+HAS_NO_PROCESS = frozenset({WorkerState.FAILED, WorkerState.DEAD, WorkerState.STOPPED})
+
+
+class WorkerInfo(msgspec.Struct, kw_only=True):
+    """One row of the worker table. Load figures come from the worker's last heartbeat (0 when
+    there is none); ``steps``/``last_step_age_s`` are None when its engine does not report them."""
+
+    id: int
+    state: WorkerState
+    device: str = ""
+    pid: int = 0
+    in_flight: int = 0
+    served: int = 0
+    failed_requests: int = 0
+    restarts: int = 0
+    uptime_s: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    peak_running: int = 0
+    kv_used_tokens: int = 0
+    kv_budget_tokens: int = 0
+    mem_bytes: int = 0
+    max_num_seqs: int = 0
+    max_waiting: int = 0
+    load_seconds: float = 0.0
+    exit_reason: str = ""
+    start_requested: bool = False  # an operator asked for a start; the supervisor acts on it
+    heartbeats: int = 0
+    steps: int | None = None
+    last_step_age_s: float | None = None
+
+
+class RouterInfo(msgspec.Struct, kw_only=True):
+    """The router process itself: ``restarts`` counts the supervisor's restarts of it."""
+
+    pid: int
+    restarts: int = 0
+    uptime_s: float = 0.0
+
+
+class WorkerTable(msgspec.Struct, kw_only=True):
+    """``GET /admin/workers``: the policy, whether new requests are accepted, every slot by id."""
+
+    policy: str
+    accepting: bool
+    workers: list[WorkerInfo]
+    router: RouterInfo | None = None
+
+
+class Started(msgspec.Struct, forbid_unknown_fields=True):
+    """The supervisor started a process for a slot (before it says Hello)."""
+
+    pid: int
+    restarts: int = 0
+    device: str = ""
+
+
+class Exited(msgspec.Struct, forbid_unknown_fields=True):
+    """A slot's process ended (``reason`` as ``killed by SIGKILL``); ``failed``: not restarting it."""
+
+    reason: str = "exited"
+    failed: bool = False
+    pid: int = 0
+
+
+_json = msgspec.json.Encoder()
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    """JSON bytes of one contract message."""
+    return _json.encode(msg)
+
+
+def decode(body: bytes, type_: type):
+    """Decode ``body`` as ``type_``. Raises ``msgspec.ValidationError``/``DecodeError`` (both ValueError)."""
+    return msgspec.json.decode(body, type=type_)

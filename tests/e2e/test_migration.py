@@ -1,0 +1,219 @@
+"""Request migration end to end: real model, 2 CPU workers, ``kill -9`` mid-generation.
+
+Each test compares a disturbed run with the same requests on the same deployment left alone:
+the streams must finish with exactly the undisturbed text, token count and finish reason. The
+tests on ``mig`` share one deployment (default ``router.max_migrations``), each starting with both
+workers ready and idle; ``off`` is a deployment with migration and retries turned off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.deployment import MODEL, Deployment
+from tests.e2e.test_supervision import all_ready_and_idle, assert_openai_error, wait_for
+
+MAX_TOKENS = 96
+
+
+class Stream:
+    """One streamed chat completion read on a thread: its text chunks, finish reasons, usage, errors."""
+
+    def __init__(self, d: Deployment, body: dict):
+        self.d, self.body = d, body
+        self.chunks: list[str] = []
+        self.finish: list[str] = []
+        self.errors: list[dict] = []
+        self.usage: dict | None = None
+        self.done = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+    def run(self) -> Stream:
+        body = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}, **self.body}
+        with httpx.stream("POST", f"{self.d.base_url}/chat/completions", json=body, timeout=300) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    self.done = True
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    self.errors.append(event)
+                    continue
+                if event.get("usage"):
+                    self.usage = event["usage"]
+                for choice in event["choices"]:
+                    if choice["delta"].get("content"):
+                        self.chunks.append(choice["delta"]["content"])
+                    if choice["finish_reason"]:
+                        self.finish.append(choice["finish_reason"])
+        return self
+
+
+def bodies(sampling: Callable[[int], dict]) -> list[dict]:
+    """The 8 concurrent requests of the stream tests, with ``sampling(i)`` for request ``i``."""
+    return [{"messages": [{"role": "user", "content": f"Write a long story about city number {i}."}],
+             "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampling(i)} for i in range(8)]
+
+
+def run_streams(d: Deployment, requests: list[dict], kill_after_chunks: int | None = None) -> tuple[list[Stream], dict]:
+    """Run the streams concurrently; with ``kill_after_chunks``, once every stream has shown that
+    many text chunks (each at least one token), SIGKILL the worker serving the most of them.
+    Returns the streams and the killed worker's table row at the kill (``{}`` if none)."""
+    streams = [Stream(d, b) for b in requests]
+    victim: dict = {}
+    with ThreadPoolExecutor(len(streams)) as pool:
+        futures = [pool.submit(s.run) for s in streams]
+        if kill_after_chunks is not None:
+            wait_for(lambda: all(len(s.chunks) >= kill_after_chunks for s in streams) or any(f.done() for f in futures),
+                     180, f"every stream to show {kill_after_chunks} chunks")
+            assert not any(f.done() for f in futures), "a stream ended before the kill"
+            victim = max(d.workers(), key=lambda w: w["in_flight"])
+            assert victim["in_flight"] >= 1
+            os.kill(victim["pid"], signal.SIGKILL)
+        for f in futures:
+            f.result()
+    return streams, victim
+
+
+def migrations(d: Deployment) -> float:
+    text = httpx.get(f"{d.url}/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(r'^llamadeploy_request_migrations_total\{[^}]*\} (\S+)$', text, re.M))
+
+
+def token_events(d: Deployment, wid: int) -> float:
+    """Token events the router has received from worker ``wid`` (its inter-token latency samples)."""
+    text = httpx.get(f"{d.url}/metrics", timeout=10).text
+    found = re.search(rf'^llamadeploy_inter_token_latency_seconds_count\{{worker_id="{wid}"\}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.fixture(scope="module")
+def mig(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("migration"), {"router": {"policy": "least_loaded"}})
+    d.start()
+    yield d
+    assert d.stop() == 0, d.log()[-3000:]
+
+
+def settled(d: Deployment) -> None:
+    wait_for(lambda: all_ready_and_idle(d), 120, "both workers ready and idle")
+
+
+def assert_same_as_undisturbed(d: Deployment, requests: list[dict]) -> None:
+    settled(d)
+    reference, _ = run_streams(d, requests)
+    assert all(s.finish == ["length"] and not s.errors for s in reference), [(s.finish, s.errors) for s in reference]
+    settled(d)
+    moved_before = migrations(d)
+    streams, victim = run_streams(d, requests, kill_after_chunks=16)
+    for got, want in zip(streams, reference, strict=True):
+        assert got.errors == [] and got.done, got.errors
+        assert got.finish == ["length"], got.finish
+        assert got.usage["completion_tokens"] == MAX_TOKENS == want.usage["completion_tokens"], got.usage
+        assert got.usage["prompt_tokens"] == want.usage["prompt_tokens"]
+        assert got.text == want.text
+    assert migrations(d) - moved_before >= victim["in_flight"]
+    assert re.search(rf"migrating from worker {victim['id']} to worker \d after \d+ tokens", d.log())
+
+
+def test_greedy_streams_survive_a_kill9_with_the_undisturbed_text(mig):
+    assert_same_as_undisturbed(mig, bodies(lambda i: {"temperature": 0}))
+
+
+def test_seeded_streams_survive_a_kill9_with_the_undisturbed_text(mig):
+    assert_same_as_undisturbed(mig, bodies(lambda i: {"temperature": 0.8, "seed": 1000 + i}))
+
+
+def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
+    body = {"messages": [{"role": "user", "content": "Tell me about the history of bread."}],
+            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+    settled(mig)
+    want = httpx.post(f"{mig.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300).json()
+    settled(mig)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(httpx.post, f"{mig.base_url}/chat/completions", json={"model": MODEL, **body},
+                             timeout=300)
+        busy = wait_for(lambda: next((w for w in mig.workers() if w["in_flight"]), None), 30, "a busy worker")
+        start = token_events(mig, busy["id"])
+        wait_for(lambda: token_events(mig, busy["id"]) - start >= MAX_TOKENS // 2, 120, "half the answer")
+        os.kill(busy["pid"], signal.SIGKILL)
+        got = future.result()
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    assert answer["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"] == want["usage"]
+    assert re.search(rf"migrating from worker {busy['id']} to worker \d after \d+ tokens", mig.log())
+
+
+def test_a_stop_string_straddling_the_cut_is_caught(mig):
+    """The stop string is long (many tokens): while the worker generates it the router sees no
+    text (it is held back), and the kill lands inside it."""
+    base = {"messages": [{"role": "user", "content": "Describe a walk through a forest."}],
+            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+    settled(mig)
+    (full,), _ = run_streams(mig, [base])
+    words = full.text.split(" ")
+    head = " ".join(words[: len(words) // 3])  # well past 16 tokens in
+    stop = full.text[len(head):len(head) + 100]  # some 20 tokens, all held back until they match
+    assert len(stop) == 100 and full.text.find(stop) == len(head), "pick a stop string that occurs once"
+    settled(mig)
+    moved_before = migrations(mig)
+    stream = Stream(mig, {**base, "stop": [stop]})
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(stream.run)
+        wait_for(lambda: stream.text == head or future.done(), 120, "the text before the stop string", interval=0.005)
+        busy = next(w for w in mig.workers() if w["in_flight"])
+        os.kill(busy["pid"], signal.SIGKILL)
+        future.result()
+    assert stream.errors == [] and stream.done
+    assert stream.text == head and stream.finish == ["stop"], (stream.text[-80:], stream.finish)
+    assert migrations(mig) - moved_before == 1  # the cut was inside the stop string, not after it
+
+
+@pytest.fixture(scope="module")
+def off(tmp_path_factory):
+    d = Deployment(tmp_path_factory.mktemp("no-migration"), {"router": {"max_migrations": 0, "max_retries": 0}})
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request_with_502(off):
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "temperature": 0}
+    stream = Stream(off, body)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(stream.run)
+        wait_for(lambda: len(stream.chunks) >= 16, 120, "the stream to show text")
+        busy = next(w for w in off.workers() if w["in_flight"])
+        os.kill(busy["pid"], signal.SIGKILL)
+        future.result()
+    assert stream.finish == [] and stream.done and len(stream.errors) == 1
+    assert_openai_error(stream.errors[0], "worker_lost")
+    wait_for(lambda: all_ready_and_idle(off), 120, "both workers ready and idle")
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(httpx.post, f"{off.base_url}/chat/completions", json={"model": MODEL, **body},
+                             timeout=300)
+        busy = wait_for(lambda: next((w for w in off.workers() if w["in_flight"]), None), 30, "a busy worker")
+        start = token_events(off, busy["id"])
+        wait_for(lambda: token_events(off, busy["id"]) - start >= 16, 120, "tokens flowing")
+        os.kill(busy["pid"], signal.SIGKILL)
+        got = future.result()
+    assert got.status_code == 502, got.text
+    assert_openai_error(got.json(), "worker_lost")
+    assert migrations(off) == 0

@@ -1,0 +1,310 @@
+"""The supervisor against a fake process table and a real router worker table, without processes.
+
+``FakeProcs`` stands in for ``subprocess.Popen`` (the test decides when a process exits), a fake
+clock for time, and the admin API goes to a real :class:`~router.workers.WorkerPool` through the
+typed contract's JSON encoding (``router.admin_protocol``), so both sides' states must agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import msgspec
+import pytest
+
+from launcher.config import DeployConfig
+from launcher.placement import WorkerSpec
+from launcher.supervisor import Supervisor
+from router import admin_protocol
+from router.admin_protocol import Exited, Started, WorkerState, WorkerTable
+from router.workers import WorkerPool
+from worker.protocol import PROTOCOL_VERSION, Hello, Ready, encode, worker_identity
+
+
+class FakeStdin:
+    def __init__(self) -> None:
+        self.written, self.closed = "", False
+
+    def write(self, text: str) -> None:
+        self.written += text
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeProc:
+    """What the supervisor uses of ``subprocess.Popen``."""
+
+    def __init__(self, pid: int, args: list[str], stdin: FakeStdin | None = None):
+        self.pid, self.args, self.stdin = pid, args, stdin
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def exit(self, code: int) -> None:
+        self.returncode = code
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if self.returncode is None:
+            self.returncode = -sig
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+class PoolAdmin:
+    """The admin API, served by a real WorkerPool; every message crosses the JSON contract."""
+
+    def __init__(self) -> None:
+        self.pool = WorkerPool("inproc://unused", "round_robin", heartbeat_timeout_s=10)
+        self.down = False
+        self.base = "http://fake"
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionRefusedError("connection refused")
+
+    def table(self, timeout: float = 2.0) -> WorkerTable:
+        self._check()
+        return admin_protocol.decode(admin_protocol.encode(self.pool.table()), WorkerTable)
+
+    def report(self, worker_id: int, msg, timeout: float = 5.0) -> None:
+        self._check()
+        msg = admin_protocol.decode(admin_protocol.encode(msg), type(msg))
+        if isinstance(msg, Started):
+            self.pool.on_started(worker_id, msg.pid, msg.restarts, msg.device)
+        else:
+            self.pool.mark_lost(worker_id, msg.reason, failed=msg.failed)
+
+    def try_call(self, method: str, path: str, body=None, timeout: float = 5.0):
+        return None if self.down else {}
+
+    def say(self, wid: int, msg) -> None:
+        """A frame from worker ``wid`` through the router's real decode path."""
+        self.pool._dispatch(worker_identity(wid), encode(msg))
+
+
+class Harness(Supervisor):
+    def __init__(self, tmp_path, config: dict | None = None, workers: int = 2):
+        base = {"workers": {"devices": "cpu", "startup_timeout_s": 60},
+                "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2}}
+        for section, keys in (config or {}).items():
+            base[section] = {**base.get(section, {}), **keys}
+        cfg = DeployConfig.model_validate(base)
+        specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
+        self.now = 1000.0
+        super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)
+        self.admin = PoolAdmin()
+        self.procs: list[FakeProc] = []
+
+    def _spawn(self, args, env, stdin_pipe=False):
+        self.procs.append(FakeProc(1000 + len(self.procs), args, FakeStdin() if stdin_pipe else None))
+        return self.procs[-1]
+
+    def _pause(self, seconds: float) -> None:
+        self.now += seconds
+
+    def tick(self, seconds: float = 0.0) -> None:
+        self.now += seconds
+        self._next_sync = 0.0
+        self.poll_once()
+
+    def proc_of(self, wid: int) -> FakeProc:
+        return self.slots[wid].proc
+
+    def ready(self, wid: int) -> None:
+        """The worker's process says Hello, then Ready."""
+        pid = self.proc_of(wid).pid
+        self.admin.say(wid, Hello(protocol=PROTOCOL_VERSION, worker_id=wid, pid=pid, device="cpu", model="m",
+                                  max_num_seqs=8, max_waiting=8))
+        self.admin.say(wid, Ready(worker_id=wid, load_seconds=1.0, kv_budget_tokens=100))
+
+    def crash(self, wid: int, code: int) -> None:
+        """Worker ``wid`` exits with ``code``; then the backoff passes (it is started again if due)."""
+        self.proc_of(wid).exit(code)
+        self.tick()
+        self.tick(31.0)
+
+    def row(self, wid: int):
+        return self.admin.pool.workers[wid].report()
+
+
+def started(tmp_path, **kw) -> Harness:
+    sup = Harness(tmp_path, **kw)
+    sup.start()
+    for wid in sup.slots:
+        sup.ready(wid)
+    return sup
+
+
+def test_start_reports_every_process_to_the_router(tmp_path):
+    sup = started(tmp_path)
+    assert [(r.id, r.pid, r.state) for r in (sup.row(0), sup.row(1))] == [
+        (0, sup.proc_of(0).pid, WorkerState.READY), (1, sup.proc_of(1).pid, WorkerState.READY)]
+
+
+def test_a_crash_is_reported_at_once_and_restarted_after_the_backoff(tmp_path):
+    sup = started(tmp_path)
+    first = sup.proc_of(0)
+    first.exit(-signal.SIGKILL)
+    sup.tick()
+    assert (sup.row(0).state, sup.row(0).exit_reason) == (WorkerState.DEAD, "killed by SIGKILL")
+    sup.tick(0.5)
+    assert sup.slots[0].proc is None  # still in its 1 s backoff
+    sup.tick(0.6)
+    second = sup.proc_of(0)
+    assert second is not first
+    assert (sup.row(0).state, sup.row(0).pid, sup.row(0).restarts) == (WorkerState.STARTING, second.pid, 1)
+
+
+def test_a_worker_crashing_past_max_restarts_is_failed_on_both_sides(tmp_path):
+    sup = started(tmp_path)
+    for _ in range(3):
+        sup.crash(1, 1)
+    assert sup.slots[1].failed and sup.slots[1].proc is None
+    assert sup.row(1).state == WorkerState.FAILED
+    sup.tick(60.0)
+    assert sup.slots[1].proc is None
+
+
+def test_a_worker_the_router_declared_dead_but_alive_is_killed_and_restarted(tmp_path):
+    sup = started(tmp_path)
+    hung = sup.proc_of(0)
+    sup.admin.pool.mark_lost(0, "no heartbeat for 10s")  # the router's watchdog
+    sup.tick()
+    assert hung.signals == [signal.SIGKILL]
+    sup.tick()
+    assert "hung: no heartbeat for 10s" in sup.row(0).exit_reason
+    sup.tick(1.1)
+    assert sup.proc_of(0) is not hung and sup.row(0).state == WorkerState.STARTING
+
+
+def test_an_operator_start_request_starts_a_failed_worker_with_history_cleared(tmp_path):
+    sup = started(tmp_path)
+    for _ in range(3):
+        sup.crash(1, 3)
+    assert sup.row(1).state == WorkerState.FAILED
+    assert sup.admin.pool.request_start(1)
+    sup.tick()
+    assert sup.slots[1].proc is not None and not sup.slots[1].failed and sup.slots[1].crashes == ()
+    assert sup.row(1).state == WorkerState.STARTING and not sup.row(1).start_requested
+
+
+def test_an_unreadable_table_is_a_warning_once_per_outage(tmp_path, caplog):
+    sup = started(tmp_path)
+    caplog.set_level(logging.INFO, logger="launcher.supervisor")
+    sup.admin.down = True
+    sup.tick()
+    sup.tick()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cannot read the router's worker table" in warnings[0].getMessage()
+    sup.admin.down = False
+    sup.tick()
+    assert "readable again" in caplog.text
+
+
+def test_a_table_that_breaks_the_contract_is_refused_loudly(tmp_path, caplog):
+    sup = started(tmp_path)
+    row = msgspec.to_builtins(sup.admin.pool.table())
+    row["workers"][0]["state"] = "Ready"  # a renamed state must not silently stop supervision
+    sup.admin.table = lambda timeout=2.0: admin_protocol.decode(msgspec.json.encode(row), WorkerTable)
+    caplog.set_level(logging.WARNING, logger="launcher.supervisor")
+    assert sup.sync() is None
+    assert "cannot read the router's worker table" in caplog.text and "Ready" in caplog.text
+
+
+def test_a_failed_report_is_a_warning(tmp_path, caplog):
+    sup = started(tmp_path)
+    caplog.set_level(logging.WARNING, logger="launcher.supervisor")
+    sup.admin.down = True
+    sup.proc_of(0).exit(1)
+    sup.tick()
+    assert "could not report worker 0 exited to the router" in caplog.text
+
+
+@pytest.mark.parametrize("msg", [Started(pid=1, restarts=2, device="cpu[0]"), Exited(reason="exit code 1", failed=True)])
+def test_reports_refuse_unknown_keys(msg):
+    body = msgspec.to_builtins(msg) | {"surprise": 1}
+    with pytest.raises(msgspec.ValidationError):
+        admin_protocol.decode(msgspec.json.encode(body), type(msg))
+
+
+def test_a_worker_still_loading_at_the_startup_timeout_is_restarted_while_the_others_serve(tmp_path):
+    sup = Harness(tmp_path)
+    sup.start()
+    sup.ready(0)
+    slow = sup.proc_of(1)  # says nothing: still loading
+    sup.wait_ready(timeout=60.0, pause_s=1.0)  # returns: worker 0 serves
+    sup.tick(1.0)
+    assert slow.signals == [signal.SIGKILL]
+    sup.tick(1.1)
+    assert "not ready after 60s" in sup.row(1).exit_reason
+    assert sup.proc_of(1) is not slow and sup.row(1).state == WorkerState.STARTING
+    assert sup.row(0).state == WorkerState.READY
+
+
+def test_no_worker_ready_by_the_startup_timeout_fails_the_deployment(tmp_path):
+    sup = Harness(tmp_path)
+    sup.start()
+    with pytest.raises(RuntimeError, match="not ready within 60s"):
+        sup.wait_ready(timeout=60.0, pause_s=1.0)
+
+
+def test_a_dead_router_is_restarted_and_told_about_the_running_workers_which_are_not_restarted(tmp_path):
+    sup = started(tmp_path, config={"supervisor": {"router_standby": False}})
+    sup.tick(100.0)  # long after start: a re-registering worker is not "slow to load"
+    workers = {wid: sup.proc_of(wid) for wid in sup.slots}
+    old = sup.router
+    old.exit(-signal.SIGKILL)
+    sup.admin = PoolAdmin()  # what the new router process will serve: an empty table
+    sup.admin.down = True
+    sup.tick()
+    assert sup.router is None
+    sup.tick(1.1)  # the backoff passed: a new router process, on the same addresses
+    assert sup.router is not old and sup.router.args[-2:] == ["--restarts", "1"]
+    sup.tick()  # not answering yet: nothing reported
+    assert sup.admin.pool.workers == {}
+    sup.admin.down = False
+    sup.tick()
+    assert [(r.id, r.pid, r.state) for r in map(sup.row, workers)] == [
+        (wid, p.pid, WorkerState.STARTING) for wid, p in workers.items()]
+    sup.tick(1.0)
+    assert all(p.signals == [] for p in workers.values())  # kept, not killed as slow loaders
+    for wid in workers:
+        sup.ready(wid)  # Identify -> Hello, Ready
+    sup.tick(1.0)
+    assert all(sup.row(wid).state == WorkerState.READY and sup.proc_of(wid) is p for wid, p in workers.items())
+
+
+def test_a_router_crashing_past_max_restarts_stops_the_deployment(tmp_path):
+    sup = started(tmp_path)
+    for _ in range(2):
+        sup.router.exit(1)
+        sup.tick()
+        sup.tick(31.0)
+    sup.router.exit(1)
+    with pytest.raises(RuntimeError, match="giving up"):
+        sup.tick()
+
+
+def test_a_standby_router_is_kept_once_serving_and_takes_over_when_the_router_dies(tmp_path):
+    sup = started(tmp_path)
+    sup.tick()
+    assert sup.standby is None  # not while the workers load
+    sup.standby_enabled = True  # what run() does once serving
+    sup.tick()
+    standby = sup.standby
+    assert standby.args[-1] == "--standby" and standby.stdin.written == ""
+    sup.router.exit(-signal.SIGKILL)
+    sup.tick()
+    sup.tick(1.1)
+    assert sup.router is standby and standby.stdin.written == "go 1\n" and standby.stdin.closed
+    sup.tick()  # it answers: told about the workers, and a new standby loads
+    assert sup.row(0).pid == sup.proc_of(0).pid and sup.standby not in (None, standby)
