@@ -267,7 +267,7 @@ def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str |
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
-    sizing = size(shape, chosen, cfg.model.max_model_len, w.max_num_seqs, w.max_prefill_tokens)
+    sizing = size(shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu)))  # the largest step
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     plan = Plan(sizing, gpus, specs, fits, rec, errors)

@@ -205,7 +205,8 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     inv = discover()
     gpu = (inv.gpus or parse_gpus("141GB"))[0]
     shape = read_shape(cfg.model.name)
-    sizing = size(shape, "bfloat16", cfg.model.max_model_len, cfg.workers.max_num_seqs, cfg.workers.max_prefill_tokens)
+    sizing = size(shape, "bfloat16", cfg.model.max_model_len, cfg.workers.max_num_seqs,
+                  max(cfg.workers.prefill_budgets(on_gpu=True)))
     want = int(seqs * cfg.model.max_model_len)
     lo, hi = 0.001, 1.0
     if planned_budget([gpu], sizing, hi).tokens < want:
