@@ -1,8 +1,9 @@
-"""The router's table of workers and its ZeroMQ ROUTER socket.
+"""The router's table of workers: states, load, the choice of a worker, request accounting.
 
-One receive task reads every frame from every worker, updates the table (``Hello``, ``Ready``,
-``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request ``asyncio.Queue``
-that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
+Every message from a worker arrives through the ZeroMQ link (:mod:`router.worker_link`, which
+checks sender and schema) at :meth:`WorkerPool.on_message`, which updates the table (``Hello``,
+``Ready``, ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request
+``asyncio.Queue`` that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
 restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
 worker dead after ``heartbeat_timeout_s`` of silence, or after ``stall_timeout_s`` with work and no
 engine step while it still heartbeats (its engine loop is stuck: a hung CUDA call, a deadlock);
@@ -24,7 +25,6 @@ import asyncio
 import collections
 import logging
 import os
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ import zmq.asyncio
 from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
+from router.worker_link import WorkerLink
 from worker.protocol import (
     PROTOCOL_VERSION,
     Bye,
@@ -45,21 +46,16 @@ from worker.protocol import (
     Heartbeat,
     Hello,
     Identify,
-    ProtocolError,
     Ready,
     Shutdown,
     Tokens,
-    decode_for_router,
-    encode,
     worker_identity,
 )
 
 log = logging.getLogger(__name__)
 
-WORKER_IDENTITY = re.compile(rb"worker-([0-9]{1,6})")
 IDENTIFY_EVERY_S = 1.0  # how often an unregistered worker is asked to say Hello again
 MAX_ORPHANS = 4096  # request ids of unknown requests already cancelled (remembered to cancel once)
-MAX_FRAME_BYTES = 16 * 2**20  # worker -> router messages are small (token deltas, heartbeats)
 
 
 State = WorkerState  # the one worker-state enum, shared with the supervisor (router.admin_protocol)
@@ -152,7 +148,7 @@ class NoWorker(ApiError):
 
 
 class WorkerPool:
-    """Owns the ROUTER socket, the worker table and the request queues of one router."""
+    """The worker table and the request queues of one router, with its link to the workers."""
 
     def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0,
                  stall_timeout_s: float = 30.0):
@@ -169,32 +165,24 @@ class WorkerPool:
         self.queues: dict[str, asyncio.Queue] = {}
         self.owner: dict[str, int] = {}
         self.accepting = True
-        self.ctx = zmq.asyncio.Context()
-        self.sock: zmq.asyncio.Socket | None = None
+        self.link = WorkerLink(address, self.on_message)
         self._tasks: list[asyncio.Task] = []
         self.changed = asyncio.Event()  # set on every state change (drain waits on it)
 
+    @property
+    def ctx(self) -> zmq.asyncio.Context:
+        return self.link.ctx
+
     async def start(self) -> None:
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its identity at once
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a peer sending more is disconnected
-        self.sock.bind(self.address)
-        host = self.address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-        if self.address.startswith("tcp://") and host not in ("127.0.0.1", "::1", "localhost"):
-            log.warning("workers connect on %s: any host that can reach it can act as a worker "
-                        "(keep it on a private network or use loopback)", self.address)
-        self._tasks = [asyncio.create_task(self._receive(), name="zmq-receive"),
-                       asyncio.create_task(self._watchdog(), name="heartbeat-watchdog")]
+        """Bind the workers' socket and start watching heartbeats."""
+        await self.link.start()
+        self._tasks = [asyncio.create_task(self._watchdog(), name="heartbeat-watchdog")]
 
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.sock is not None:
-            self.sock.close()
-        self.ctx.term()
+        await self.link.close()
 
     # ---- dispatch ---------------------------------------------------------------------
 
@@ -351,32 +339,11 @@ class WorkerPool:
             self.changed.set()
 
     async def _send(self, worker_id: int, msg) -> None:
-        await self.sock.send_multipart([worker_identity(worker_id), encode(msg)])
+        await self.link.send(worker_id, msg)
 
-    async def _receive(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            if len(frames) != 2:
-                log.warning("dropped a message of %d frames", len(frames))
-                continue
-            identity, frame = frames
-            try:
-                self._dispatch(identity, frame)
-            except Exception:  # never let one frame stop the receive loop
-                log.exception("dropped a frame from %r that failed in handling", identity[:32])
-
-    def _dispatch(self, identity: bytes, frame: bytes) -> None:
-        """Check one frame (schema, sender) and act on it; anything invalid is logged and dropped."""
-        match = WORKER_IDENTITY.fullmatch(identity)
-        if match is None:
-            log.warning("dropped a frame from unknown peer %r (%d bytes)", identity[:32], len(frame))
-            return
-        wid = int(match.group(1))
-        try:
-            msg = decode_for_router(frame)
-        except ProtocolError as exc:
-            log.warning("dropped an invalid frame from %r (%d bytes): %s", identity, len(frame), exc)
-            return
+    def on_message(self, wid: int, msg) -> None:
+        """A schema-checked message from the peer with identity ``worker-<wid>`` (the link checked
+        both): route request events to their owner, update the table; drop what the sender may not say."""
         if isinstance(msg, (Tokens, Failed)):
             owner = self.owner.get(msg.request_id)
             if owner == wid:
@@ -388,7 +355,8 @@ class WorkerPool:
                 self._cancel_orphan(wid, msg.request_id)
             return  # else: a late event of a request already finished or cancelled
         if getattr(msg, "worker_id", wid) != wid:
-            log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id, identity)
+            log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id,
+                        worker_identity(wid))
             return
         if isinstance(msg, Hello) and msg.protocol != PROTOCOL_VERSION:
             log.warning("dropped Hello of worker %d: protocol %d, expected %d", wid, msg.protocol, PROTOCOL_VERSION)

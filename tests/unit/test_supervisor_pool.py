@@ -1,5 +1,5 @@
 """The router's side of supervision, without processes: worker states, restart counts, failover
-and in-flight accounting. Frames go through the pool's real decode path (``_dispatch``); only the
+and in-flight accounting. Frames go through the real decode path (``pool.link.dispatch``); only the
 socket send is replaced by a recorder."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class RecordingPool(WorkerPool):
         self.sent.append((worker_id, msg))
 
     def frame(self, wid: int, msg) -> None:
-        self._dispatch(worker_identity(wid), encode(msg))
+        self.link.dispatch(worker_identity(wid), encode(msg))
 
     def boot(self, wid: int, pid: int, restarts: int = 0) -> None:
         """What a (re)start looks like to the router: the supervisor's report, Hello, Ready."""

@@ -88,7 +88,7 @@ class PoolAdmin:
 
     def say(self, wid: int, msg) -> None:
         """A frame from worker ``wid`` through the router's real decode path."""
-        self.pool._dispatch(worker_identity(wid), encode(msg))
+        self.pool.link.dispatch(worker_identity(wid), encode(msg))
 
 
 class Harness(Supervisor):
