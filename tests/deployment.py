@@ -110,20 +110,25 @@ class Deployment:
         return self
 
     def wait_ready(self, timeout: float = 240.0, count: int | None = None) -> None:
-        """Until ``count`` (default: all) workers are ready."""
+        """Until ``count`` (default: all) workers are ready; fails at once if ``up`` exits."""
         want = self.replicas if count is None else count
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"llamadeploy up exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
-            try:
-                ready = [w for w in self.workers() if w["state"] == "ready"]
-                if len(ready) >= want:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"deployment not ready in {timeout}s:\n{self.log()[-4000:]}")
+            return sum(w["state"] == "ready" for w in self.workers()) >= want
+
+        try:
+            wait_for(ready, timeout, interval=0.5)
+        except TimeoutError:
+            raise TimeoutError(f"deployment not ready in {timeout}s:\n{self.log()[-4000:]}") from None
+
+    def next_heartbeat(self, wid: int, timeout: float = 30.0) -> dict:
+        """Worker ``wid``'s row once the router has taken a heartbeat from it after this call, so
+        its load figures (running, peak, KV, memory) were reported after everything before it."""
+        seen = self.worker(wid)["heartbeats"]
+        return wait_for(lambda: (w := self.worker(wid))["heartbeats"] > seen and w, timeout,
+                        what=f"a heartbeat of worker {wid}")
 
     def workers(self) -> list[dict]:
         r = httpx.get(f"{self.url}/workers", timeout=10, headers=self.auth_headers())

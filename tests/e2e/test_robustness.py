@@ -1,4 +1,4 @@
-"""Issue 5: the service shrugs off anything a client (or a stray ZeroMQ peer) sends.
+"""The service shrugs off anything a client (or a stray ZeroMQ peer) sends.
 
 * Hand-made bad inputs on the shared deployment: each gets its 4xx in OpenAI's shape, naming the
   limit it broke, quickly, and the service keeps serving.
@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.deployment import Deployment
+from tests.deployment import Deployment, wait_for
 
 CHAT = "/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -101,8 +101,10 @@ def test_wrong_route_or_method_is_an_openai_error(deployment, method, path, stat
 
 
 def test_denormal_temperature_is_greedy_not_a_crash(deployment, shared_baseline):
-    """A fuzzer find: temperature 5e-324 made logits / T infinite and killed the worker."""
-    greedy = deployment.chat("What is the capital of France?", max_tokens=8).json()["choices"][0]["message"]["content"]
+    """Temperature 5e-324 would make logits / T infinite: it must sample greedily (as any below 1e-5)."""
+    first = deployment.chat("What is the capital of France?", max_tokens=8)
+    assert first.status_code == 200, first.text
+    greedy = first.json()["choices"][0]["message"]["content"]
     r = deployment.chat("What is the capital of France?", max_tokens=8, temperature=5e-324, seed=1)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == greedy
     assert {w["id"]: (w["pid"], w["restarts"]) for w in deployment.workers()} == shared_baseline
@@ -151,6 +153,10 @@ def zmq_address(d: Deployment) -> str:
     return cmd[cmd.index("--address") + 1]
 
 
+FORGED_REFUSED = "dropped Heartbeat claiming worker 0 from identity b'worker-99'"
+UNKNOWN_PEER = "dropped a frame from unknown peer"
+
+
 def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
     import msgspec
 
@@ -187,15 +193,16 @@ def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
             raw = socket.create_connection((host, int(port)))
         with raw:
             raw.sendall(os.urandom(65536))
-        time.sleep(1.0)
+        # The forged heartbeat (worker-99 claiming worker 0's id) and the frames of peers with no
+        # worker identity are refused by the router, each with a log line naming why.
+        wait_for(lambda: FORGED_REFUSED in fuzzed.log() and UNKNOWN_PEER in fuzzed.log(), 30,
+                 what="the router logs its refusal of the forged heartbeat and of unknown peers")
     finally:
         ctx.destroy(linger=0)
     assert fuzzed.chat("What is the capital of France?", max_tokens=2).status_code == 200
     workers = fuzzed.workers()
     assert [w["id"] for w in workers] == [0] and workers[0]["restarts"] == 0
-    assert workers[0]["running"] <= 8  # the forged heartbeat (99) was not believed
     assert processes(fuzzed) == before
-    assert "dropped" in fuzzed.log()
 
 
 def generated_cases(schema, count: int) -> list:
@@ -269,9 +276,7 @@ def test_schemathesis_run_no_5xx_no_hang_no_restart(fuzzed):
     assert not problems, "\n\n".join(problems[:10])
     assert sum(statuses.values()) >= 500
     assert sum(n for (p, s), n in statuses.items() if p.startswith("/v1/") and s == 200) >= 50  # real generations ran
-    deadline = time.monotonic() + 30
-    while any(w["in_flight"] for w in fuzzed.workers()) and time.monotonic() < deadline:
-        time.sleep(0.25)
+    wait_for(lambda: not any(w["in_flight"] for w in fuzzed.workers()), 30, what="no request left in flight")
     workers = fuzzed.workers()
     assert all(w["state"] == "ready" and w["restarts"] == 0 and w["in_flight"] == 0 for w in workers), workers
     assert processes(fuzzed) == before
