@@ -70,6 +70,14 @@ class WorkerCollector:
         load = gauge("model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
         restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker process was replaced",
                                        labels=["worker_id"])
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:  # since the worker process started
+            return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["worker_id"])
+
+        hits = counter("prefix_cache_hit_tokens", "Prompt tokens found in the worker's prefix cache")
+        queried = counter("prefix_cache_queried_tokens", "Prompt tokens looked up in the worker's prefix cache")
+        preempted = counter("num_preemptions", "Sequences preempted (KV blocks freed, recomputed later)")
+        blocks_free = gauge("kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)")
         for w in sorted(self.pool.workers.values(), key=lambda w: w.worker_id):
             wid = str(w.worker_id)
             hb = w.heartbeat
@@ -83,7 +91,12 @@ class WorkerCollector:
             memory.add_metric([wid, w.device], hb.mem_bytes if hb else 0)
             load.add_metric([wid], w.load_seconds)
             restarts.add_metric([wid], w.restarts)
-        yield from (state, running, waiting, in_flight, kv_ratio, kv_budget, memory, load, restarts)
+            hits.add_metric([wid], hb.prefix_hit_tokens if hb else 0)
+            queried.add_metric([wid], hb.prefix_queried_tokens if hb else 0)
+            preempted.add_metric([wid], hb.preemptions if hb else 0)
+            blocks_free.add_metric([wid], hb.kv_blocks_free if hb else 0)
+        yield from (state, running, waiting, in_flight, kv_ratio, kv_budget, memory, load, restarts, hits, queried,
+                    preempted, blocks_free)
 
 
 class Metrics:

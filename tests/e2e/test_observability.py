@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deployment import MODEL
+from tests.deployment import MODEL, wait_for
 
 ROUTER_METRICS = {
     "llamadeploy_http_requests_total", "llamadeploy_e2e_request_latency_seconds", "llamadeploy_num_requests_running",
@@ -74,3 +74,22 @@ def test_unmatched_paths_share_one_label(deployment):
     samples = scrape(deployment)
     endpoints = {s.labels["endpoint"] for s in samples["llamadeploy_http_requests_total"]}
     assert "unmatched" in endpoints and not any(e.startswith("/no/") for e in endpoints)
+
+
+def test_repeated_document_is_a_prefix_cache_hit(deployment):
+    """The second time the same document is sent, the worker that serves it finds its prompt's
+    blocks cached; ``/metrics`` counts the hit tokens (heartbeat, so wait for the next one)."""
+    document = " ".join(f"Clause {i}: the supplier delivers lot {i * 3} by week {i % 52}." for i in range(30))
+    ask = f"Summarise in five words.\n\n{document}"
+
+    def hits() -> float:
+        return total(scrape(deployment), "llamadeploy_prefix_cache_hit_tokens_total")
+
+    before = hits()
+    for _ in range(2):  # least_loaded over idle workers rotates: send it to both, then to both again
+        assert deployment.chat(ask, max_tokens=3).status_code == 200
+    for _ in range(2):
+        assert deployment.chat(ask, max_tokens=3).status_code == 200
+    wait_for(lambda: hits() >= before + 200, timeout=10, what="prefix-cache hits in /metrics")
+    queried = total(scrape(deployment), "llamadeploy_prefix_cache_queried_tokens_total")
+    assert queried >= hits()
