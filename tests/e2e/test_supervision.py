@@ -234,9 +234,12 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     assert all(isinstance(e, httpx.HTTPError) for e in lost), lost
     wait_for(lambda: ready_status(sup) == 200, 10, "/health/ready to answer 200 again")
     assert sup.proc.poll() is None  # `up` keeps running
-    assert {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers  # not restarted
     assert sup.chat("Say hi.", max_tokens=4).status_code == 200
-    wait_for(lambda: all(w["state"] == "ready" for w in sup.workers()), 10, "every worker to re-register")
+    # The same processes (not restarted) rejoin; their restart counts come from the supervisor's
+    # reports, which may reach the new router a moment after the workers' own Hello.
+    wait_for(lambda: all(w["state"] == "ready" for w in sup.workers())
+             and {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers, 10,
+             "every worker to re-register, unchanged")
     new = sup.admin("GET", "/admin/workers").json()["router"]
     assert new["pid"] != router["pid"] and new["restarts"] == router["restarts"] + 1
     status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(sup.path)], capture_output=True,
