@@ -304,8 +304,9 @@ def _mask(x: torch.Tensor, samplers: Sequence[RowSampler]) -> dict[int, str]:
             g = samplers[i].grammar
             if not g.fill(bitmask, i):
                 bad[i] = g.failed or "the grammar allows no further token"
-        xgr.apply_token_bitmask_inplace(x, bitmask if dev.type == "cpu" else bitmask.to(dev, non_blocking=True),
-                                        indices=gram)
+        # Rows without a grammar keep the all-allowed mask the bitmask starts with: one pass over every
+        # row costs ~0.02 ms for 8 x 49,152 on CPU, passing ``indices`` ~1.5 ms.
+        xgr.apply_token_bitmask_inplace(x, bitmask if dev.type == "cpu" else bitmask.to(dev, non_blocking=True))
     return bad
 
 
