@@ -119,7 +119,12 @@ class Engine:
         self.steps += 1
         self.last_step_at = time.monotonic()
         ready = self.scheduler.finish_step(plan)
-        self._sample(ready, logits)
+        try:
+            self._sample(ready, logits)
+        except torch.OutOfMemoryError as exc:
+            for seq in ready:  # their last token is computed again next step (same slot, same values)
+                seq.computed -= 1
+            self._on_oom(Plan(decode=ready), exc)
         self._retire()
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:

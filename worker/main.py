@@ -105,7 +105,10 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
              engine.runner.model.dtype, engine.device, time.monotonic() - started, engine.scheduler.blocks.num_blocks,
              engine.scheduler.blocks.block_size, engine.runner.cache.nbytes / 2**30)
     if gpus:
-        log.info("GPU memory after loading: %s", worker_gpus.memory_report())
+        from worker.engine import memory_bytes  # on CPU: RSS (a GPU worker should hold little host memory)
+
+        log.info("GPU memory after loading: %s; host RSS %.2f GiB", worker_gpus.memory_report(),
+                 memory_bytes(torch.device("cpu")) / 2**30)
     warm_up(engine)
     engine_ref["engine"] = engine
     transport.announce(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
