@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deployment import MODEL
+from tests.deployment import MODEL, wait_for
 
 CHINESE = "《三国演义》的主要人物有"
 
@@ -107,12 +106,8 @@ def test_least_loaded_prefers_idle_worker(deployment):
     t = threading.Thread(target=long_request)
     t.start()
     try:
-        deadline = time.monotonic() + 30
-        busy = None
-        while busy is None and time.monotonic() < deadline:
-            busy = next((w["id"] for w in deployment.workers() if w["in_flight"] == 1), None)
-            time.sleep(0.1)
-        assert busy is not None
+        busy = wait_for(lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None), 30,
+                        what="the long request in flight on a worker")["id"]
         for _ in range(3):
             before = served(deployment)
             assert deployment.chat("Say hi.", max_tokens=3).status_code == 200
@@ -182,13 +177,8 @@ def test_client_disconnect_cancels_generation(deployment):
         for i, _ in enumerate(r.iter_lines()):
             if i > 5:
                 break
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        ws = deployment.workers()
-        if all(w["in_flight"] == 0 and w["running"] == 0 for w in ws):
-            break
-        time.sleep(0.25)
-    assert all(w["in_flight"] == 0 and w["running"] == 0 for w in ws), ws
+    wait_for(lambda: all(w["in_flight"] == 0 and w["running"] == 0 for w in deployment.workers()), 20,
+             what="the cancelled generation gone from the router and the worker")
 
 
 def test_health_and_workers(deployment):
