@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.deployment import MODEL, Deployment
+from tests.deployment import MODEL, Deployment, wait_for
 
 ENV_KEYS = ["env-key-1", "env-key-2"]
 ADMIN_TOKEN = "admin-secret-token"
@@ -126,14 +126,11 @@ def test_request_id_is_echoed_and_logged_by_router_and_worker(secured):
         assert re.fullmatch(r"[0-9a-f]{32}", r.headers["X-Request-ID"])
     r = httpx.get(f"{secured.base_url}/models", headers={"X-Request-ID": "unauth-1"}, timeout=10)
     assert r.status_code == 401 and r.headers["X-Request-ID"] == "unauth-1"
-    deadline = time.monotonic() + 10
-    while True:
+    def roles() -> set[str]:
         entries = [json.loads(line) for line in secured.log().splitlines() if f'"{rid}"' in line]
-        roles = {e["role"].split()[0] for e in entries if e.get("request_id") == rid}
-        if {"router", "worker-0"} <= roles or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert {"router", "worker-0"} <= roles, entries
+        return {e["role"].split()[0] for e in entries if e.get("request_id") == rid}
+
+    wait_for(lambda: {"router", "worker-0"} <= roles(), 10, what=f"router and worker-0 log lines of {rid}")
 
 
 def test_request_timeout_is_a_504_naming_the_limit(secured):
@@ -144,10 +141,8 @@ def test_request_timeout_is_a_504_naming_the_limit(secured):
     err = assert_openai_error(r, 504, "timeout")
     assert "router.request_timeout_s" in err["message"]
     assert time.monotonic() - started < TIMEOUT_S + 10
-    deadline = time.monotonic() + 20
-    while any(w["in_flight"] or w["running"] for w in secured.workers()) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    assert not any(w["in_flight"] or w["running"] for w in secured.workers())  # cancelled on the worker
+    wait_for(lambda: not any(w["in_flight"] or w["running"] for w in secured.workers()), 20,
+             what="the timed-out request cancelled on the worker")
 
 
 def test_a_body_that_never_arrives_is_a_408(secured):
