@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.deployment import MODEL, Deployment
-from tests.e2e.test_supervision import all_ready_and_idle, assert_openai_error, wait_for
+from tests.deployment import MODEL, Deployment, wait_for
+from tests.e2e.test_supervision import all_ready_and_idle, assert_openai_error
 
 MAX_TOKENS = 96
 
@@ -79,7 +79,7 @@ def run_streams(d: Deployment, requests: list[dict], kill_after_chunks: int | No
         futures = [pool.submit(s.run) for s in streams]
         if kill_after_chunks is not None:
             wait_for(lambda: all(len(s.chunks) >= kill_after_chunks for s in streams) or any(f.done() for f in futures),
-                     180, f"every stream to show {kill_after_chunks} chunks")
+                     180, what=f"every stream to show {kill_after_chunks} chunks")
             assert not any(f.done() for f in futures), "a stream ended before the kill"
             victim = max(d.workers(), key=lambda w: w["in_flight"])
             assert victim["in_flight"] >= 1
@@ -110,7 +110,7 @@ def mig(tmp_path_factory):
 
 
 def settled(d: Deployment) -> None:
-    wait_for(lambda: all_ready_and_idle(d), 120, "both workers ready and idle")
+    wait_for(lambda: all_ready_and_idle(d), 120, what="both workers ready and idle")
 
 
 def assert_same_as_undisturbed(d: Deployment, requests: list[dict]) -> None:
@@ -147,9 +147,9 @@ def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(httpx.post, f"{mig.base_url}/chat/completions", json={"model": MODEL, **body},
                              timeout=300)
-        busy = wait_for(lambda: next((w for w in mig.workers() if w["in_flight"]), None), 30, "a busy worker")
+        busy = wait_for(lambda: next((w for w in mig.workers() if w["in_flight"]), None), 30, what="a busy worker")
         start = token_events(mig, busy["id"])
-        wait_for(lambda: token_events(mig, busy["id"]) - start >= MAX_TOKENS // 2, 120, "half the answer")
+        wait_for(lambda: token_events(mig, busy["id"]) - start >= MAX_TOKENS // 2, 120, what="half the answer")
         os.kill(busy["pid"], signal.SIGKILL)
         got = future.result()
     assert got.status_code == 200, got.text
@@ -176,7 +176,7 @@ def test_a_stop_string_straddling_the_cut_is_caught(mig):
     stream = Stream(mig, {**base, "stop": [stop]})
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(stream.run)
-        wait_for(lambda: stream.text == head or future.done(), 120, "the text before the stop string", interval=0.005)
+        wait_for(lambda: stream.text == head or future.done(), 120, what="the text before the stop string", interval=0.005)
         busy = next(w for w in mig.workers() if w["in_flight"])
         os.kill(busy["pid"], signal.SIGKILL)
         future.result()
@@ -199,19 +199,19 @@ def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request
     stream = Stream(off, body)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(stream.run)
-        wait_for(lambda: len(stream.chunks) >= 16, 120, "the stream to show text")
+        wait_for(lambda: len(stream.chunks) >= 16, 120, what="the stream to show text")
         busy = next(w for w in off.workers() if w["in_flight"])
         os.kill(busy["pid"], signal.SIGKILL)
         future.result()
     assert stream.finish == [] and stream.done and len(stream.errors) == 1
     assert_openai_error(stream.errors[0], "worker_lost")
-    wait_for(lambda: all_ready_and_idle(off), 120, "both workers ready and idle")
+    wait_for(lambda: all_ready_and_idle(off), 120, what="both workers ready and idle")
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(httpx.post, f"{off.base_url}/chat/completions", json={"model": MODEL, **body},
                              timeout=300)
-        busy = wait_for(lambda: next((w for w in off.workers() if w["in_flight"]), None), 30, "a busy worker")
+        busy = wait_for(lambda: next((w for w in off.workers() if w["in_flight"]), None), 30, what="a busy worker")
         start = token_events(off, busy["id"])
-        wait_for(lambda: token_events(off, busy["id"]) - start >= 16, 120, "tokens flowing")
+        wait_for(lambda: token_events(off, busy["id"]) - start >= 16, 120, what="tokens flowing")
         os.kill(busy["pid"], signal.SIGKILL)
         got = future.result()
     assert got.status_code == 502, got.text
