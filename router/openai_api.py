@@ -320,6 +320,8 @@ async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[in
     timeout = request_timeout(request, api)
     timer = request_timer(request)
     top = params.logprobs
+    if top is not None:
+        await api.grammar_checker.ready()
     texts = api.token_texts if top is not None else None
     choices = [Choice(i, chat, tools, texts, top) for i in range(req.n)]
 

@@ -147,6 +147,11 @@ class GrammarChecker:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
+    async def ready(self) -> None:
+        """Build the tokenizer's xgrammar view (~0.1-0.5 s, once) on the pool, off the event loop."""
+        if self._compiler is None:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._ensure)
+
     @property
     def info(self):
         """xgrammar's ``TokenizerInfo`` of the router's tokenizer (its ``decoded_vocab`` gives each

@@ -17,13 +17,16 @@ from router.structured import MAX_SCHEMA_BYTES
 from tests.deployment import MODEL
 
 
-def _engine_wired() -> bool:
-    """The engine builds samplers with ``RowSampler.from_params`` (penalties, grammar, logprobs)."""
+def _wired(call: str, home: str) -> bool:
+    """Some worker module other than ``home`` makes ``call``."""
     worker = Path(__file__).resolve().parents[2] / "worker"
-    return any("RowSampler.from_params(" in p.read_text() for p in worker.glob("*.py") if p.name != "sampling.py")
+    return any(call in p.read_text() for p in worker.glob("*.py") if p.name != home)
 
 
-needs_engine = pytest.mark.skipif(not _engine_wired(), reason="the engine does not call RowSampler.from_params yet")
+# Constrained decoding needs the worker to install its grammar compiler (worker.grammar.configure).
+needs_engine = pytest.mark.skipif(not (_wired("RowSampler.from_params(", "sampling.py")
+                                       and _wired("grammar.configure(", "grammar.py")),
+                                  reason="the worker does not call worker.grammar.configure yet")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,8 @@ def extract_messages(doc: str) -> list[dict]:
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 11)])
 def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temperature, seed):
     parse = parse_fn(client)
-    for doc in DOCS:
+
+    def one(doc: str) -> None:
         kw = {"model": MODEL, "messages": extract_messages(doc), "temperature": temperature, "max_tokens": 200}
         if seed is not None:
             kw["seed"] = seed
@@ -79,6 +83,9 @@ def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temper
                 "name": "Extraction", "schema": Extraction.model_json_schema(), "strict": True}}, **kw)
             if c.choices)
         assert streamed == choice.message.content
+
+    with ThreadPoolExecutor(len(DOCS)) as pool:
+        list(pool.map(one, DOCS))  # re-raises the first failure
 
 
 @needs_engine
