@@ -91,30 +91,32 @@ def build_batch(block_size: int, group: int, device: torch.device, decode: list[
     ``[start, end)`` are computed now, ``[0, start)`` are cached. ``group``: query heads per KV head.
     Rows are numbered decode rows first, then each chunk's tokens in order.
     """
-    slots: list[int] = []
+    slots: list[torch.Tensor] = []
     batch = AttentionBatch(slots=torch.empty(0))
     if decode:
-        longest = max(n for _, n in decode)
-        ctx = [_slots(table, block_size, 0, n) + [0] * (longest - n) for table, n in decode]
-        slots += [row[n - 1] for row, (_, n) in zip(ctx, decode)]
+        lens = torch.tensor([n for _, n in decode])                                              # [B]
+        longest = int(lens.max())
+        width = -(-longest // block_size)
+        tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t, _ in decode])  # [B, blocks]
+        pos = torch.arange(longest)
+        ctx = tables[:, pos // block_size] * block_size + pos % block_size                      # [B, L]
+        valid = pos[None, :] < lens[:, None]
+        ctx = torch.where(valid, ctx, 0)
+        slots.append(ctx.gather(1, (lens - 1)[:, None])[:, 0])
         batch.decode_rows = len(decode)
-        batch.decode_context = torch.tensor(ctx, dtype=torch.long, device=device)                     # [B, L]
-        lens = torch.tensor([n for _, n in decode], device=device)
-        batch.decode_mask = (torch.arange(longest, device=device)[None, :] < lens[:, None])[:, None, None, :]
-    row = len(slots)
+        batch.decode_context = ctx.to(device)
+        batch.decode_mask = valid[:, None, None, :].to(device)
+    row = len(decode)
     for table, start, end in prefill:
-        context = _slots(table, block_size, 0, end)
-        slots += context[start:]
-        q_pos = torch.arange(start, end, device=device).repeat_interleave(group)                      # [C · group]
-        mask = torch.arange(end, device=device)[None, :] <= q_pos[:, None]                            # [C · group, L]
-        batch.chunks.append(Chunk(row, row + end - start, torch.tensor(context, dtype=torch.long, device=device), mask))
+        pos = torch.arange(end)
+        context = torch.tensor(table[:-(-end // block_size)])[pos // block_size] * block_size + pos % block_size
+        slots.append(context[start:])
+        q_pos = torch.arange(start, end).repeat_interleave(group)                                # [C · group]
+        mask = pos[None, :] <= q_pos[:, None]                                                   # [C · group, L]
+        batch.chunks.append(Chunk(row, row + end - start, context.to(device), mask.to(device)))
         row += end - start
-    batch.slots = torch.tensor(slots, dtype=torch.long, device=device)
+    batch.slots = torch.cat(slots).to(device) if slots else torch.empty(0, dtype=torch.long, device=device)
     return batch
-
-
-def _slots(table: list[int], block_size: int, start: int, end: int) -> list[int]:
-    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch,
