@@ -146,7 +146,7 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget every registered hash (blocks in use stay allocated)."""
-        for h, b in self.cached.items():
+        for b in self.cached.values():
             self.blocks[b].hash = None
         self.cached.clear()
 

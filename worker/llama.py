@@ -48,7 +48,7 @@ class Layer:
     """One decoder layer's weights: fused ``qkv`` [(H + 2·KVH)·D, hidden], ``o`` [hidden, H·D],
     fused ``gate_up`` [2·I, hidden], ``down`` [hidden, I], the two RMSNorm weights, optional q/k/v bias."""
 
-    __slots__ = ("attn_norm", "qkv", "qkv_bias", "o", "mlp_norm", "gate_up", "down")
+    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o", "qkv", "qkv_bias")
 
 
 class LlamaModel:

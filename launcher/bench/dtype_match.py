@@ -55,7 +55,7 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     path = str(resolve_model(args.model, progress=False))
     f32 = greedy_outputs(path, torch.float32, PROMPTS, args.tokens)
     bf16 = greedy_outputs(path, torch.bfloat16, PROMPTS, args.tokens)
-    same = [common_prefix(a, b) for a, b in zip(f32, bf16)]
-    for text, n in zip(PROMPTS, same):
+    same = [common_prefix(a, b) for a, b in zip(f32, bf16, strict=True)]
+    for text, n in zip(PROMPTS, same, strict=True):
         print(f"{n:3d}/{args.tokens}  {text}")
     whole = sum(n == args.tokens for n in same)
     print(f"identical outputs: {whole}/{len(PROMPTS)} ({whole / len(PROMPTS):.0%}); tokens before the first "

@@ -41,9 +41,9 @@ def test_last_token_is_always_computed():
 def test_shared_blocks_are_counted_and_survive_one_release():
     m = BlockManager(num_blocks=6, block_size=4)
     sys_prompt = list(range(8))
-    a, _ = m.allocate(sys_prompt + [100, 101])
-    m.register(a, sys_prompt + [100, 101], 10)
-    b, cached = m.allocate(sys_prompt + [200])
+    a, _ = m.allocate([*sys_prompt, 100, 101])
+    m.register(a, [*sys_prompt, 100, 101], 10)
+    b, cached = m.allocate([*sys_prompt, 200])
     assert cached == 8 and b.blocks[:2] == a.blocks[:2]
     assert m.blocks[a.blocks[0]].refs == 2
     m.release(a)
