@@ -11,13 +11,12 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.deployment import MODEL, Deployment
+from tests.deployment import MODEL, Deployment, wait_for
 
 SHORT = "Say hi."  # 33 prompt tokens once templated
 
@@ -44,13 +43,8 @@ def busy(tmp_path_factory):
 
 def wait_idle(d: Deployment, timeout: float = 120) -> dict:
     """Until the router and the worker report nothing in flight; returns the worker's info."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        w = d.worker(0)
-        if w["in_flight"] == 0 and w["running"] == 0 and w["waiting"] == 0:
-            return w
-        time.sleep(0.2)
-    raise TimeoutError(f"worker still busy: {d.worker(0)}")
+    return wait_for(lambda: (w := d.worker(0))["in_flight"] == 0 and w["running"] == 0 and w["waiting"] == 0 and w,
+                    timeout, interval=0.2, what="worker 0 idle")
 
 
 def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
@@ -62,9 +56,8 @@ def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
     worst = max(r.json()["usage"]["prompt_tokens"] for r in results) + 8
     admissible = budget // worst
     assert 2 <= admissible < 8, (budget, worst)  # the budget, not max_num_seqs, is what binds
-    w = wait_idle(tight)
-    time.sleep(1.2)  # a heartbeat after the last request
-    w = tight.worker(0)
+    wait_idle(tight)
+    w = tight.next_heartbeat(0)  # reported after the last request
     assert 2 <= w["peak_running"] <= admissible, w
     assert w["kv_used_tokens"] == 0 and w["served"] >= 64
 
@@ -82,10 +75,7 @@ def test_full_queue_answers_429_with_retry_after_then_recovers(busy):
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 30
-        while busy.worker(0)["in_flight"] < capacity:
-            assert time.monotonic() < deadline, busy.worker(0)
-            time.sleep(0.05)
+        wait_for(lambda: busy.worker(0)["in_flight"] >= capacity, 30, interval=0.05, what="every slot taken")
         r = busy.chat(SHORT, max_tokens=4)
         assert r.status_code == 429, r.text
         assert int(r.headers["Retry-After"]) >= 1
@@ -125,8 +115,7 @@ def mixed_request(d: Deployment, i: int) -> str:
 
 def memory_after_settling(d: Deployment) -> int:
     wait_idle(d)
-    time.sleep(1.5)  # heartbeats every 0.5 s: the reading is from after the last request
-    return d.worker(0)["mem_bytes"]
+    return d.next_heartbeat(0)["mem_bytes"]  # read after the last request
 
 
 def test_memory_stable_over_200_mixed_requests(busy):
