@@ -49,7 +49,6 @@ BAD_INPUTS = [
     ("deeply nested arrays", CHAT, {"content": b"[" * 100_000}, 400, "JSON"),
     ("deeply nested objects", CHAT, {"content": b'{"a":' * 100_000 + b"1" + b"}" * 100_000}, 400, "JSON"),
     ("unknown role", CHAT, {"json": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "messages.0.role"),
-    ("tool role", CHAT, {"json": {"messages": [{"role": "tool", "content": "hi"}]}}, 400, "messages.0.role"),
     ("max_tokens as a string", CHAT, {"json": {"messages": HI, "max_tokens": "10"}}, 400, "max_tokens"),
     ("max_tokens over the ceiling", CHAT, {"json": {"messages": HI, "max_tokens": 5000}}, 400, "limits.max_tokens"),
     ("1,000 stop strings", CHAT, {"json": {"messages": HI, "stop": ["s"] * 1000}}, 400, "limits.max_stop_strings"),
@@ -78,7 +77,16 @@ def shared_baseline(deployment):
     return {w["id"]: (w["pid"], w["restarts"]) for w in deployment.workers()}
 
 
-@pytest.mark.parametrize("name,path,kwargs,status,words", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+# OpenAI refuses a tool message that does not say which call it answers.
+TOOL_WITHOUT_CALL_ID = pytest.param(
+    "tool message without tool_call_id", CHAT,
+    {"json": {"messages": [{"role": "tool", "content": "hi"}], "max_tokens": 2}}, 400, "tool_call_id",
+    id="tool message without tool_call_id",
+    marks=pytest.mark.xfail(strict=True, reason="router/schemas.py accepts a tool message without tool_call_id"))
+
+
+@pytest.mark.parametrize("name,path,kwargs,status,words",
+                         [*(pytest.param(*b, id=b[0]) for b in BAD_INPUTS), TOOL_WITHOUT_CALL_ID])
 def test_bad_input_gets_its_4xx(deployment, shared_baseline, name, path, kwargs, status, words):
     started = time.monotonic()
     r = httpx.post(f"{deployment.base_url}{path}", timeout=60, headers={"Content-Type": "application/json"}, **kwargs)
