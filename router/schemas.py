@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from router.errors import ApiError
@@ -72,6 +73,14 @@ class Message(Body):
     name: Text | None = None
     tool_calls: list[ToolCall] | None = None  # assistant messages
     tool_call_id: Text | None = None  # tool messages: the call this answers
+
+    @model_validator(mode="after")
+    def _tool_answers_a_call(self):
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message must name the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only assistant messages carry tool calls")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):

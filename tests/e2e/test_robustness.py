@@ -81,8 +81,7 @@ def shared_baseline(deployment):
 TOOL_WITHOUT_CALL_ID = pytest.param(
     "tool message without tool_call_id", CHAT,
     {"json": {"messages": [{"role": "tool", "content": "hi"}], "max_tokens": 2}}, 400, "tool_call_id",
-    id="tool message without tool_call_id",
-    marks=pytest.mark.xfail(strict=True, reason="router/schemas.py accepts a tool message without tool_call_id"))
+    id="tool message without tool_call_id")
 
 
 @pytest.mark.parametrize("name,path,kwargs,status,words",

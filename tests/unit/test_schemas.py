@@ -60,6 +60,9 @@ def bad(model, body) -> ApiError:
     ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}, "response_format"),
     ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages.0"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0"),
     ({"messages": HI, "audio": {"voice": "x"}}, "audio"),
     ({"messages": HI, "modalities": ["text", "audio"]}, "modalities.1"),
     ({"messages": []}, "messages"),
