@@ -98,11 +98,13 @@ def up(
 
 def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
     """Run one deployment in the foreground; returns the process exit code."""
+    from launcher.keys import make_keys, uses_curve
     from launcher.progress import loading_progress
     from launcher.supervisor import Supervisor
 
-    run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))
+    run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))  # mode 0700
     address = cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
+    child_env = make_keys(run_dir, [s.worker_id for s in specs]) if uses_curve(address) else {}
     stop = {"requested": False}
 
     def on_signal(signum, _frame):
@@ -113,7 +115,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    sup = Supervisor(cfg, specs, model_path, run_dir, address)
+    sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env)
     try:
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))

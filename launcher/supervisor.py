@@ -113,8 +113,9 @@ class Supervisor:
     """
 
     def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, child_env: dict[str, str] | None = None):
         self.cfg = cfg
+        self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_path = model_path
         self.run_dir = run_dir
         self.address = address
@@ -186,7 +187,7 @@ class Supervisor:
                 self.router = standby
                 log.info("standby router (pid %d) taking over, restart %d", standby.pid, restarts)
                 return
-        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], {})
+        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], self.child_env)
         log.info("router started (pid %d)%s", self.router.pid, f", restart {restarts}" if restarts else "")
 
     def keep_standby(self) -> None:
@@ -200,7 +201,7 @@ class Supervisor:
                         describe_exit(self.standby.returncode), MAX_BACKOFF_S)
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
         if self.standby is None and now >= self._standby_at:
-            self.standby = self._spawn([*self._router_args(), "--standby"], {}, stdin_pipe=True)
+            self.standby = self._spawn([*self._router_args(), "--standby"], self.child_env, stdin_pipe=True)
             log.info("standby router started (pid %d)", self.standby.pid)
 
     def start_worker(self, wid: int) -> None:
@@ -211,7 +212,7 @@ class Supervisor:
         if spec.cpus:
             args += ["--cpus", ",".join(map(str, spec.cpus))]
         # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
-        slot.proc = self._spawn(args, spec.env)
+        slot.proc = self._spawn(args, {**spec.env, **self.child_env})
         slot.restart_at, slot.kill_reason = None, ""
         slot.starts += 1
         slot.started_at = self.clock()

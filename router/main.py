@@ -11,6 +11,7 @@ import sys
 import uvloop
 from aiohttp import web
 
+from launcher import keys
 from launcher.config import DeployConfig
 from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
@@ -71,8 +72,9 @@ async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts:
             return
         restarts = taken
         log.info("standby router taking over (restart %d)", restarts)
+    curve = keys.server_keys() if keys.uses_curve(address) else None
     pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts,
-                      stall_timeout_s=cfg.workers.stall_timeout_s)
+                      stall_timeout_s=cfg.workers.stall_timeout_s, curve=curve)
     api = Api(cfg, pool, tokenizer)
     runners = await start_servers(api)
     stop = asyncio.Event()

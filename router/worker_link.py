@@ -5,7 +5,9 @@ restarted worker takes over its slot at once: ``ROUTER_HANDOVER``). One receive 
 frame and checks what the socket alone can: the sender's identity and the message's schema
 (:func:`worker.protocol.decode_for_router`); frames over :data:`MAX_FRAME_BYTES` disconnect the
 peer. Anything else is logged and dropped, never executed. A valid message goes to ``on_message``
-(the worker table, :class:`router.workers.WorkerPool`), which judges what it means.
+(the worker table, :class:`router.workers.WorkerPool`), which judges what it means. With ``curve``
+keys (any address but ``ipc://``), only this deployment's workers get through the handshake
+(:class:`router.curve.CurveGate`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from launcher.keys import ServerKeys
+from router.curve import CurveGate
 from worker.protocol import Msg, ProtocolError, WorkerToRouter, decode_for_router, encode, worker_identity
 
 log = logging.getLogger(__name__)
@@ -29,12 +33,15 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 class WorkerLink:
     """Owns the ROUTER socket at ``address``. ``on_message(worker_id, msg)`` gets every frame that
-    passed the checks; :meth:`send` raises ``zmq.ZMQError`` when the worker is not connected."""
+    passed the checks; :meth:`send` raises ``zmq.ZMQError`` when the worker is not connected.
+    ``curve``: the socket is a CURVE server that accepts only these workers' keys."""
 
-    def __init__(self, address: str, on_message: Callable[[int, WorkerToRouter], None]):
+    def __init__(self, address: str, on_message: Callable[[int, WorkerToRouter], None],
+                 curve: ServerKeys | None = None):
         self.address = address
         self.on_message = on_message
         self.ctx = zmq.asyncio.Context()
+        self.gate = CurveGate(self.ctx, curve) if curve is not None else None
         self.sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task | None = None
 
@@ -44,10 +51,12 @@ class WorkerLink:
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker takes over its identity at once
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a peer sending more is disconnected
+        if self.gate is not None:
+            self.gate.start(self.sock, self.address)
         self.sock.bind(self.address)  # a restarted router binds the same address (ipc: the path is reused)
         host = self.address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-        if self.address.startswith("tcp://") and host not in LOOPBACK_HOSTS:
-            log.warning("workers connect on %s: any host that can reach it can act as a worker "
+        if self.address.startswith("tcp://") and host not in LOOPBACK_HOSTS and self.gate is None:
+            log.warning("workers connect on %s without CURVE: any host that can reach it can act as a worker "
                         "(keep it on a private network or use loopback)", self.address)
         self._task = asyncio.create_task(self._receive(), name="zmq-receive")
 
@@ -55,6 +64,8 @@ class WorkerLink:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self.gate is not None:
+            await self.gate.close()
         if self.sock is not None:
             self.sock.close()
         self.ctx.term()

@@ -33,6 +33,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from launcher.keys import ServerKeys
 from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
@@ -148,10 +149,11 @@ class NoWorker(ApiError):
 
 
 class WorkerPool:
-    """The worker table and the request queues of one router, with its link to the workers."""
+    """The worker table and the request queues of one router, with its link to the workers
+    (``curve``: the workers' CURVE keys, for any address but ``ipc://``; :mod:`launcher.keys`)."""
 
     def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0,
-                 stall_timeout_s: float = 30.0):
+                 stall_timeout_s: float = 30.0, curve: ServerKeys | None = None):
         self.address = address
         self.policy = make_policy(policy)
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -165,7 +167,7 @@ class WorkerPool:
         self.queues: dict[str, asyncio.Queue] = {}
         self.owner: dict[str, int] = {}
         self.accepting = True
-        self.link = WorkerLink(address, self.on_message)
+        self.link = WorkerLink(address, self.on_message, curve)
         self._tasks: list[asyncio.Task] = []
         self.changed = asyncio.Event()  # set on every state change (drain waits on it)
 

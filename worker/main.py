@@ -72,9 +72,11 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
         engine = engine_ref.get("engine")
         return engine.stats() if engine else {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 0}
 
-    from worker.transport import Transport
+    from launcher.keys import client_keys, uses_curve
+    from worker.transport import HANDSHAKE_TIMEOUT_S, HandshakeFailed, Transport
 
-    transport = Transport(address, worker_id, inbox, stats, cfg.workers.heartbeat_s)
+    curve = client_keys(worker_id) if uses_curve(address) else None
+    transport = Transport(address, worker_id, inbox, stats, cfg.workers.heartbeat_s, curve=curve)
     transport.start()
     out = transport.sender()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -82,6 +84,11 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
                              device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
                              model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
                              max_waiting=cfg.workers.max_waiting))
+    try:
+        transport.wait_handshake(HANDSHAKE_TIMEOUT_S)  # before loading: a refused worker fails in seconds
+    except HandshakeFailed as exc:
+        log.error("%s", exc)
+        return 1
 
     stop = threading.Event()
 
