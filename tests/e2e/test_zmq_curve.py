@@ -105,3 +105,17 @@ def test_a_peer_without_the_keys_is_refused_and_changes_nothing(tcp_deployment):
     assert (after["pid"], after["state"], after["restarts"]) == (before["pid"], "ready", before["restarts"])
     r = tcp_deployment.chat("What is the capital of France?", max_tokens=10)
     assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_restarted_router_takes_its_worker_back_over_curve(tcp_deployment):
+    before = tcp_deployment.worker(0)
+    router_process(tcp_deployment).kill()
+
+    def back() -> bool:
+        table = tcp_deployment.admin("GET", "/admin/workers", timeout=5).json()
+        (w,) = table["workers"]
+        return table["router"]["restarts"] == 1 and w["state"] == "ready" and w["pid"] == before["pid"]
+
+    wait_for(back, 60, interval=0.5, what="the new router with worker 0 registered again, not restarted")
+    r = tcp_deployment.chat("What is the capital of France?", max_tokens=10)
+    assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
