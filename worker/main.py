@@ -174,6 +174,7 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
     import torch
 
     from worker import gpus as worker_gpus
+    from worker import grammar
     from worker import model as model_mod
     from worker.attention import KVCache
     from worker.blocks import BlockManager
@@ -210,6 +211,7 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
                           idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
     engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
                     config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
+    grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     return engine, num_blocks * BLOCK_SIZE
 
 

@@ -98,7 +98,7 @@ def kv_shape(config) -> tuple[int, int, int]:
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """KV-cache bytes one token costs: 2 (K and V) × layers × kv_heads × head_dim × element size
-    (vLLM's ``get_cache_block_size``)."""
-    layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    """KV-cache bytes one token costs in ``dtype`` (:func:`launcher.shapes.kv_bytes_per_token`)."""
+    from launcher.shapes import kv_bytes_per_token as formula
+
+    return formula(*kv_shape(config), torch.empty((), dtype=dtype).element_size())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -15,18 +14,6 @@ from pydantic import BaseModel, Field
 
 from router.structured import MAX_SCHEMA_BYTES
 from tests.deployment import MODEL
-
-
-def _wired(call: str, home: str) -> bool:
-    """Some worker module other than ``home`` makes ``call``."""
-    worker = Path(__file__).resolve().parents[2] / "worker"
-    return any(call in p.read_text() for p in worker.glob("*.py") if p.name != home)
-
-
-# Constrained decoding needs the worker to install its grammar compiler (worker.grammar.configure).
-needs_engine = pytest.mark.skipif(not (_wired("RowSampler.from_params(", "sampling.py")
-                                       and _wired("grammar.configure(", "grammar.py")),
-                                  reason="the worker does not call worker.grammar.configure yet")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +51,6 @@ def extract_messages(doc: str) -> list[dict]:
             {"role": "user", "content": doc}]
 
 
-@needs_engine
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 11)])
 def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temperature, seed):
     parse = parse_fn(client)
@@ -88,7 +74,6 @@ def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temper
         list(pool.map(one, DOCS))  # re-raises the first failure
 
 
-@needs_engine
 def test_schema_at_response_format_schema_is_accepted(deployment):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
     r = deployment.chat("What is 2 + 3?", max_tokens=30, response_format={"type": "json_schema", "schema": schema})
@@ -97,7 +82,6 @@ def test_schema_at_response_format_schema_is_accepted(deployment):
     assert body["finish_reason"] == "stop" and isinstance(json.loads(body["message"]["content"])["answer"], int)
 
 
-@needs_engine
 def test_json_object_always_parses_and_a_cut_is_length(client):
     def one(seed: int):
         return client.chat.completions.create(
@@ -159,7 +143,6 @@ ADD = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@needs_engine
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_call_plain_and_streamed(client, choice):
     kw = {"model": MODEL, "messages": ASK, "tools": [WEATHER, ADD], "tool_choice": choice, "temperature": 0,
@@ -186,7 +169,6 @@ def test_forced_tool_call_plain_and_streamed(client, choice):
     assert all(d.id is None and d.function.name is None for d in deltas[1:])
 
 
-@needs_engine
 def test_a_follow_up_turn_with_a_tool_message(client):
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
                                            temperature=0, max_tokens=80)
@@ -199,7 +181,6 @@ def test_a_follow_up_turn_with_a_tool_message(client):
     assert c.message.content or c.message.tool_calls
 
 
-@needs_engine
 def test_auto_and_none_tool_choice_answer(client):
     for choice in ("auto", "none"):
         r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
