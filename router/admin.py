@@ -20,8 +20,8 @@ from aiohttp import web
 from router import admin_protocol
 from router.admin_protocol import Exited, Started
 from router.errors import ApiError
-from router.openai_api import API
 from router.policies import POLICIES, make_policy
+from router.state import API
 from router.workers import State
 
 log = logging.getLogger(__name__)

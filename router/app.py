@@ -21,8 +21,8 @@ from router.auth import auth_middleware
 from router.connections import ConnectionGuard, connection_cap
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
-from router.openai_api import API, Api
 from router.openapi import openapi_handler
+from router.state import API, Api
 from router.workers import State
 
 log = logging.getLogger(__name__)

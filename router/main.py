@@ -17,7 +17,7 @@ from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
 from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
-from router.openai_api import Api
+from router.state import Api
 from router.workers import WorkerPool
 
 log = logging.getLogger("router")

@@ -9,140 +9,24 @@ Server-Sent Events in OpenAI's chunk format ending with ``data: [DONE]``.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from contextlib import aclosing
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 import msgspec
 from aiohttp import web
 from jinja2 import TemplateError
 
-from launcher.config import DeployConfig
+from router.bodies import check_prompt_chars, read_json, request_timeout, timeout_error
 from router.errors import ApiError
 from router.generation import stream_tokens
 from router.metrics import request_timer
 from router.schemas import ChatRequest, CompletionRequest, Sampling, parse
-from router.shaping import Choice, Shaper, TokenTexts, total_usage
-from router.structured import GrammarChecker, check_schema
-from router.tools import ToolMode, chat_messages, template_has_tools, tool_grammar, tool_mode
+from router.shaping import Choice, Shaper, total_usage
+from router.sse import merge_events, respond_stream
+from router.state import API, Api
+from router.structured import check_schema
+from router.tools import ToolMode, chat_messages, tool_grammar, tool_mode
 from router.workers import WorkerPool
 from worker.protocol import Grammar, SamplingParams
-
-
-@dataclass
-class Api:
-    """What the handlers share: config, worker pool and the model's tokenizer."""
-
-    cfg: DeployConfig
-    pool: WorkerPool
-    tokenizer: Any
-    metrics: Any = None  # router.metrics.Metrics, made by the app factory
-
-    @property
-    def model_name(self) -> str:
-        return self.cfg.model.public_name
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        return self.cfg.limits.max_prompt_tokens or self.cfg.model.max_model_len - 1
-
-    @cached_property
-    def grammar_checker(self) -> GrammarChecker:
-        """Compiles ``response_format`` and forced-tool grammars before dispatch (router.structured)."""
-        return GrammarChecker(self.tokenizer)
-
-    @cached_property
-    def token_texts(self) -> TokenTexts:
-        """Each token's bytes, for logprobs."""
-        return TokenTexts(list(self.grammar_checker.info.decoded_vocab))
-
-    @cached_property
-    def native_tools(self) -> bool:
-        """The chat template renders ``tools`` itself (router.tools)."""
-        return template_has_tools(self.tokenizer)
-
-    @cached_property
-    def longest_token_chars(self) -> int:
-        """Characters in the vocabulary's longest token: a text longer than ``n`` times this has
-        more than ``n`` tokens, so it can be refused without tokenizing it."""
-        return max(map(len, self.tokenizer.get_vocab()), default=1)
-
-
-def check_prompt_chars(api: Api, text: str, param: str) -> None:
-    """400 at once for a text that must be over ``max_prompt_tokens``, however it tokenizes."""
-    ceiling = api.max_prompt_tokens * api.longest_token_chars
-    if len(text) > ceiling:
-        raise ApiError(400, f"prompt of {len(text)} characters is over the limit of {api.max_prompt_tokens} tokens "
-                            "(limits.max_prompt_tokens)", param=param, code="context_length_exceeded")
-
-
-API = web.AppKey("api", Api)
-
-
-async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
-    """The raw body, never more than ``limit`` bytes of it in memory: 413 beyond (at once when
-    Content-Length says so), 408 when it does not arrive within ``timeout`` seconds."""
-    too_large = ApiError(413, f"request body exceeds limits.max_body_bytes={limit}", param="body", code="body_too_large")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout):
-            while chunk := await request.content.read(65536):
-                size += len(chunk)
-                if size > limit:
-                    raise too_large
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(408, f"request body not received within {timeout:g}s (router.request_timeout_s)",
-                       code="timeout") from None
-    return b"".join(chunks)
-
-
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]]')
-
-
-def deepest_key(text: str) -> str | None:
-    """The top-level key of a JSON object text under which the nesting is deepest (to name the
-    field of a body too deep to parse); ``None`` if the text is not an object."""
-    depth, key, best, best_depth = 0, None, None, 0
-    for m in _JSON_TOKEN.finditer(text):
-        tok = m.group()
-        if tok[0] == '"':
-            if depth == 1:
-                key = tok
-            continue
-        depth += 1 if tok in "{[" else -1
-        if depth > best_depth and key is not None:
-            best, best_depth = key, depth
-    try:
-        return json.loads(best) if best is not None else None
-    except ValueError:
-        return None
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-async def read_json(request: web.Request) -> Any:
-    """The body as JSON; 413 over the size limit, 400 for invalid UTF-8 or malformed JSON."""
-    cfg = request.app[API].cfg
-    raw = await read_body(request, cfg.limits.max_body_bytes, cfg.router.request_timeout_s)
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except UnicodeDecodeError:
-        raise ApiError(400, "request body is not valid UTF-8", code="invalid_json") from None
-    except RecursionError:
-        key = deepest_key(raw.decode("utf-8"))
-        where = f"{key}: " if key else ""
-        raise ApiError(400, f"{where}request body is not valid JSON: nested too deeply", param=key,
-                       code="invalid_json") from None
-    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of more than 4300 digits
-        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 def check_model(api: Api, name: str | None) -> None:
@@ -286,31 +170,6 @@ async def models(request: web.Request) -> web.Response:
          "max_model_len": api.cfg.model.max_model_len}]})
 
 
-TIMEOUT_HEADER = "X-Request-Timeout"
-
-
-def request_timeout(request: web.Request, api: Api) -> float:
-    """Seconds this request may take: ``router.request_timeout_s``, or less when the client's
-    ``X-Request-Timeout`` header asks for less. Past it: 504, and the work is cancelled."""
-    limit = api.cfg.router.request_timeout_s
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is None:
-        return limit
-    try:
-        asked = float(raw)
-    except ValueError:
-        asked = -1.0
-    if not 0 < asked < float("inf"):
-        raise ApiError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds (got {raw[:32]!r})",
-                       param=TIMEOUT_HEADER, code="invalid_value")
-    return min(asked, limit)
-
-
-def timeout_error(seconds: float) -> ApiError:
-    return ApiError(504, f"request timed out after {seconds:g}s (router.request_timeout_s or {TIMEOUT_HEADER})",
-                    code="timeout")
-
-
 async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[int], params: SamplingParams,
                   chat: bool, tools: ToolMode | None = None) -> web.StreamResponse:
     """Fan out ``req.n`` generations (choice ``i`` seeded with :func:`choice_seed`) and answer with
@@ -345,67 +204,3 @@ async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[in
     return web.json_response(shaper.whole([c.whole() for c in choices], total_usage(len(prompt), choices)))
 
 
-async def merge_events(streams: list):
-    """``(choice index, event)`` from several event streams as they arrive. The first error ends
-    the whole and closes every stream (each cancels its own worker request)."""
-    if len(streams) == 1:
-        async with aclosing(streams[0]) as only:
-            async for tok in only:
-                yield 0, tok
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    DONE = object()
-
-    async def pump(i: int, stream) -> None:
-        try:
-            async with aclosing(stream) as it:
-                async for tok in it:
-                    await queue.put((i, tok))
-            await queue.put((i, DONE))
-        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, re-raised there)
-            await queue.put((i, exc))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            i, item = await queue.get()
-            if item is DONE:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def respond_stream(request: web.Request, shaper: Shaper, choices: list[Choice], events, timeout: float,
-                         prompt_tokens: int) -> web.StreamResponse:
-    resp: web.StreamResponse | None = None
-
-    async def send(obj: dict | str) -> None:
-        data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
-        await resp.write(f"data: {data}\n\n".encode())
-
-    try:
-        async with asyncio.timeout(timeout):
-            async with aclosing(events) as stream:
-                async for i, tok in stream:
-                    if resp is None:
-                        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-                        await resp.prepare(request)
-                    for part in choices[i].feed(tok):
-                        await send(shaper.chunk([part]))
-        if shaper.include_usage:
-            await send(shaper.usage_chunk(total_usage(prompt_tokens, choices)))
-    except (ApiError, TimeoutError) as exc:
-        err = exc if isinstance(exc, ApiError) else timeout_error(timeout)
-        if resp is None:
-            raise err from None
-        await send(err.body())
-    await send("[DONE]")
-    await resp.write_eof()
-    return resp

@@ -15,8 +15,8 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from launcher.config import DeployConfig
-from router.openai_api import API
 from router.schemas import ChatRequest, CompletionRequest
+from router.state import API
 
 ERROR = {
     "type": "object", "required": ["error"],
