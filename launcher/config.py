@@ -109,7 +109,8 @@ class WorkersConfig(Section):
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
     max_waiting: int = Field(64, ge=0, le=100_000, description="requests queued per worker before the router answers 429")
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        "auto", description="prompt tokens prefilled per engine step while others decode (auto: 32 on CPU, 2048 on GPU)")
+        "auto", description="prompt tokens prefilled per engine step while others decode (auto: measured at start on "
+                           "CPU, 2048 on GPU)")
     max_queue_wait_s: float = Field(120.0, gt=0, description="a queued request waits at most this for KV memory, "
                                                               "then gets 503 with Retry-After")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
@@ -128,8 +129,9 @@ class WorkersConfig(Section):
 
     def prefill_budgets(self, on_gpu: bool) -> tuple[int, int]:
         """Prompt tokens one engine step computes while others decode, and when nothing decodes.
-        ``auto``: on CPU, where prefill is compute-bound, 32 keeps a step within about twice a decode
-        step (README "The engine") and 512 fills an idle step; on GPU, 2048 and 8192."""
+        ``auto``: on GPU 2048 and 8192; on CPU, where a prefill is compute-bound, 32 and 512, and the
+        worker then measures the first (``worker.replica.calibrate_prefill_tokens``: the largest
+        chunk that keeps a step within twice a decode step)."""
         if self.max_prefill_tokens == "auto":
             return (2048, 8192) if on_gpu else (32, 512)
         return self.max_prefill_tokens, self.max_prefill_tokens

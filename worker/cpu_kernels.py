@@ -16,14 +16,21 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 
-def packed_linear(weight: torch.Tensor):
+def packed_linear(weight: torch.Tensor, plain_below: int = 0):
     """``x [T, in] -> x @ weight.T`` with ``weight`` [out, in] prepacked for oneDNN, or plain
-    ``F.linear`` where the packed kernel is missing or disagrees with it (another torch build)."""
+    ``F.linear`` where the packed kernel is missing or disagrees with it (another torch build).
+
+    ``plain_below`` > 0 keeps the plain weight too and uses it for steps of fewer rows: in float32,
+    MKL's sgemm reads a weight for one or two rows about 1.4x faster than oneDNN's packed kernel,
+    which wins from four rows on (README "The engine"); that costs a second copy of the weights.
+    """
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16) or not packed_kernel_ok():
         return lambda x: F.linear(x, weight)
     with torch.no_grad():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
     kernel = torch.ops.mkldnn._linear_pointwise
+    if plain_below > 0:
+        return lambda x: F.linear(x, weight) if x.shape[0] < plain_below else kernel(x, packed, None, "none", [], "")
     return lambda x: kernel(x, packed, None, "none", [], "")
 
 

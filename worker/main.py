@@ -18,7 +18,7 @@ import time
 from launcher.config import DeployConfig
 from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
-from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, SamplingParams, Shutdown
+from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
 
 log = logging.getLogger("worker")
 
@@ -107,6 +107,8 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     if cpus:
         torch.set_num_threads(len(cpus))
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
+    from worker.replica import build_engine, warm_up
+
     engine, budget = build_engine(cfg, model_path, device_kind, share, out.send)
     log.info("loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)", cfg.model.public_name,
              engine.runner.model.dtype, engine.device, time.monotonic() - started, engine.scheduler.blocks.num_blocks,
@@ -162,98 +164,6 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_requ
         if engine.has_work:
             engine.step()
     return "SIGTERM"
-
-
-BLOCK_SIZE = 16  # tokens per KV block: the prefix cache's granularity (vLLM's default)
-
-
-def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit):
-    """Load the replica, size its KV cache (after measuring a prefill's activation peak on GPU),
-    allocate it once, and assemble the engine. Returns ``(engine, kv_budget_tokens)``.
-    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
-    import torch
-
-    from worker import gpus as worker_gpus
-    from worker import grammar
-    from worker import model as model_mod
-    from worker.attention import KVCache
-    from worker.blocks import BlockManager
-    from worker.engine import Engine
-    from worker.runner import ModelRunner
-    from worker.scheduler import Scheduler
-
-    w = cfg.workers
-    device = model_mod.pick_device(device_kind)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
-    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
-    config = model_mod.load_config(model_path)
-    tokenizer = model_mod.load_tokenizer(model_path)
-    split = worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
-    model = model_mod.load_model(model_path, config, device, dtype, cfg.model.max_model_len,
-                                 random_init=cfg.model.random_init, max_memory=split)
-    per_token = model_mod.kv_bytes_per_token(config, dtype)
-    layers, kv_heads, head_dim = model_mod.kv_shape(config)
-    devices = model_mod.layer_devices(model, device)
-    prefill, idle = w.prefill_budgets(on_gpu)
-    if on_gpu:
-        worker_gpus.reset_peaks()
-        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device)
-        fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
-        budget = worker_gpus.kv_budget_after_warmup(per_token, fractions, w.gpu_memory_utilization, share,
-                                                    cfg.model.max_model_len, block_tokens=BLOCK_SIZE)
-        num_blocks = budget.tokens // BLOCK_SIZE
-    else:
-        num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
-    cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
-    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE), w.max_num_seqs, w.max_waiting, prefill,
-                          idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
-    engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
-                    config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
-    grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
-    return engine, num_blocks * BLOCK_SIZE
-
-
-def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device) -> None:
-    """One forward pass of ``tokens`` prompt tokens over a scratch cache, so the allocator's peak
-    (read by ``worker.gpus.kv_budget_after_warmup``) includes the largest step's activations
-    (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed."""
-    import torch
-
-    from worker.attention import KVCache
-    from worker.model import kv_shape
-    from worker.runner import ModelRunner
-    from worker.scheduler import Plan
-
-    class Scratch:  # just enough of a Sequence for the runner
-        def __init__(self, n):
-            self.table = type("T", (), {"blocks": list(range(-(-n // block_size)))})()
-            self.num_tokens, self.computed = n, 0
-
-        def tokens(self, start, end):
-            return [0] * (end - start)
-
-    layers, kv_heads, head_dim = kv_shape(model.config)
-    scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
-    seq = Scratch(tokens)
-    ModelRunner(model, scratch, device).run(Plan(prefill=[(seq, 0, tokens)]))
-    del scratch
-    torch.cuda.empty_cache()
-
-
-def warm_up(engine) -> None:
-    """One short generation through the real engine path, its output discarded."""
-    sent = engine.emit
-    engine.emit = lambda msg: None
-    try:
-        ids = engine.tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
-        engine.submit(Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0)))
-        while engine.has_work:
-            engine.step()
-    finally:
-        engine.emit = sent
-        engine.scheduler.blocks.reset_prefix_cache()
 
 
 def main(argv: list[str] | None = None) -> None:

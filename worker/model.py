@@ -18,6 +18,9 @@ from worker import llama
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A float32 CPU model this small also keeps its plain weights for one- and two-row steps
+# (worker.cpu_kernels.packed_linear): latency for a little memory; a larger one packs only.
+SMALL_MODEL_BYTES = 4 * 2**30
 
 
 def pick_device(device: str) -> torch.device:
@@ -71,9 +74,13 @@ def load_model(model_path: str, config, device: torch.device, dtype: torch.dtype
                    else llama.load_weights(model_path, device, dtype))
         linear = None
         if device.type == "cpu":
+            from functools import partial
+
             from worker.cpu_kernels import packed_linear
 
-            linear = packed_linear
+            weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+            two_copies = dtype == torch.float32 and weight_bytes <= SMALL_MODEL_BYTES
+            linear = partial(packed_linear, plain_below=3 if two_copies else 0)
         return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")

@@ -22,7 +22,6 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.device = device
-        self.group = model.heads // model.kv_heads
 
     def run(self, plan: Plan) -> torch.Tensor:
         """One forward pass for ``plan``. Returns float32 logits [N, V] for the sequences to sample."""
@@ -41,7 +40,7 @@ class ModelRunner:
             prefill.append((seq.table.blocks, start, end))
             if end == seq.num_tokens:
                 logit_rows.append(len(ids) - 1)
-        batch = build_batch(self.cache.block_size, self.group, self.device, decode, prefill)
+        batch = build_batch(self.cache.block_size, self.device, decode, prefill)
         as_long = {"dtype": torch.long, "device": self.device}
         return self.model.forward(torch.tensor(ids, **as_long), torch.tensor(positions, **as_long), batch,
                                   self.cache, torch.tensor(logit_rows, **as_long))

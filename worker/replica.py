@@ -1,0 +1,144 @@
+"""Assembling one replica's engine: load the model, size its KV cache and allocate it once, choose
+the prefill budget, warm it up.
+
+On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
+peak the budget rule (:mod:`worker.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
+``max_prefill_tokens: auto`` is measured here (:func:`calibrate_prefill_tokens`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from launcher.config import DeployConfig
+from worker import gpus as worker_gpus
+from worker import grammar
+from worker import model as model_mod
+from worker.attention import KVCache
+from worker.blocks import BlockManager, BlockTable
+from worker.engine import Engine
+from worker.protocol import Generate, SamplingParams
+from worker.runner import ModelRunner
+from worker.scheduler import Plan, Scheduler
+
+log = logging.getLogger(__name__)
+
+BLOCK_SIZE = 16  # tokens per KV block: the prefix cache's granularity (vLLM's default)
+
+
+def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit):
+    """Load the replica, size its KV cache (after measuring a prefill's activation peak on GPU),
+    allocate it once, and assemble the engine. Returns ``(engine, kv_budget_tokens)``.
+    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
+
+    w = cfg.workers
+    device = model_mod.pick_device(device_kind)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
+    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
+    config = model_mod.load_config(model_path)
+    tokenizer = model_mod.load_tokenizer(model_path)
+    split = worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
+    model = model_mod.load_model(model_path, config, device, dtype, cfg.model.max_model_len,
+                                 random_init=cfg.model.random_init, max_memory=split)
+    per_token = model_mod.kv_bytes_per_token(config, dtype)
+    layers, kv_heads, head_dim = model_mod.kv_shape(config)
+    devices = model_mod.layer_devices(model, device)
+    prefill, idle = w.prefill_budgets(on_gpu)
+    if on_gpu:
+        worker_gpus.reset_peaks()
+        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device)
+        fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
+        budget = worker_gpus.kv_budget_after_warmup(per_token, fractions, w.gpu_memory_utilization, share,
+                                                    cfg.model.max_model_len, block_tokens=BLOCK_SIZE)
+        num_blocks = budget.tokens // BLOCK_SIZE
+    else:
+        num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
+    cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
+    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE), w.max_num_seqs, w.max_waiting, prefill,
+                          idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
+    engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
+                    config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
+    grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
+    if w.max_prefill_tokens == "auto" and not on_gpu:
+        scheduler.max_prefill_tokens = calibrate_prefill_tokens(engine.runner, min(idle, cfg.model.max_model_len))
+        log.info("prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
+                 scheduler.max_prefill_tokens, STEP_RATIO, idle)
+    return engine, num_blocks * BLOCK_SIZE
+
+
+class _Scratch:
+    """Just enough of a Sequence for the runner: ``computed`` of ``num_tokens`` zeros in blocks
+    ``first_block…``. Warm-up and calibration passes write only blocks no request holds yet."""
+
+    def __init__(self, num_tokens: int, computed: int, first_block: int, block_size: int):
+        self.table = BlockTable(blocks=list(range(first_block, first_block + -(-num_tokens // block_size))))
+        self.num_tokens, self.computed = num_tokens, computed
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        return [0] * (end - start)
+
+
+def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device) -> None:
+    """One forward pass of ``tokens`` prompt tokens over a scratch cache, so the allocator's peak
+    (read by ``worker.gpus.kv_budget_after_warmup``) includes the largest step's activations
+    (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed."""
+    layers, kv_heads, head_dim = model_mod.kv_shape(model.config)
+    scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
+    ModelRunner(model, scratch, device).run(Plan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
+    del scratch
+    torch.cuda.empty_cache()
+
+
+STEP_RATIO = 2.0  # a step that prefills beside decodes may take this many decode steps
+CALIBRATION_ROWS = 4  # decoding sequences in the calibration steps
+CALIBRATION_CONTEXT = 256  # their context, tokens
+
+
+def calibrate_prefill_tokens(runner: ModelRunner, most: int) -> int:
+    """The CPU's ``max_prefill_tokens: auto``: the largest chunk of 16, 32, … ``most`` tokens for
+    which a step decoding a few sequences plus that chunk takes at most ``STEP_RATIO`` times the
+    decode step alone (best of two timed passes each). On CPU a prefill is compute-bound, so this
+    depends on the model, its dtype and the cores; measured, not guessed."""
+    bs = runner.cache.block_size
+    per_seq = -(-(CALIBRATION_CONTEXT + most) // bs)
+    if (CALIBRATION_ROWS + 1) * per_seq > runner.cache.num_blocks:
+        return 16
+    decode = [_Scratch(CALIBRATION_CONTEXT, CALIBRATION_CONTEXT - 1, i * per_seq, bs) for i in range(CALIBRATION_ROWS)]
+
+    def timed(prefill: list) -> float:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            runner.run(Plan(decode=decode, prefill=prefill))
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    base = timed([])
+    chosen, chunk = 16, 16
+    while chunk <= most:
+        doc = _Scratch(CALIBRATION_CONTEXT + chunk, CALIBRATION_CONTEXT, CALIBRATION_ROWS * per_seq, bs)
+        if timed([(doc, CALIBRATION_CONTEXT, CALIBRATION_CONTEXT + chunk)]) > STEP_RATIO * base:
+            break
+        chosen, chunk = chunk, chunk * 2
+    return chosen
+
+
+def warm_up(engine) -> None:
+    """One short generation through the real engine path, its output discarded."""
+    sent = engine.emit
+    engine.emit = lambda msg: None
+    try:
+        ids = engine.tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
+        engine.submit(Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0)))
+        while engine.has_work:
+            engine.step()
+    finally:
+        engine.emit = sent
+        engine.scheduler.blocks.reset_prefix_cache()
+
+
