@@ -148,7 +148,7 @@ def processes(d: Deployment) -> dict[str, int]:
     out = {}
     for pid in d.child_pids():
         cmd = psutil.Process(pid).cmdline()
-        if "router.main" in cmd:
+        if "router.main" in cmd and "--standby" not in cmd:  # the serving router, not its loaded standby
             out["router"] = pid
         elif "worker.main" in cmd:
             out[f"worker-{cmd[cmd.index('--worker-id') + 1]}"] = pid

@@ -32,7 +32,7 @@ class SecuredDeployment(Deployment):
 
     def processes(self) -> dict[str, list[psutil.Process]]:
         procs = [psutil.Process(pid) for pid in self.child_pids()]
-        return {"router": [p for p in procs if "router.main" in p.cmdline()],
+        return {"router": [p for p in procs if "router.main" in p.cmdline() and "--standby" not in p.cmdline()],
                 "workers": [p for p in procs if "worker.main" in p.cmdline()]}
 
 
