@@ -157,10 +157,11 @@ async def _attempt(pool: WorkerPool, worker: Worker, prompt: list[int], params: 
             if isinstance(event, WorkerLost):
                 raise _Lost(event.reason, str(event))
             if isinstance(event, Failed):
-                if event.code == SHUTTING_DOWN:
+                if event.code == SHUTTING_DOWN and event.retry_after_s is None:
                     raise _Lost("shutting_down", event.message)
                 finished = True
-                retry_after = {"Retry-After": "1"} if event.code == 429 else None
+                wait = event.retry_after_s if event.retry_after_s is not None else 1 if event.code == 429 else None
+                retry_after = {"Retry-After": str(max(1, round(wait)))} if wait is not None else None
                 raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)

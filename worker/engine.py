@@ -81,7 +81,7 @@ class Engine:
         try:
             self.scheduler.add(seq)
         except QueueFull as exc:
-            return self._fail(rid, 429, str(exc))
+            return self._fail(rid, 429, str(exc), retry_after_s=1.0)
         except TooLarge as exc:
             return self._fail(rid, 400, str(exc))
         self.by_id[rid] = seq
@@ -108,7 +108,7 @@ class Engine:
         for seq in plan.expired:
             del self.by_id[seq.request_id]
             self._fail(seq.request_id, 503, f"waited longer than {self.scheduler.max_queue_wait_s:g}s for KV "
-                                            "cache memory; retry later")
+                                            "cache memory; retry later", retry_after_s=5.0)
         if plan.empty:
             return
         try:
@@ -163,11 +163,12 @@ class Engine:
         else:
             for seq in list(s.running):
                 seq.cancelled = True
-                self._fail(seq.request_id, 503, "out of device memory for this request alone; retry later")
+                self._fail(seq.request_id, 503, "out of device memory for this request alone; retry later",
+                           retry_after_s=5.0)
             self._retire()
 
-    def _fail(self, request_id: str, code: int, message: str) -> None:
-        self.emit(Failed(request_id=request_id, code=code, message=message))
+    def _fail(self, request_id: str, code: int, message: str, retry_after_s: float | None = None) -> None:
+        self.emit(Failed(request_id=request_id, code=code, message=message, retry_after_s=retry_after_s))
 
     def _retire(self) -> None:
         done = {s.request_id for s in self.scheduler.running if s.finished}

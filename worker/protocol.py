@@ -103,11 +103,16 @@ class Tokens(Msg):
 
 
 class Failed(Msg):
-    """The worker could not serve ``request_id``. ``code`` is an HTTP status (400, 429, 500)."""
+    """The worker could not serve ``request_id``. ``code`` is an HTTP status (400, 429, 500, 503).
+
+    ``retry_after_s`` is set when the worker refuses for lack of capacity (a full queue, a queue
+    wait past its deadline, out of memory): the client should retry later (``Retry-After``). A 503
+    without it means the worker is leaving with the request in flight (the router moves it)."""
 
     request_id: str
     code: int
     message: str
+    retry_after_s: float | None = None
 
 
 class Bye(Msg):

@@ -322,6 +322,7 @@ def test_lone_request_that_never_fits_gets_503(loaded, prompts):
     run.drain()
     (rid, code, _), = run.failed()
     assert (rid, code) == ("a", 503) and not run.engine.has_work
+    assert next(e for e in run.events if isinstance(e, Failed)).retry_after_s > 0  # the client retries later
 
 
 def test_non_finite_logits_fail_that_request_only(loaded, prompts):

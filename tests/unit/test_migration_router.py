@@ -89,6 +89,22 @@ def test_a_worker_leaving_while_shutting_down_is_a_migration_too():
     run(scenario())
 
 
+def test_a_worker_out_of_capacity_is_the_clients_503_with_retry_after_not_a_migration():
+    async def scenario():
+        pool = two_workers()
+        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, max_migrations=1)))
+        await step()
+        wid, gen = pool.generates()[0]
+        pool.frame(wid, Failed(request_id=gen.request_id, code=503, message="waited too long for KV memory",
+                               retry_after_s=5.0))
+        with pytest.raises(ApiError) as err:
+            await task
+        assert err.value.status == 503 and err.value.headers == {"Retry-After": "5"}
+        assert len(pool.generates()) == 1 and pool.in_flight() == 0
+
+    run(scenario())
+
+
 def test_migrations_stop_at_max_migrations_with_a_502():
     async def scenario():
         pool = two_workers()
