@@ -65,9 +65,11 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
                     config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not on_gpu:
-        scheduler.max_prefill_tokens = calibrate_prefill_tokens(engine.runner, min(idle, cfg.model.max_model_len))
+        chunk = calibrate_prefill_tokens(engine.runner, min(idle, cfg.model.max_model_len))
+        scheduler.max_prefill_tokens = chunk
+        scheduler.idle_prefill_tokens = min(idle, IDLE_CHUNKS * chunk)
         log.info("prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
-                 scheduler.max_prefill_tokens, STEP_RATIO, idle)
+                 scheduler.max_prefill_tokens, STEP_RATIO, scheduler.idle_prefill_tokens)
     return engine, num_blocks * BLOCK_SIZE
 
 
@@ -96,6 +98,9 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
 
 STEP_RATIO = 2.0  # a step that prefills beside decodes may take this many decode steps
 CALIBRATION_ROWS = 4  # decoding sequences in the calibration steps
+# With nothing decoding, a step prefills this many calibrated chunks: enough for a burst of short
+# prompts to share the weight reads, few enough that the first of them do not wait for the last.
+IDLE_CHUNKS = 4
 CALIBRATION_CONTEXT = 256  # their context, tokens
 
 
