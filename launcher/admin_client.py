@@ -32,8 +32,9 @@ class AdminClient:
         """One call; returns the raw body. Raises :class:`AdminError` on an HTTP error, OSError when
         nothing answers."""
         data = data if data is not None else (b"" if method == "POST" else None)
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:

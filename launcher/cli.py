@@ -8,7 +8,6 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -17,8 +16,11 @@ from launcher.config import ConfigError, DeployConfig, connect_host, load_config
 from launcher.logs import setup_logging
 from launcher.ports import port_problems
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas.",
+)
 console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("launcher")
 
@@ -30,7 +32,7 @@ def _root() -> None:
     """Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas."""
 
 
-def _config_path(path: Optional[Path]) -> Optional[Path]:
+def _config_path(path: Path | None) -> Path | None:
     if path is None and Path("deploy.yaml").is_file():
         return Path("deploy.yaml")
     return path
@@ -41,7 +43,7 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def load_or_exit(config: Optional[Path], overrides: dict | None = None) -> DeployConfig:
+def load_or_exit(config: Path | None, overrides: dict | None = None) -> DeployConfig:
     try:
         return load_config(_config_path(config), overrides)
     except ConfigError as exc:
@@ -50,15 +52,15 @@ def load_or_exit(config: Optional[Path], overrides: dict | None = None) -> Deplo
 
 @app.command()
 def up(
-    config: Optional[Path] = CONFIG_ARG,
-    host: Optional[str] = typer.Option(None, help="router.host"),
-    port: Optional[int] = typer.Option(None, help="router.port"),
-    admin_port: Optional[int] = typer.Option(None, help="router.admin_port"),
-    policy: Optional[str] = typer.Option(None, help="router.policy: round_robin | least_loaded"),
-    replicas: Optional[int] = typer.Option(None, help="workers.replicas"),
-    devices: Optional[str] = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
-    model: Optional[str] = typer.Option(None, help="model.name"),
-    log_format: Optional[str] = typer.Option(None, help="logging.format: text | json"),
+    config: Path | None = CONFIG_ARG,
+    host: str | None = typer.Option(None, help="router.host"),
+    port: int | None = typer.Option(None, help="router.port"),
+    admin_port: int | None = typer.Option(None, help="router.admin_port"),
+    policy: str | None = typer.Option(None, help="router.policy: round_robin | least_loaded"),
+    replicas: int | None = typer.Option(None, help="workers.replicas"),
+    devices: str | None = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
+    model: str | None = typer.Option(None, help="model.name"),
+    log_format: str | None = typer.Option(None, help="logging.format: text | json"),
     force: bool = typer.Option(False, "--force", help="start even when the memory plan says it does not fit"),
 ) -> None:
     """Start the router and one worker per replica; serve until Ctrl-C or SIGTERM."""
@@ -68,9 +70,19 @@ def up(
             dev = [int(d) for d in devices.split(",")]
         except ValueError:
             fail(f"--devices: expected auto, cpu or GPU indices like 0,1 (got {devices!r})")
-    cfg = load_or_exit(config, {"router.host": host, "router.port": port, "router.admin_port": admin_port,
-                                "router.policy": policy, "workers.replicas": replicas, "workers.devices": dev,
-                                "model.name": model, "logging.format": log_format})
+    cfg = load_or_exit(
+        config,
+        {
+            "router.host": host,
+            "router.port": port,
+            "router.admin_port": admin_port,
+            "router.policy": policy,
+            "workers.replicas": replicas,
+            "workers.devices": dev,
+            "model.name": model,
+            "logging.format": log_format,
+        },
+    )
     setup_logging("launcher", cfg.logging.format, cfg.logging.level)
     for *_, problem in port_problems(cfg):
         if problem:
@@ -119,16 +131,25 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
     try:
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
-        with loading_progress(lambda: sup.admin.try_call("GET", "/admin/workers", timeout=2.0), len(specs),
-                              enabled=cfg.logging.format == "text", console=console):
+        with loading_progress(
+            lambda: sup.admin.try_call("GET", "/admin/workers", timeout=2.0),
+            len(specs),
+            enabled=cfg.logging.format == "text",
+            console=console,
+        ):
             sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
         if not stop["requested"]:
             host = connect_host(cfg.router.host)
             failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
-            workers = f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}" if failed \
+            workers = (
+                f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}"
+                if failed
                 else f"{len(specs)} worker(s)"
-            ready = (f"http://{host}:{cfg.router.port}/v1  (model '{cfg.model.public_name}', {workers}, "
-                     f"policy {cfg.router.policy})")
+            )
+            ready = (
+                f"http://{host}:{cfg.router.port}/v1  (model '{cfg.model.public_name}', {workers}, "
+                f"policy {cfg.router.policy})"
+            )
             if cfg.logging.format == "json":
                 log.info("ready: %s", ready)  # one JSON object per line, even for this
             else:
@@ -143,7 +164,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _admin_client(config: Optional[Path], admin_url: Optional[str]):
+def _admin_client(config: Path | None, admin_url: str | None):
     from launcher.supervisor import AdminClient
 
     cfg = load_or_exit(config)
@@ -157,19 +178,27 @@ def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
     try:
         return client.call(method, path, timeout=timeout)
     except AdminError as exc:
-        hint = " (the token is router.admin_token or LLAMADEPLOY_ADMIN_TOKEN)" if str(exc).startswith("HTTP 401") else ""
+        hint = (
+            " (the token is router.admin_token or LLAMADEPLOY_ADMIN_TOKEN)" if str(exc).startswith("HTTP 401") else ""
+        )
         fail(f"the admin API at {client.base} refused: {exc}{hint}", 1)
     except OSError as exc:
-        fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running? If it was started "
-             "with another admin port, pass --admin-url http://127.0.0.1:PORT", 1)
+        fail(
+            f"no router answers at {client.base} ({exc}); is `llamadeploy up` running? If it was started "
+            "with another admin port, pass --admin-url http://127.0.0.1:PORT",
+            1,
+        )
 
 
 ADMIN_URL = typer.Option(None, "--admin-url", help="the router's admin API (default: from deploy.yaml)")
 
 
 @app.command()
-def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN_URL,
-           as_json: bool = typer.Option(False, "--json", help="print the raw JSON")) -> None:
+def status(
+    config: Path | None = CONFIG_ARG,
+    admin_url: str | None = ADMIN_URL,
+    as_json: bool = typer.Option(False, "--json", help="print the raw JSON"),
+) -> None:
     """Show every worker: device, pid, state, load, restarts, uptime, memory."""
     import json
 
@@ -181,21 +210,44 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
         typer.echo(json.dumps(info, indent=2))
         return
     table = Table(title=f"llamadeploy workers (policy {info['policy']})")
-    for col in ("id", "device", "pid", "state", "in-flight", "run/wait", "kv cache", "served", "restarts", "uptime",
-                "memory"):
+    for col in (
+        "id",
+        "device",
+        "pid",
+        "state",
+        "in-flight",
+        "run/wait",
+        "kv cache",
+        "served",
+        "restarts",
+        "uptime",
+        "memory",
+    ):
         table.add_column(col, justify="right" if col not in ("device", "state") else "left")
     colors = {"ready": "green", "draining": "yellow", "starting": "cyan", "dead": "red", "failed": "bold red"}
     for w in info["workers"]:
         state = f"[{colors.get(w['state'], 'white')}]{w['state']}[/]"
         kv = w.get("kv_used_tokens", 0) / w["kv_budget_tokens"] if w.get("kv_budget_tokens") else 0.0
-        table.add_row(str(w["id"]), w["device"], str(w["pid"]), state, str(w["in_flight"]),
-                      f"{w.get('running', 0)}/{w.get('waiting', 0)}", f"{kv:.0%}", str(w["served"]),
-                      str(w["restarts"]), f"{w['uptime_s']:.0f}s", f"{w['mem_bytes'] / 2**20:.0f} MiB")
+        table.add_row(
+            str(w["id"]),
+            w["device"],
+            str(w["pid"]),
+            state,
+            str(w["in_flight"]),
+            f"{w.get('running', 0)}/{w.get('waiting', 0)}",
+            f"{kv:.0%}",
+            str(w["served"]),
+            str(w["restarts"]),
+            f"{w['uptime_s']:.0f}s",
+            f"{w['mem_bytes'] / 2**20:.0f} MiB",
+        )
     out = report_console()
     out.print(table)
     if router := info.get("router"):
-        out.print(f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
-                  highlight=False)
+        out.print(
+            f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
+            highlight=False,
+        )
     for w in info["workers"]:
         if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
             out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)
@@ -204,12 +256,14 @@ def status(config: Optional[Path] = CONFIG_ARG, admin_url: Optional[str] = ADMIN
 
 
 @app.command("restart-worker")
-def restart_worker(worker_id: int = typer.Argument(..., help="the worker's id (see `llamadeploy status`)"),
-                   drain: bool = typer.Option(False, "--drain", help="stop routing to it and wait for its in-flight requests first"),
-                   timeout: Optional[float] = typer.Option(None, help="seconds to wait for the drain (supervisor.drain_timeout_s)"),
-                   wait: bool = typer.Option(True, help="wait until the new process is ready (workers.startup_timeout_s)"),
-                   config: Optional[Path] = typer.Option(None, "--config", help="deploy.yaml"),
-                   admin_url: Optional[str] = ADMIN_URL) -> None:
+def restart_worker(
+    worker_id: int = typer.Argument(..., help="the worker's id (see `llamadeploy status`)"),
+    drain: bool = typer.Option(False, "--drain", help="stop routing to it and wait for its in-flight requests first"),
+    timeout: float | None = typer.Option(None, help="seconds to wait for the drain (supervisor.drain_timeout_s)"),
+    wait: bool = typer.Option(True, help="wait until the new process is ready (workers.startup_timeout_s)"),
+    config: Path | None = typer.Option(None, "--config", help="deploy.yaml"),
+    admin_url: str | None = ADMIN_URL,
+) -> None:
     """Restart one worker process (or start a failed one again); with --drain, without dropping a request.
 
     Exit code 0 once it is ready again (or at once with --no-wait), 1 if it failed or did not
@@ -218,16 +272,20 @@ def restart_worker(worker_id: int = typer.Argument(..., help="the worker's id (s
     cfg = load_or_exit(config)
     client = _admin_client(config, admin_url)
     drain_s = cfg.supervisor.drain_timeout_s if timeout is None else timeout
-    out = admin_call(client, "POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}",
-                     timeout=drain_s + 10)
+    out = admin_call(
+        client, "POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}", timeout=drain_s + 10
+    )
     note = "" if out.get("drained", True) else " (drain timed out: in-flight requests were failed over)"
     console.print(f"worker {worker_id} restarting{note}", highlight=False)
     if wait:
         with console.status(f"waiting for worker {worker_id} to be ready"):
             w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)
         if w.get("state") != "ready":
-            fail(f"worker {worker_id} is {w.get('state', 'unreachable')}"
-                 + (f" ({w['exit_reason']})" if w.get("exit_reason") else ""), 1)
+            fail(
+                f"worker {worker_id} is {w.get('state', 'unreachable')}"
+                + (f" ({w['exit_reason']})" if w.get("exit_reason") else ""),
+                1,
+            )
         console.print(f"worker {worker_id} ready (pid {w['pid']}, restarts {w['restarts']})", highlight=False)
 
 
@@ -253,14 +311,19 @@ def report_console() -> Console:
 
 
 @app.command()
-def plan(config: Optional[Path] = CONFIG_ARG,
-         model: Optional[str] = typer.Option(None, help="model.name (config only is read, never weights)"),
-         gpus: Optional[str] = typer.Option(None, help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB"),
-         dtype: Optional[str] = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
-         max_model_len: Optional[int] = typer.Option(None, help="model.max_model_len"),
-         max_num_seqs: Optional[int] = typer.Option(None, help="workers.max_num_seqs"),
-         gpus_per_replica: Optional[int] = typer.Option(None, help="workers.gpus_per_replica"),
-         workers_per_gpu: Optional[int] = typer.Option(None, help="workers.workers_per_gpu")) -> None:
+def plan(
+    config: Path | None = CONFIG_ARG,
+    model: str | None = typer.Option(None, help="model.name (config only is read, never weights)"),
+    gpus: str | None = typer.Option(
+        None,
+        help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB",
+    ),
+    dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
+    max_model_len: int | None = typer.Option(None, help="model.max_model_len"),
+    max_num_seqs: int | None = typer.Option(None, help="workers.max_num_seqs"),
+    gpus_per_replica: int | None = typer.Option(None, help="workers.gpus_per_replica"),
+    workers_per_gpu: int | None = typer.Option(None, help="workers.workers_per_gpu"),
+) -> None:
     """Do the memory arithmetic (weights + KV cache + overhead vs each GPU) and recommend a layout.
 
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
@@ -279,9 +342,17 @@ def plan(config: Optional[Path] = CONFIG_ARG,
             inventory = Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
         except ValueError as exc:
             fail(str(exc))
-    cfg = load_or_exit(config, {"model.name": model, "model.max_model_len": max_model_len,
-                                "workers.max_num_seqs": max_num_seqs, "workers.gpus_per_replica": gpus_per_replica,
-                                "workers.workers_per_gpu": workers_per_gpu, "workers.devices": "auto" if gpus else None})
+    cfg = load_or_exit(
+        config,
+        {
+            "model.name": model,
+            "model.max_model_len": max_model_len,
+            "workers.max_num_seqs": max_num_seqs,
+            "workers.gpus_per_replica": gpus_per_replica,
+            "workers.workers_per_gpu": workers_per_gpu,
+            "workers.devices": "auto" if gpus else None,
+        },
+    )
     try:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
@@ -292,9 +363,11 @@ def plan(config: Optional[Path] = CONFIG_ARG,
 
 
 @app.command()
-def doctor(config: Optional[Path] = CONFIG_ARG,
-           model: Optional[str] = typer.Option(None, help="model.name"),
-           port: Optional[int] = typer.Option(None, help="router.port")) -> None:
+def doctor(
+    config: Path | None = CONFIG_ARG,
+    model: str | None = typer.Option(None, help="model.name"),
+    port: int | None = typer.Option(None, help="router.port"),
+) -> None:
     """Check Python, torch/CUDA/driver versions, GPUs, the model's files, placement, plan and ports.
 
     Exit code 1 when any check fails; checks that need a GPU are marked skipped without one.

@@ -24,12 +24,17 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    name: str = Field(DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path")
+    name: str = Field(
+        DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path"
+    )
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
-    random_init: bool = Field(False, description="for benchmarking only: build the model from config.json with "
-                              "random weights (no weight files needed); its answers are noise")
+    random_init: bool = Field(
+        False,
+        description="for benchmarking only: build the model from config.json with "
+        "random weights (no weight files needed); its answers are noise",
+    )
 
     @property
     def public_name(self) -> str:
@@ -43,16 +48,34 @@ class RouterConfig(Section):
     admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
     admin_port: int = Field(8001, ge=1, le=65535)
     admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
-    api_keys: list[str] = Field(default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)")
+    api_keys: list[str] = Field(
+        default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)"
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
-    max_retries: int = Field(1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent")
-    max_migrations: int = Field(3, ge=0, le=100, description="moves of a request whose worker is lost mid-generation "
-                                                             "to another worker, resuming after the generated tokens; 0 = off")
-    zmq_address: str | None = Field(None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir")
-    keepalive_timeout_s: float = Field(75.0, gt=0, description="an idle keep-alive connection is closed after this; "
-                                       "client pools should drop idle connections sooner")
-    max_connections: int | None = Field(None, ge=1, description="open public connections before new ones get 503; "
-                                        "default: the open-file limit less a reserve")
+    max_retries: int = Field(
+        1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent"
+    )
+    max_migrations: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="moves of a request whose worker is lost mid-generation "
+        "to another worker, resuming after the generated tokens; 0 = off",
+    )
+    zmq_address: str | None = Field(
+        None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
+    )
+    keepalive_timeout_s: float = Field(
+        75.0,
+        gt=0,
+        description="an idle keep-alive connection is closed after this; "
+        "client pools should drop idle connections sooner",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="open public connections before new ones get 503; default: the open-file limit less a reserve",
+    )
 
     @field_validator("api_keys")
     @classmethod
@@ -69,14 +92,19 @@ class RouterConfig(Section):
         return v
 
     @model_validator(mode="after")
-    def _admin_exposed(self) -> "RouterConfig":
+    def _admin_exposed(self) -> RouterConfig:
         if not is_loopback(self.admin_host) and not self.admin_token:
-            raise ValueError(f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
-                             "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API")
+            raise ValueError(
+                f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
+                "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API"
+            )
         if self.port == self.admin_port and (
-                self.host == self.admin_host or self.host in WILDCARD_HOSTS or self.admin_host in WILDCARD_HOSTS):
-            raise ValueError(f"port and admin_port are both {self.port}: the public API and the admin API "
-                             "need different ports; change one of them")
+            self.host == self.admin_host or self.host in WILDCARD_HOSTS or self.admin_host in WILDCARD_HOSTS
+        ):
+            raise ValueError(
+                f"port and admin_port are both {self.port}: the public API and the admin API "
+                "need different ports; change one of them"
+            )
         return self
 
     @property
@@ -104,20 +132,29 @@ def is_loopback(host: str) -> bool:
 class WorkersConfig(Section):
     devices: Literal["auto", "cpu"] | list[int] = Field("auto", description="auto | cpu | physical GPU indices")
     replicas: Literal["auto"] | int = Field("auto", description="auto = one per GPU (one on CPU)")
-    gpus_per_replica: int = Field(1, ge=1, le=64, description="GPUs per replica; >1 splits layers across them (not tensor parallel)")
+    gpus_per_replica: int = Field(
+        1, ge=1, le=64, description="GPUs per replica; >1 splits layers across them (not tensor parallel)"
+    )
     workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
-    max_waiting: int = Field(64, ge=0, le=100_000, description="requests queued per worker before the router answers 429")
+    max_waiting: int = Field(
+        64, ge=0, le=100_000, description="requests queued per worker before the router answers 429"
+    )
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
-        "auto", description="prompt tokens prefilled per engine step while others decode (auto: measured at start on "
-                           "CPU, 2048 on GPU)")
-    max_queue_wait_s: float = Field(120.0, gt=0, description="a queued request waits at most this for KV memory, "
-                                                              "then gets 503 with Retry-After")
+        "auto",
+        description="prompt tokens prefilled per engine step while others decode (auto: measured at start on "
+        "CPU, 2048 on GPU)",
+    )
+    max_queue_wait_s: float = Field(
+        120.0, gt=0, description="a queued request waits at most this for KV memory, then gets 503 with Retry-After"
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
-    stall_timeout_s: float = Field(30.0, gt=0, description="a worker with work and no engine step for this long is declared dead")
+    stall_timeout_s: float = Field(
+        30.0, gt=0, description="a worker with work and no engine step for this long is declared dead"
+    )
     startup_timeout_s: float = Field(600.0, gt=0, description="a worker must be ready within this")
 
     @field_validator("replicas")
@@ -139,11 +176,15 @@ class WorkersConfig(Section):
 
 class SupervisorConfig(Section):
     restart_backoff_s: float = Field(1.0, ge=0, description="first restart delay; doubles per crash, capped at 30 s")
-    max_restarts: int = Field(5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed")
+    max_restarts: int = Field(
+        5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed"
+    )
     restart_window_s: float = Field(300.0, gt=0)
     drain_timeout_s: float = Field(60.0, gt=0)
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
-    router_standby: bool = Field(True, description="keep a loaded standby router that takes over at once when the router dies")
+    router_standby: bool = Field(
+        True, description="keep a loaded standby router that takes over at once when the router dies"
+    )
 
 
 class LimitsConfig(Section):
@@ -224,7 +265,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if not isinstance(data, dict):
         return parse_config(data, source)
     env = {
-        "router.api_keys": [k.strip() for k in os.environ.get("LLAMADEPLOY_API_KEYS", "").split(",") if k.strip()] or None,
+        "router.api_keys": [k.strip() for k in os.environ.get("LLAMADEPLOY_API_KEYS", "").split(",") if k.strip()]
+        or None,
         "router.admin_token": os.environ.get("LLAMADEPLOY_ADMIN_TOKEN") or None,
     }
     for dotted, value in {**env, **(overrides or {})}.items():

@@ -58,11 +58,18 @@ def cuda_compat(torch_cuda: str | None, driver_cuda: str | None, kernel_ran: boo
     detail = f"torch built for CUDA {torch_cuda}, driver supports up to {driver_cuda}"
     if built <= supported:
         return Check(name, "ok", detail)
-    fix = (f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}, or install a torch built for CUDA "
-           f"≤ {driver_cuda} (pip install torch --index-url {TORCH_INDEX}, cuXYZ from pytorch.org/get-started)")
+    fix = (
+        f"upgrade the NVIDIA driver to one supporting CUDA {torch_cuda}, or install a torch built for CUDA "
+        f"≤ {driver_cuda} (pip install torch --index-url {TORCH_INDEX}, cuXYZ from pytorch.org/get-started)"
+    )
     if built[0] > supported[0] and kernel_ran:
-        return Check(name, "warn", detail + ": a test kernel ran anyway (CUDA forward-compatibility libraries, as in "
-                     "NVIDIA's containers); those support only data-centre GPUs and some features", fix)
+        return Check(
+            name,
+            "warn",
+            detail + ": a test kernel ran anyway (CUDA forward-compatibility libraries, as in "
+            "NVIDIA's containers); those support only data-centre GPUs and some features",
+            fix,
+        )
     if built[0] > supported[0]:
         return Check(name, "fail", detail + ": this torch cannot use the GPUs", fix)
     return Check(name, "warn", detail + ": runs via minor-version compatibility, but PTX JIT kernels may fail", fix)
@@ -103,11 +110,16 @@ def arch_checks(gpus: list[GpuInfo], arch_list: list[str] | None) -> list[Check]
     for g in known.values():
         major, minor = g.capability
         if not wheel_runs_on(g.capability, arch_list):
-            rows.append(Check(f"GPU {g.index} kernels", "fail",
-                              f"{g.name} is compute capability {major}.{minor}, but this torch has kernels for "
-                              f"{' '.join(arch_list)} only: it cannot run there",
-                              "install a torch build that still supports this GPU (an older release, or a CUDA "
-                              "build listing it; pytorch.org/get-started/previous-versions)"))
+            rows.append(
+                Check(
+                    f"GPU {g.index} kernels",
+                    "fail",
+                    f"{g.name} is compute capability {major}.{minor}, but this torch has kernels for "
+                    f"{' '.join(arch_list)} only: it cannot run there",
+                    "install a torch build that still supports this GPU (an older release, or a CUDA "
+                    "build listing it; pytorch.org/get-started/previous-versions)",
+                )
+            )
     if rows:
         return rows
     caps = sorted({f"{c[0]}.{c[1]}" for c in (g.capability for g in known.values())})
@@ -150,20 +162,43 @@ def torch_checks(gpus_present: bool) -> tuple[list[Check], str | None]:
         if not gpus_present:
             rows.append(Check("CUDA works", "skip", "no NVIDIA GPU here; CUDA not checked"))
         elif built is None:
-            rows.append(Check("CUDA works", "fail", f"GPUs present but torch {torch.__version__} is a CPU-only build",
-                              "install a CUDA build of torch (https://pytorch.org/get-started/locally/)"))
+            rows.append(
+                Check(
+                    "CUDA works",
+                    "fail",
+                    f"GPUs present but torch {torch.__version__} is a CPU-only build",
+                    "install a CUDA build of torch (https://pytorch.org/get-started/locally/)",
+                )
+            )
         else:
-            rows.append(Check("CUDA works", "fail", "GPUs present but torch.cuda.is_available() is False",
-                              "check the driver/CUDA rows above and CUDA_VISIBLE_DEVICES"))
+            rows.append(
+                Check(
+                    "CUDA works",
+                    "fail",
+                    "GPUs present but torch.cuda.is_available() is False",
+                    "check the driver/CUDA rows above and CUDA_VISIBLE_DEVICES",
+                )
+            )
         return rows, built
     try:
         count = torch.cuda.device_count()
         value = torch.ones(4, device="cuda:0").sum().item()  # a real kernel launch, not just a query
-        rows.append(Check("CUDA works", "ok" if value == 4 else "fail", f"{count} device(s) visible to torch; "
-                          f"a kernel on cuda:0 ran ({torch.cuda.get_device_name(0)})"))
+        rows.append(
+            Check(
+                "CUDA works",
+                "ok" if value == 4 else "fail",
+                f"{count} device(s) visible to torch; a kernel on cuda:0 ran ({torch.cuda.get_device_name(0)})",
+            )
+        )
     except RuntimeError as exc:  # torch's CUDA errors (AcceleratorError included) derive from it
-        rows.append(Check("CUDA works", "fail", f"a kernel on cuda:0 failed: {exc}",
-                          "check the driver/CUDA rows; `nvidia-smi` must work first"))
+        rows.append(
+            Check(
+                "CUDA works",
+                "fail",
+                f"a kernel on cuda:0 failed: {exc}",
+                "check the driver/CUDA rows; `nvidia-smi` must work first",
+            )
+        )
     return rows, built
 
 
@@ -173,7 +208,9 @@ def driver_check() -> tuple[Check, str | None]:
     try:
         import pynvml
     except ImportError:
-        return Check("NVIDIA driver", "skip", f"nvidia-ml-py is not installed; {skipped}", "pip install nvidia-ml-py"), None
+        return Check(
+            "NVIDIA driver", "skip", f"nvidia-ml-py is not installed; {skipped}", "pip install nvidia-ml-py"
+        ), None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -183,8 +220,12 @@ def driver_check() -> tuple[Check, str | None]:
         driver = driver if isinstance(driver, str) else driver.decode()
         supported = cuda_version(pynvml.nvmlSystemGetCudaDriverVersion())
     except pynvml.NVMLError as exc:
-        return Check("NVIDIA driver", "fail", f"NVML started but cannot read the driver: {exc}",
-                     "`nvidia-smi` must work first (driver/kernel module mismatch after an upgrade needs a reboot)"), None
+        return Check(
+            "NVIDIA driver",
+            "fail",
+            f"NVML started but cannot read the driver: {exc}",
+            "`nvidia-smi` must work first (driver/kernel module mismatch after an upgrade needs a reboot)",
+        ), None
     finally:
         pynvml.nvmlShutdown()
     return Check("NVIDIA driver", "ok", f"{driver}, supports CUDA up to {supported}"), supported
@@ -205,9 +246,18 @@ def visibility_check(inv: Inventory) -> Check:
     seen = ", ".join(f"cuda:{i} = physical {g.index}" for i, g in enumerate(gpus)) or "no GPU"
     detail = f"{inv.visible_env!r}: {seen}. deploy.yaml indices stay physical"
     mixed = len({g.name for g in inv.gpus}) > 1
-    if mixed and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and any(e.strip().isdigit() for e in inv.visible_env.split(",")):
-        return Check(name, "warn", detail + "; GPU models differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so other "
-                     "programs may number them differently", "export CUDA_DEVICE_ORDER=PCI_BUS_ID, or use GPU UUIDs")
+    if (
+        mixed
+        and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"
+        and any(e.strip().isdigit() for e in inv.visible_env.split(","))
+    ):
+        return Check(
+            name,
+            "warn",
+            detail + "; GPU models differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so other "
+            "programs may number them differently",
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID, or use GPU UUIDs",
+        )
     return Check(name, "ok", detail)
 
 
@@ -223,11 +273,23 @@ def gpu_checks(inv: Inventory) -> list[Check]:
         cap = f", compute capability {g.capability[0]}.{g.capability[1]}" if g.capability else ""
         detail = f"{g.name}, {g.total_bytes / GiB:.1f} GiB total, {g.free_bytes / GiB:.1f} GiB free{cap}, {g.uuid}"
         busy = g.used_bytes > 0.10 * g.total_bytes
-        rows.append(Check(f"GPU {g.index}" + (" MIG" if g.is_mig else ""), "warn" if busy else "ok", detail,
-                          "other processes hold memory here (nvidia-smi shows which)" if busy else ""))
+        rows.append(
+            Check(
+                f"GPU {g.index}" + (" MIG" if g.is_mig else ""),
+                "warn" if busy else "ok",
+                detail,
+                "other processes hold memory here (nvidia-smi shows which)" if busy else "",
+            )
+        )
     for p in inv.gpu_problems:
-        rows.append(Check(f"GPU {p.index}", "fail", p.message, f"nvidia-smi -q -i {p.index}; or leave it out of "
-                          "workers.devices / CUDA_VISIBLE_DEVICES"))
+        rows.append(
+            Check(
+                f"GPU {p.index}",
+                "fail",
+                p.message,
+                f"nvidia-smi -q -i {p.index}; or leave it out of workers.devices / CUDA_VISIBLE_DEVICES",
+            )
+        )
     return rows
 
 
@@ -259,7 +321,9 @@ def model_check(name: str) -> tuple[Check, object]:
     weights = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
     tokenizer = [p for p in ("tokenizer.json", "tokenizer.model") if (folder / p).is_file()]
     if not weights or not tokenizer:
-        missing = ", ".join(w for w, have in (("weights (*.safetensors)", weights), ("tokenizer", tokenizer)) if not have)
+        missing = ", ".join(
+            w for w, have in (("weights (*.safetensors)", weights), ("tokenizer", tokenizer)) if not have
+        )
         return Check("model", "fail", f"{about}; {folder} lacks {missing}", "download the complete checkpoint"), shape
     return Check("model", "ok", f"{about}; {len(weights)} weight file(s), {tokenizer[0]}"), shape
 
@@ -281,8 +345,14 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
     elif plan.warnings:
         rows.append(Check("memory plan", "warn", " ".join(plan.warnings)))
     else:
-        rows.append(Check("memory plan", "ok", f"{plan.sizing.dtype}: every worker fits "
-                          f"{min(f.seqs for f in plan.fits)}+ sequences of {plan.sizing.max_model_len} tokens"))
+        rows.append(
+            Check(
+                "memory plan",
+                "ok",
+                f"{plan.sizing.dtype}: every worker fits "
+                f"{min(f.seqs for f in plan.fits)}+ sequences of {plan.sizing.max_model_len} tokens",
+            )
+        )
     return rows
 
 
@@ -291,8 +361,14 @@ def port_checks(cfg: DeployConfig) -> list[Check]:
 
     rows = []
     for host, port, key, problem in port_problems(cfg):
-        rows.append(Check(key, "fail" if problem else "ok", problem or f"{host}:{port} is free",
-                          "stop what listens there or choose another port" if problem else ""))
+        rows.append(
+            Check(
+                key,
+                "fail" if problem else "ok",
+                problem or f"{host}:{port} is free",
+                "stop what listens there or choose another port" if problem else "",
+            )
+        )
     return rows
 
 
@@ -302,8 +378,14 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     driver, driver_cuda = driver_check()
     torch_rows, torch_cuda = torch_checks(bool(inv.gpus) or inv.cuda_without_nvml > 0)
     kernel_ran = any(r.name == "CUDA works" and r.status == "ok" for r in torch_rows)
-    rows += [*torch_rows, driver, cuda_compat(torch_cuda, driver_cuda, kernel_ran),
-             *arch_checks(inv.gpus, torch_arch_list()), visibility_check(inv), *gpu_checks(inv)]
+    rows += [
+        *torch_rows,
+        driver,
+        cuda_compat(torch_cuda, driver_cuda, kernel_ran),
+        *arch_checks(inv.gpus, torch_arch_list()),
+        visibility_check(inv),
+        *gpu_checks(inv),
+    ]
     rows += library_checks()
     model, shape = model_check(cfg.model.name)
     rows += [model, dtype_check(cfg, inv), *deployment_checks(cfg, inv, shape), *port_checks(cfg)]
@@ -324,8 +406,11 @@ def render(checks: list[Check]) -> Table:
     colors = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
     failed = sum(c.status == "fail" for c in checks)
     skipped = sum(c.status == "skip" for c in checks)
-    table = Table(title="llamadeploy doctor", caption=f"{failed} problem(s), {skipped} check(s) skipped"
-                  + (" (not checkable on this machine)" if skipped else ""))
+    table = Table(
+        title="llamadeploy doctor",
+        caption=f"{failed} problem(s), {skipped} check(s) skipped"
+        + (" (not checkable on this machine)" if skipped else ""),
+    )
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")
     for c in checks:

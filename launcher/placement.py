@@ -139,8 +139,16 @@ class WorkerSpec:
         env = {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices, EXPECTED_GPUS_ENV: ""}
         if self.device == "cuda":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            gpus = [{"index": g.index, "name": g.name, "uuid": g.uuid, "total_bytes": g.total_bytes,
-                     "parent_uuid": g.parent_uuid} for g in self.gpu_info]
+            gpus = [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "uuid": g.uuid,
+                    "total_bytes": g.total_bytes,
+                    "parent_uuid": g.parent_uuid,
+                }
+                for g in self.gpu_info
+            ]
             env[EXPECTED_GPUS_ENV] = json.dumps({"share": self.share, "gpus": gpus})
         return env
 
@@ -156,8 +164,16 @@ def discover() -> Inventory:
 
     scan = nvml_scan()
     probe = cuda_probe() if scan.error else 0
-    return Inventory(scan.gpus, sorted(os.sched_getaffinity(0)), os.environ.get("CUDA_VISIBLE_DEVICES"),
-                     psutil.virtual_memory().available, tuple(scan.problems), scan.error, probe, cpu_flags())
+    return Inventory(
+        scan.gpus,
+        sorted(os.sched_getaffinity(0)),
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        psutil.virtual_memory().available,
+        tuple(scan.problems),
+        scan.error,
+        probe,
+        cpu_flags(),
+    )
 
 
 @dataclass(frozen=True)
@@ -230,12 +246,24 @@ def _read_gpu(nvml, index: int, handle) -> tuple[list[GpuInfo], GpuProblem | Non
         except nvml.NVMLError:  # NotFound: no instance in this slot
             continue
         mem = nvml.nvmlDeviceGetMemoryInfo(mig)
-        instances.append(GpuInfo(index, _text(nvml.nvmlDeviceGetName(mig)), _text(nvml.nvmlDeviceGetUUID(mig)),
-                                 int(mem.total), int(mem.free), capability, parent_uuid=uuid))
+        instances.append(
+            GpuInfo(
+                index,
+                _text(nvml.nvmlDeviceGetName(mig)),
+                _text(nvml.nvmlDeviceGetUUID(mig)),
+                int(mem.total),
+                int(mem.free),
+                capability,
+                parent_uuid=uuid,
+            )
+        )
     if not instances:
-        return [], GpuProblem(index, f"GPU {index} ({name}) is in MIG mode but has no MIG instances: create them "
-                              f"(nvidia-smi mig -i {index} -cgi <profile> -C) or disable MIG "
-                              f"(nvidia-smi -i {index} -mig 0; MIG rarely pays for 7B+ models)")
+        return [], GpuProblem(
+            index,
+            f"GPU {index} ({name}) is in MIG mode but has no MIG instances: create them "
+            f"(nvidia-smi mig -i {index} -cgi <profile> -C) or disable MIG "
+            f"(nvidia-smi -i {index} -mig 0; MIG rarely pays for 7B+ models)",
+        )
     return instances, None
 
 
@@ -255,8 +283,9 @@ def cuda_probe(timeout_s: float = 30.0) -> int:
     """How many GPUs the CUDA driver (``libcuda``, not NVML) sees, asked in a subprocess so this
     process never initialises CUDA before it forks workers; 0 when none or on any failure."""
     try:
-        out = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True,
-                             timeout=timeout_s, check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
         return int(out.stdout.strip() or 0)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
         log.debug("CUDA probe failed: %s", exc)
@@ -315,10 +344,12 @@ def nvml_missing_error(inv: Inventory) -> str:
     """The message when NVML is unavailable but CUDA sees GPUs ("" otherwise)."""
     if not inv.cuda_without_nvml:
         return ""
-    return (f"CUDA sees {inv.cuda_without_nvml} GPU(s) but NVML cannot be read ({inv.nvml_error}), so llamadeploy "
-            "cannot place workers on them. In a container, start it with NVIDIA_DRIVER_CAPABILITIES=compute,utility "
-            "(or all) so libnvidia-ml.so.1 is mounted; on a host, install the driver's NVML library "
-            "(it comes with the driver; `nvidia-smi` must work). To run on CPU on purpose, set workers.devices: cpu")
+    return (
+        f"CUDA sees {inv.cuda_without_nvml} GPU(s) but NVML cannot be read ({inv.nvml_error}), so llamadeploy "
+        "cannot place workers on them. In a container, start it with NVIDIA_DRIVER_CAPABILITIES=compute,utility "
+        "(or all) so libnvidia-ml.so.1 is mounted; on a host, install the driver's NVML library "
+        "(it comes with the driver; `nvidia-smi` must work). To run on CPU on purpose, set workers.devices: cpu"
+    )
 
 
 def place(cfg: WorkersConfig, inv: Inventory) -> list[WorkerSpec]:
@@ -345,27 +376,36 @@ def place(cfg: WorkersConfig, inv: Inventory) -> list[WorkerSpec]:
         wanted = _chosen_gpus(list(cfg.devices), allowed, inv)
     per = cfg.gpus_per_replica
     if per > 1 and (mig := sorted({g.index for g in wanted if g.is_mig})):
-        raise PlacementError(f"GPU(s) {mig} are in MIG mode and CUDA gives a process only one MIG instance, so "
-                             f"gpus_per_replica={per} cannot span them; use gpus_per_replica: 1 (one replica per MIG "
-                             "instance), or disable MIG (nvidia-smi -i N -mig 0) for a layer split")
+        raise PlacementError(
+            f"GPU(s) {mig} are in MIG mode and CUDA gives a process only one MIG instance, so "
+            f"gpus_per_replica={per} cannot span them; use gpus_per_replica: 1 (one replica per MIG "
+            "instance), or disable MIG (nvidia-smi -i N -mig 0) for a layer split"
+        )
     groups = [tuple(wanted[i : i + per]) for i in range(0, len(wanted), per)]
     groups = [g for g in groups if len(g) == per]
     names = [g.index for g in wanted]
     if not groups:
-        raise PlacementError(f"workers.gpus_per_replica={per} but only {len(wanted)} GPU(s) {names} are available; "
-                             f"lower gpus_per_replica or list more GPUs in workers.devices")
-    if idle := names[len(groups) * per:]:
-        log.warning("GPU(s) %s stay idle: %d GPUs do not divide into groups of gpus_per_replica=%d", idle, len(wanted), per)
+        raise PlacementError(
+            f"workers.gpus_per_replica={per} but only {len(wanted)} GPU(s) {names} are available; "
+            f"lower gpus_per_replica or list more GPUs in workers.devices"
+        )
+    if idle := names[len(groups) * per :]:
+        log.warning(
+            "GPU(s) %s stay idle: %d GPUs do not divide into groups of gpus_per_replica=%d", idle, len(wanted), per
+        )
     slots = [g for _ in range(cfg.workers_per_gpu) for g in groups]
     replicas = len(slots) if cfg.replicas == "auto" else cfg.replicas
     if replicas > len(slots):
         raise PlacementError(
             f"workers.replicas={replicas} but GPUs {names} give only {len(slots)} replica slot(s) "
             f"({len(groups)} group(s) of gpus_per_replica={per} × workers_per_gpu={cfg.workers_per_gpu}); "
-            f"lower replicas, add GPUs to workers.devices, or raise workers_per_gpu to share GPUs")
+            f"lower replicas, add GPUs to workers.devices, or raise workers_per_gpu to share GPUs"
+        )
     used = Counter(slots[:replicas])
-    return [WorkerSpec(i, "cuda", gpus=tuple(g.index for g in slots[i]), gpu_info=slots[i], share=1 / used[slots[i]])
-            for i in range(replicas)]
+    return [
+        WorkerSpec(i, "cuda", gpus=tuple(g.index for g in slots[i]), gpu_info=slots[i], share=1 / used[slots[i]])
+        for i in range(replicas)
+    ]
 
 
 def _refuse_unqueried(inv: Inventory, allowed: list[GpuInfo]) -> None:
@@ -381,8 +421,9 @@ def _refuse_unqueried(inv: Inventory, allowed: list[GpuInfo]) -> None:
     if problems:
         keep = sorted({g.index for g in allowed})
         leave_out = f" or leave it out: workers.devices: {keep}" if keep else ""
-        raise PlacementError("; ".join(p.message for p in problems)
-                             + f". Fix it (nvidia-smi -q -i N shows its state){leave_out}")
+        raise PlacementError(
+            "; ".join(p.message for p in problems) + f". Fix it (nvidia-smi -q -i N shows its state){leave_out}"
+        )
 
 
 def _chosen_gpus(indices: list[int], allowed: list[GpuInfo], inv: Inventory) -> list[GpuInfo]:
@@ -397,8 +438,10 @@ def _chosen_gpus(indices: list[int], allowed: list[GpuInfo], inv: Inventory) -> 
     if problems := [_problem(inv, i) for i in missing if _problem(inv, i)]:
         raise PlacementError(f"workers.devices names GPU {missing}, which cannot be used: " + "; ".join(problems))
     if not inv.gpus:
-        raise PlacementError(f"workers.devices names GPU {missing} but this machine has no GPU that NVML can see "
-                             "(no NVIDIA driver?); use devices: cpu, or auto to take whatever is there")
+        raise PlacementError(
+            f"workers.devices names GPU {missing} but this machine has no GPU that NVML can see "
+            "(no NVIDIA driver?); use devices: cpu, or auto to take whatever is there"
+        )
     physical = sorted({g.index for g in inv.gpus})
     if inv.visible_env is not None and all(i in physical for i in missing):
         hint = ""
@@ -408,15 +451,20 @@ def _chosen_gpus(indices: list[int], allowed: list[GpuInfo], inv: Inventory) -> 
         raise PlacementError(
             f"workers.devices names GPU {missing}, hidden by the launcher's CUDA_VISIBLE_DEVICES={inv.visible_env} "
             f"(visible: physical GPUs {visible}). Indices in deploy.yaml are physical, as "
-            f"nvidia-smi numbers them, not the renumbered cuda:N a process sees{hint}")
-    raise PlacementError(f"workers.devices names GPU {missing} but this machine has GPUs {physical}; "
-                         "use devices: auto or indices from nvidia-smi")
+            f"nvidia-smi numbers them, not the renumbered cuda:N a process sees{hint}"
+        )
+    raise PlacementError(
+        f"workers.devices names GPU {missing} but this machine has GPUs {physical}; "
+        "use devices: auto or indices from nvidia-smi"
+    )
 
 
 def _place_cpu(cfg: WorkersConfig, cpus: list[int]) -> list[WorkerSpec]:
     replicas = 1 if cfg.replicas == "auto" else cfg.replicas
     if replicas > len(cpus):
-        raise PlacementError(f"workers.replicas={replicas} CPU replicas need at least one core each, "
-                             f"but only {len(cpus)} cores are available; lower replicas")
+        raise PlacementError(
+            f"workers.replicas={replicas} CPU replicas need at least one core each, "
+            f"but only {len(cpus)} cores are available; lower replicas"
+        )
     per = len(cpus) // replicas
     return [WorkerSpec(i, "cpu", cpus=tuple(cpus[i * per : (i + 1) * per])) for i in range(replicas)]

@@ -94,8 +94,16 @@ def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, m
     prefill = min(max_prefill_tokens, max_model_len * max_num_seqs)
     activations = prefill * (2 * shape.intermediate_size + 4 * shape.hidden_size) * act_bytes
     logits = max_num_seqs * shape.vocab_size * 4
-    return Sizing(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens, weight_bytes(shape, dtype),
-                  kv_bytes_per_token(shape, dtype), activations + logits)
+    return Sizing(
+        shape,
+        dtype,
+        max_model_len,
+        max_num_seqs,
+        max_prefill_tokens,
+        weight_bytes(shape, dtype),
+        kv_bytes_per_token(shape, dtype),
+        activations + logits,
+    )
 
 
 def resize(sizing: Sizing, dtype: str) -> Sizing:
@@ -108,8 +116,9 @@ def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
     return max(0, int(gpu.total_bytes * utilization) - gpu.used_bytes)
 
 
-def planned_facts(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float,
-                  share: float = 1.0) -> list[GpuFacts]:
+def planned_facts(
+    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0
+) -> list[GpuFacts]:
     """The facts :func:`worker.budget.kv_budget` needs, as planned before loading: NVML's free
     memory, the weights and layers split evenly over the GPUs, the activation estimate on each.
 
@@ -118,12 +127,21 @@ def planned_facts(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, uti
     """
     k = len(gpus)
     co_tenants = round(1 / share) - 1
-    return [GpuFacts(g.total_bytes, g.free_bytes - co_tenants * int(g.total_bytes * utilization * share),
-                     sizing.weights // k, sizing.activations, 1 / k) for g in gpus]
+    return [
+        GpuFacts(
+            g.total_bytes,
+            g.free_bytes - co_tenants * int(g.total_bytes * utilization * share),
+            sizing.weights // k,
+            sizing.activations,
+            1 / k,
+        )
+        for g in gpus
+    ]
 
 
-def planned_budget(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float,
-                   share: float = 1.0) -> KvBudget:
+def planned_budget(
+    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0
+) -> KvBudget:
     """:func:`worker.budget.kv_budget` over :func:`planned_facts`."""
     return kv_budget(planned_facts(gpus, sizing, utilization, share), sizing.kv_per_token, utilization, share)
 
@@ -131,8 +149,14 @@ def planned_budget(gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, ut
 def min_gpus(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> int | None:
     """Fewest GPUs (the first ``k`` of ``gpus``) whose KV budget holds one full-length sequence;
     ``None`` if even all of them do not."""
-    return next((k for k in range(1, len(gpus) + 1)
-                 if planned_budget(gpus[:k], sizing, utilization).tokens >= sizing.max_model_len), None)
+    return next(
+        (
+            k
+            for k in range(1, len(gpus) + 1)
+            if planned_budget(gpus[:k], sizing, utilization).tokens >= sizing.max_model_len
+        ),
+        None,
+    )
 
 
 @dataclass(frozen=True)
@@ -158,8 +182,10 @@ def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit
     if spec.device == "cuda":
         util = cfg.workers.gpu_memory_utilization
         facts = planned_facts(spec.gpu_info, sizing, util, spec.share)
-        budget = sum(max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
-                     for f in facts)
+        budget = sum(
+            max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
+            for f in facts
+        )
         kv = kv_budget(facts, sizing.kv_per_token, util, spec.share)
         overhead = sizing.overhead(len(spec.gpus))
         room = kv.tokens * sizing.kv_per_token
@@ -183,7 +209,9 @@ class Recommendation:
         if self.replicas == 0:
             return self.note
         gpus = f"gpus_per_replica: {self.gpus_per_replica}, " if self.device == "cuda" else "devices: cpu, "
-        return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (f" ({self.note})" if self.note else "")
+        return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (
+            f" ({self.note})" if self.note else ""
+        )
 
 
 def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
@@ -192,8 +220,13 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
     if not gpus:
         seqs = int(cfg.workers.kv_cache_gib * GiB) // sizing.kv_per_seq
         if seqs < 1:
-            return Recommendation("cpu", 0, 0, 0, f"raise workers.kv_cache_gib to at least "
-                                  f"{sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len")
+            return Recommendation(
+                "cpu",
+                0,
+                0,
+                0,
+                f"raise workers.kv_cache_gib to at least {sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len",
+            )
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
     util = cfg.workers.gpu_memory_utilization
     gpus = sorted(gpus, key=lambda g: gpu_budget(g, util))  # plan for the tightest GPUs
@@ -208,14 +241,18 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
 def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
     n = len(gpus)
     budget = sum(gpu_budget(g, utilization) for g in gpus)
-    note = (f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
-            f"{budget / GiB:.1f} GiB; use more or larger GPUs")
+    note = (
+        f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
+        f"{budget / GiB:.1f} GiB; use more or larger GPUs"
+    )
     for dtype in ("int8", "int4"):
         if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
             lighter = resize(sizing, dtype)
             if (k := min_gpus(lighter, gpus, utilization)) is not None:
-                return (note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
-                        "llamadeploy loads float weights)")
+                return (
+                    note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
+                    "llamadeploy loads float weights)"
+                )
     return note + ", or a smaller model.max_model_len"
 
 
@@ -237,8 +274,13 @@ class Plan:
         return not self.errors
 
 
-def plan_dtype(cfg: DeployConfig, on_gpu: bool, override: str | None = None,
-               gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (), cpu_flags: frozenset[str] = frozenset()) -> str:
+def plan_dtype(
+    cfg: DeployConfig,
+    on_gpu: bool,
+    override: str | None = None,
+    gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (),
+    cpu_flags: frozenset[str] = frozenset(),
+) -> str:
     """``override`` or ``model.dtype``; ``auto`` is :func:`worker.dtypes.resolve`'s choice, as the
     worker makes it: bfloat16 on GPUs of compute capability ≥ 8.0 (or unknown), float16 below;
     on CPU bfloat16 with avx512_bf16/AMX in ``cpu_flags``, else float32."""
@@ -249,8 +291,13 @@ def plan_dtype(cfg: DeployConfig, on_gpu: bool, override: str | None = None,
     return dtypes.resolve("auto", "cuda" if on_gpu else "cpu", capabilities, cpu_flags)
 
 
-def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str | None = None,
-              specs: list[WorkerSpec] | None = None) -> Plan:
+def make_plan(
+    cfg: DeployConfig,
+    inv: Inventory,
+    shape: ModelShape,
+    dtype: str | None = None,
+    specs: list[WorkerSpec] | None = None,
+) -> Plan:
     """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``.
 
     A placement error, a worker whose budget cannot hold weights + overhead + one full-length
@@ -267,7 +314,9 @@ def make_plan(cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str |
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
-    sizing = size(shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu)))  # the largest step
+    sizing = size(
+        shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu))
+    )  # the largest step
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     plan = Plan(sizing, gpus, specs, fits, rec, errors)
@@ -287,7 +336,8 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
             plan.warnings.append(
                 f"worker {f.spec.worker_id}: KV room {f.kv_room / GiB:.2f} GiB holds {f.seqs} sequence(s) of "
                 f"{s.max_model_len} tokens, fewer than max_num_seqs={s.max_num_seqs}; the rest wait when "
-                f"prompts are long (max_num_seqs: {f.seqs} or a smaller max_model_len make it exact)")
+                f"prompts are long (max_num_seqs: {f.seqs} or a smaller max_model_len make it exact)"
+            )
     for (budget, overhead), fits in groups.items():
         many = len(fits) > 1
         who = ("workers " if many else "worker ") + ", ".join(f"{f.spec.worker_id} ({f.spec.label})" for f in fits)
@@ -295,17 +345,22 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
             f"{who} may use {budget / GiB:.2f} GiB{' each' if many else ''} but need{'' if many else 's'} "
             f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {overhead / GiB:.2f} GiB overhead + "
             f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
-            f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}")
+            f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
+        )
     cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
     if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
-        plan.errors.append(f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
-                           f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
-                           "workers.kv_cache_gib")
+        plan.errors.append(
+            f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
+            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
+            "workers.kv_cache_gib"
+        )
     used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
     for g in used.values():
         if g.used_bytes > BUSY_FRACTION * g.total_bytes:
-            plan.warnings.append(f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
-                                 "GiB already in use by other processes; the budget above excludes it")
+            plan.warnings.append(
+                f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
+                "GiB already in use by other processes; the budget above excludes it"
+            )
     if s.dtype not in SERVABLE_DTYPES:
         plan.warnings.append(f"{s.dtype} is for sizing only: llamadeploy serves float32, bfloat16 or float16 weights")
 
@@ -345,8 +400,13 @@ def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str
         log.warning("plan: %s", warning)
     if plan.ok:
         s = plan.sizing
-        log.info("plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s", shape.name, s.dtype, s.weights / GiB,
-                 s.kv_per_token / 1024, ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs"
-                                                  for f in plan.fits))
+        log.info(
+            "plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s",
+            shape.name,
+            s.dtype,
+            s.weights / GiB,
+            s.kv_per_token / 1024,
+            ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits),
+        )
         return None
     return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(plan.errors)

@@ -29,21 +29,38 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
     s, shape = plan.sizing, plan.sizing.shape
     gpus = 1 if plan.gpus else 0
     util = cfg.workers.gpu_memory_utilization
-    table = Table(title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters ({shape.num_layers} layers, hidden "
-                        f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
-                        f"vocab {shape.vocab_size})",
-                  caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
-                          "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context/workspace allowance + prefill "
-                          "activations per GPU (process memory + activations on CPU). * = planned dtype.")
-    for col in ("dtype", "weights GB", "weights GiB", "KV/token KiB", "KV S×L GiB", "overhead GiB",
-                "total GiB", "GPUs/replica"):
+    table = Table(
+        title=f"{shape.name}: {shape.params / 1e9:.3f} B parameters ({shape.num_layers} layers, hidden "
+        f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
+        f"vocab {shape.vocab_size})",
+        caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
+        "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context/workspace allowance + prefill "
+        "activations per GPU (process memory + activations on CPU). * = planned dtype.",
+    )
+    for col in (
+        "dtype",
+        "weights GB",
+        "weights GiB",
+        "KV/token KiB",
+        "KV S×L GiB",
+        "overhead GiB",
+        "total GiB",
+        "GPUs/replica",
+    ):
         table.add_column(col, justify="left" if col == "dtype" else "right")
     for dtype, label in ROWS:
         row = s if dtype == _row_of(s.dtype) else resize(s, dtype)
         total = row.weights + row.overhead(gpus) + row.kv_full
-        table.add_row(label + (" *" if dtype == _row_of(s.dtype) else ""), f"{row.weights / GB:.2f}",
-                      f"{row.weights / GiB:.2f}", f"{row.kv_per_token / 1024:.1f}", f"{row.kv_full / GiB:.2f}",
-                      f"{row.overhead(gpus) / GiB:.2f}", f"{total / GiB:.2f}", _gpus_cell(row, plan, util))
+        table.add_row(
+            label + (" *" if dtype == _row_of(s.dtype) else ""),
+            f"{row.weights / GB:.2f}",
+            f"{row.weights / GiB:.2f}",
+            f"{row.kv_per_token / 1024:.1f}",
+            f"{row.kv_full / GiB:.2f}",
+            f"{row.overhead(gpus) / GiB:.2f}",
+            f"{total / GiB:.2f}",
+            _gpus_cell(row, plan, util),
+        )
     return table
 
 
@@ -65,8 +82,17 @@ def placement_table(plan: Plan) -> Table:
     """One row per placed worker: its budget and what is left for the KV cache."""
     s = plan.sizing
     table = Table(title=f"placement ({s.dtype})")
-    for col in ("worker", "device", "GPUs / cores", "budget GiB", "weights GiB", "overhead GiB", "KV room GiB",
-                f"seqs × {s.max_model_len} tok", "status"):
+    for col in (
+        "worker",
+        "device",
+        "GPUs / cores",
+        "budget GiB",
+        "weights GiB",
+        "overhead GiB",
+        "KV room GiB",
+        f"seqs × {s.max_model_len} tok",
+        "status",
+    ):
         table.add_column(col, justify="right" if "GiB" in col or "seqs" in col else "left")
     for f in plan.fits:
         spec = f.spec
@@ -75,9 +101,22 @@ def placement_table(plan: Plan) -> Table:
             where = "; ".join(f"{g.index}: {g.name} {g.total_bytes / GiB:.1f} GiB" for g in spec.gpu_info) + share
         else:
             where = f"{len(spec.cpus)} core(s)"
-        status = ("[green]ok[/]" if f.seqs >= s.max_num_seqs else "[yellow]fewer seqs[/]") if f.fits else "[red]does not fit[/]"
-        table.add_row(str(spec.worker_id), spec.label, where, f"{f.budget / GiB:.2f}", f"{s.weights / GiB:.2f}",
-                      f"{f.overhead / GiB:.2f}", f"{f.kv_room / GiB:.2f}", str(f.seqs), status)
+        status = (
+            ("[green]ok[/]" if f.seqs >= s.max_num_seqs else "[yellow]fewer seqs[/]")
+            if f.fits
+            else "[red]does not fit[/]"
+        )
+        table.add_row(
+            str(spec.worker_id),
+            spec.label,
+            where,
+            f"{f.budget / GiB:.2f}",
+            f"{s.weights / GiB:.2f}",
+            f"{f.overhead / GiB:.2f}",
+            f"{f.kv_room / GiB:.2f}",
+            str(f.seqs),
+            status,
+        )
     if not plan.fits:
         table.add_row("-", "-", "nothing placed", "", "", "", "", "", "[red]error[/]")
     return table

@@ -22,14 +22,27 @@ def describe(workers: list[dict]) -> tuple[int, str]:
 
 
 def make_progress(console: Console) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("[bold]loading model[/]"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("workers ready"), TimeElapsedColumn(), TextColumn("{task.description}"),
-                    console=console, transient=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]loading model[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("workers ready"),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        transient=True,
+    )
 
 
 @contextmanager
-def loading_progress(poll: Callable[[], dict | None], expected: int, enabled: bool = True,
-                     console: Console | None = None, interval_s: float = 0.5) -> Iterator[None]:
+def loading_progress(
+    poll: Callable[[], dict | None],
+    expected: int,
+    enabled: bool = True,
+    console: Console | None = None,
+    interval_s: float = 0.5,
+) -> Iterator[None]:
     """Show the bar while the ``with`` body runs; ``poll()`` returns ``GET /admin/workers`` or None."""
     console = console or Console(stderr=True)
     if not enabled or not console.is_terminal:

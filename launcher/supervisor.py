@@ -52,8 +52,14 @@ class CrashVerdict:
     delay_s: float  # before restarting (0 when failed)
 
 
-def judge_crash(previous: Iterable[float], now: float, window_s: float, max_restarts: int, backoff_s: float,
-                max_backoff_s: float = MAX_BACKOFF_S) -> CrashVerdict:
+def judge_crash(
+    previous: Iterable[float],
+    now: float,
+    window_s: float,
+    max_restarts: int,
+    backoff_s: float,
+    max_backoff_s: float = MAX_BACKOFF_S,
+) -> CrashVerdict:
     """What to do after a crash at ``now``, given the worker's earlier crash times.
 
     Crashes older than ``window_s`` are forgotten. The n-th crash within the window is restarted
@@ -80,9 +86,13 @@ def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> sub
     """``python ARGS`` in its own session (a terminal's Ctrl-C reaches only the launcher), with
     ``env`` added and stdin a pipe (``stdin_pipe``) or nothing. The child sets its own death signal
     from :data:`~launcher.lifeline.PARENT_ENV` (no ``preexec_fn``: the launcher runs threads)."""
-    return subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                            start_new_session=True, text=stdin_pipe,
-                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+        start_new_session=True,
+        text=stdin_pipe,
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
+    )
 
 
 @dataclass
@@ -112,8 +122,16 @@ class Supervisor:
     process) and ``admin`` (the router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
     """
 
-    def __init__(self, cfg: DeployConfig, specs: list[WorkerSpec], model_path: Path, run_dir: Path, address: str,
-                 clock: Callable[[], float] = time.monotonic, child_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        cfg: DeployConfig,
+        specs: list[WorkerSpec],
+        model_path: Path,
+        run_dir: Path,
+        address: str,
+        clock: Callable[[], float] = time.monotonic,
+        child_env: dict[str, str] | None = None,
+    ):
         self.cfg = cfg
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_path = model_path
@@ -167,8 +185,16 @@ class Supervisor:
         return spawn(args, env, stdin_pipe)
 
     def _router_args(self) -> list[str]:
-        return ["-m", "router.main", "--config", str(self.config_path), "--model-path", str(self.model_path),
-                "--address", self.address]
+        return [
+            "-m",
+            "router.main",
+            "--config",
+            str(self.config_path),
+            "--model-path",
+            str(self.model_path),
+            "--address",
+            self.address,
+        ]
 
     def start_router(self) -> None:
         """Start a router on the configured ports and ZeroMQ address (the same every time): the
@@ -197,8 +223,12 @@ class Supervisor:
             return
         now = self.clock()
         if self.standby is not None and self.standby.poll() is not None:
-            log.warning("standby router (pid %d) %s; starting another in %.0fs", self.standby.pid,
-                        describe_exit(self.standby.returncode), MAX_BACKOFF_S)
+            log.warning(
+                "standby router (pid %d) %s; starting another in %.0fs",
+                self.standby.pid,
+                describe_exit(self.standby.returncode),
+                MAX_BACKOFF_S,
+            )
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
         if self.standby is None and now >= self._standby_at:
             self.standby = self._spawn([*self._router_args(), "--standby"], self.child_env, stdin_pipe=True)
@@ -207,8 +237,20 @@ class Supervisor:
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
         spec = slot.spec
-        args = ["-m", "worker.main", "--config", str(self.config_path), "--worker-id", str(wid), "--device",
-                spec.device, "--model-path", str(self.model_path), "--address", self.address]
+        args = [
+            "-m",
+            "worker.main",
+            "--config",
+            str(self.config_path),
+            "--worker-id",
+            str(wid),
+            "--device",
+            spec.device,
+            "--model-path",
+            str(self.model_path),
+            "--address",
+            self.address,
+        ]
         if spec.cpus:
             args += ["--cpus", ",".join(map(str, spec.cpus))]
         # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
@@ -216,8 +258,13 @@ class Supervisor:
         slot.restart_at, slot.kill_reason = None, ""
         slot.starts += 1
         slot.started_at = self.clock()
-        log.info("worker %d started on %s (pid %d)%s", wid, spec.label, slot.proc.pid,
-                 f", restart {slot.starts - 1}" if slot.starts > 1 else "")
+        log.info(
+            "worker %d started on %s (pid %d)%s",
+            wid,
+            spec.label,
+            slot.proc.pid,
+            f", restart {slot.starts - 1}" if slot.starts > 1 else "",
+        )
         self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=spec.label))
 
     def start(self) -> None:
@@ -242,8 +289,9 @@ class Supervisor:
 
     # ---- watching ---------------------------------------------------------------------
 
-    def wait_ready(self, timeout: float, stop_requested: Callable[[], bool] = lambda: False,
-                   pause_s: float = 0.25) -> None:
+    def wait_ready(
+        self, timeout: float, stop_requested: Callable[[], bool] = lambda: False, pause_s: float = 0.25
+    ) -> None:
         """Supervise until every worker is ready or failed (at least one ready), or a stop is requested.
 
         Raises RuntimeError when no worker can serve: every worker crashed before any became
@@ -258,8 +306,11 @@ class Supervisor:
             for wid, info in table.items():
                 if wid in self.slots and info.state == WorkerState.READY:
                     self.slots[wid].ever_ready = True
-            pending = [wid for wid, s in self.slots.items()
-                       if not s.failed and (wid not in table or table[wid].state != WorkerState.READY)]
+            pending = [
+                wid
+                for wid, s in self.slots.items()
+                if not s.failed and (wid not in table or table[wid].state != WorkerState.READY)
+            ]
             if not any(s.ever_ready for s in self.slots.values()) and all(s.last_exit for s in self.slots.values()):
                 exits = "; ".join(f"worker {wid}: {s.last_exit}" for wid, s in self.slots.items())
                 raise RuntimeError(f"every worker exited during start-up ({exits}); see their logs above")
@@ -269,8 +320,12 @@ class Supervisor:
                 late = ", ".join(map(str, pending))
                 if any(s.ever_ready for s in self.slots.values()):
                     # Others serve: the late one is killed and restarted like any hung worker (sync).
-                    log.warning("worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without "
-                                "them while they are restarted", late, timeout)
+                    log.warning(
+                        "worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without "
+                        "them while they are restarted",
+                        late,
+                        timeout,
+                    )
                     return
                 raise RuntimeError(f"worker(s) {late} not ready within {timeout:.0f}s (workers.startup_timeout_s)")
             self._pause(pause_s)
@@ -286,8 +341,13 @@ class Supervisor:
         self.reap()
         now = self.clock()
         for wid, slot in self.slots.items():
-            if (not self.stopping and not slot.failed and slot.proc is None and slot.restart_at is not None
-                    and now >= slot.restart_at):
+            if (
+                not self.stopping
+                and not slot.failed
+                and slot.proc is None
+                and slot.restart_at is not None
+                and now >= slot.restart_at
+            ):
                 self.start_worker(wid)
         if sync and now >= self._next_sync and self.router_answering:
             self._next_sync = now + SYNC_INTERVAL_S
@@ -301,16 +361,26 @@ class Supervisor:
         if self.router is not None and self.router.poll() is not None:
             code, pid = self.router.returncode, self.router.pid
             self.router, self.router_answering = None, False
-            verdict = judge_crash(self.router_crashes, now, sup.restart_window_s, sup.max_restarts,
-                                  sup.restart_backoff_s)
+            verdict = judge_crash(
+                self.router_crashes, now, sup.restart_window_s, sup.max_restarts, sup.restart_backoff_s
+            )
             self.router_crashes = verdict.recent
             if verdict.failed:
-                raise RuntimeError(f"the router (pid {pid}) {describe_exit(code)}; {len(verdict.recent)} crashes "
-                                   f"within {sup.restart_window_s:.0f}s (supervisor.max_restarts): giving up")
+                raise RuntimeError(
+                    f"the router (pid {pid}) {describe_exit(code)}; {len(verdict.recent)} crashes "
+                    f"within {sup.restart_window_s:.0f}s (supervisor.max_restarts): giving up"
+                )
             self.router_restart_at = now + verdict.delay_s
-            log.error("router (pid %d) %s; restarting it in %.1fs on the same addresses (crash %d, giving up after %d "
-                      "within %.0fs); workers keep running", pid, describe_exit(code), verdict.delay_s,
-                      len(verdict.recent), sup.max_restarts + 1, sup.restart_window_s)
+            log.error(
+                "router (pid %d) %s; restarting it in %.1fs on the same addresses (crash %d, giving up after %d "
+                "within %.0fs); workers keep running",
+                pid,
+                describe_exit(code),
+                verdict.delay_s,
+                len(verdict.recent),
+                sup.max_restarts + 1,
+                sup.restart_window_s,
+            )
         if self.router is None and self.router_restart_at is not None and now >= self.router_restart_at:
             self.router_restart_at = None
             self.start_router()
@@ -332,8 +402,11 @@ class Supervisor:
                 self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.spec.label))
             elif slot.last_exit:
                 self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
-        log.info("router (pid %d) answers; reported %d running worker(s), which re-register without restarting",
-                 self.router.pid, running)
+        log.info(
+            "router (pid %d) answers; reported %d running worker(s), which re-register without restarting",
+            self.router.pid,
+            running,
+        )
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
@@ -357,14 +430,28 @@ class Supervisor:
                 slot.crashes, failed = verdict.recent, verdict.failed
                 if failed:
                     slot.failed = True
-                    log.error("worker %d (pid %d) %s; %d crashes within %.0fs: marked failed, not restarting "
-                              "(`llamadeploy restart-worker %d` tries again)", wid, pid, reason,
-                              len(verdict.recent), sup.restart_window_s, wid)
+                    log.error(
+                        "worker %d (pid %d) %s; %d crashes within %.0fs: marked failed, not restarting "
+                        "(`llamadeploy restart-worker %d` tries again)",
+                        wid,
+                        pid,
+                        reason,
+                        len(verdict.recent),
+                        sup.restart_window_s,
+                        wid,
+                    )
                 else:
                     slot.restart_at = now + verdict.delay_s
-                    log.warning("worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
-                                wid, pid, reason, verdict.delay_s, len(verdict.recent), sup.max_restarts + 1,
-                                sup.restart_window_s)
+                    log.warning(
+                        "worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
+                        wid,
+                        pid,
+                        reason,
+                        verdict.delay_s,
+                        len(verdict.recent),
+                        sup.max_restarts + 1,
+                        sup.restart_window_s,
+                    )
             self._report(wid, Exited(reason=reason, failed=failed, pid=pid))
 
     def sync(self) -> dict[int, WorkerInfo] | None:
@@ -387,8 +474,11 @@ class Supervisor:
                     slot.ready_pid = w.pid
                 elif w.state == WorkerState.DEAD:
                     self._kill(slot, f"hung: {w.exit_reason or 'missed heartbeats'}")
-                elif (w.state == WorkerState.STARTING and slot.ready_pid != w.pid  # not re-registering
-                      and now - slot.started_at > self.cfg.workers.startup_timeout_s):
+                elif (
+                    w.state == WorkerState.STARTING
+                    and slot.ready_pid != w.pid  # not re-registering
+                    and now - slot.started_at > self.cfg.workers.startup_timeout_s
+                ):
                     self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
         return table
 
@@ -438,8 +528,11 @@ class Supervisor:
             if table is None or busy == 0:
                 return
             if self.clock() >= deadline:
-                log.warning("%d request(s) still in flight after %.0fs (supervisor.shutdown_grace_s); stopping anyway",
-                            busy, grace)
+                log.warning(
+                    "%d request(s) still in flight after %.0fs (supervisor.shutdown_grace_s); stopping anyway",
+                    busy,
+                    grace,
+                )
                 return
             if not logged:
                 log.info("shutting down: refusing new requests, waiting up to %.0fs for %d in flight", grace, busy)

@@ -63,8 +63,9 @@ def error_middleware():
             if exc.status < 400:
                 raise
             headers = {k: v for k, v in exc.headers.items() if k.lower() in KEPT_HEADERS}
-            return ApiError(exc.status, f"{exc.reason}: {request.method} {request.path[:200]}", code=None,
-                            headers=headers).response()
+            return ApiError(
+                exc.status, f"{exc.reason}: {request.method} {request.path[:200]}", code=None, headers=headers
+            ).response()
         except ConnectionResetError:
             raise  # the client went away mid-response: nothing to answer
         except Exception:
@@ -77,7 +78,9 @@ def error_middleware():
 async def health(request: web.Request) -> web.Response:
     ready = request.app[API].pool.ready_workers()
     status = 200 if ready and request.app[API].pool.accepting else 503
-    return web.json_response({"status": "ok" if status == 200 else "unavailable", "ready_workers": len(ready)}, status=status)
+    return web.json_response(
+        {"status": "ok" if status == 200 else "unavailable", "ready_workers": len(ready)}, status=status
+    )
 
 
 async def live(request: web.Request) -> web.Response:
@@ -106,9 +109,15 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
         file_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     guard = ConnectionGuard(connection_cap(api.cfg.router.max_connections, file_limit), lambda: api.pool.accepting)
     app = web.Application(
-        middlewares=[request_id_middleware, metrics_middleware, error_middleware(), guard.middleware,
-                     auth_middleware(lambda r: r.app[API].cfg.router.api_keys)],
-        client_max_size=api.cfg.limits.max_body_bytes)
+        middlewares=[
+            request_id_middleware,
+            metrics_middleware,
+            error_middleware(),
+            guard.middleware,
+            auth_middleware(lambda r: r.app[API].cfg.router.api_keys),
+        ],
+        client_max_size=api.cfg.limits.max_body_bytes,
+    )
     app[API] = api
     app[METRICS] = metrics_of(api)
     app[CONNECTIONS] = guard
@@ -136,8 +145,14 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
 def create_admin_app(api: Api) -> web.Application:
     """The admin application (shares ``api.pool``; does not start it)."""
     token = api.cfg.router.admin_token
-    app = web.Application(middlewares=[request_id_middleware, metrics_middleware, error_middleware(),
-                                       auth_middleware(lambda r: [token] if token else [], "admin token")])
+    app = web.Application(
+        middlewares=[
+            request_id_middleware,
+            metrics_middleware,
+            error_middleware(),
+            auth_middleware(lambda r: [token] if token else [], "admin token"),
+        ]
+    )
     app[API] = api
     app[METRICS] = metrics_of(api)
     app.on_response_prepare.append(echo_request_id)

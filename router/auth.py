@@ -39,8 +39,12 @@ def token_matches(token: str, secrets: Iterable[str]) -> bool:
 
 class Unauthorized(ApiError):
     def __init__(self, what: str):
-        super().__init__(401, f"invalid or missing {what} (send 'Authorization: Bearer <{what}>')",
-                         code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="llamadeploy"'})
+        super().__init__(
+            401,
+            f"invalid or missing {what} (send 'Authorization: Bearer <{what}>')",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="llamadeploy"'},
+        )
 
 
 def auth_middleware(secrets_of: Callable[[web.Request], list[str]], what: str = "API key"):

@@ -18,14 +18,21 @@ def check_prompt_chars(api: Api, text: str, param: str) -> None:
     """400 at once for a text that must be over ``max_prompt_tokens``, however it tokenizes."""
     ceiling = api.max_prompt_tokens * api.longest_token_chars
     if len(text) > ceiling:
-        raise ApiError(400, f"prompt of {len(text)} characters is over the limit of {api.max_prompt_tokens} tokens "
-                            "(limits.max_prompt_tokens)", param=param, code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"prompt of {len(text)} characters is over the limit of {api.max_prompt_tokens} tokens "
+            "(limits.max_prompt_tokens)",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
     """The raw body, never more than ``limit`` bytes of it in memory: 413 beyond (at once when
     Content-Length says so), 408 when it does not arrive within ``timeout`` seconds."""
-    too_large = ApiError(413, f"request body exceeds limits.max_body_bytes={limit}", param="body", code="body_too_large")
+    too_large = ApiError(
+        413, f"request body exceeds limits.max_body_bytes={limit}", param="body", code="body_too_large"
+    )
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     chunks, size = [], 0
@@ -37,8 +44,9 @@ async def read_body(request: web.Request, limit: int, timeout: float) -> bytes:
                     raise too_large
                 chunks.append(chunk)
     except TimeoutError:
-        raise ApiError(408, f"request body not received within {timeout:g}s (router.request_timeout_s)",
-                       code="timeout") from None
+        raise ApiError(
+            408, f"request body not received within {timeout:g}s (router.request_timeout_s)", code="timeout"
+        ) from None
     return b"".join(chunks)
 
 
@@ -79,8 +87,9 @@ async def read_json(request: web.Request) -> Any:
     except RecursionError:
         key = deepest_key(raw.decode("utf-8"))
         where = f"{key}: " if key else ""
-        raise ApiError(400, f"{where}request body is not valid JSON: nested too deeply", param=key,
-                       code="invalid_json") from None
+        raise ApiError(
+            400, f"{where}request body is not valid JSON: nested too deeply", param=key, code="invalid_json"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, integers of more than 4300 digits
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
@@ -100,13 +109,16 @@ def request_timeout(request: web.Request, api: Api) -> float:
     except ValueError:
         asked = -1.0
     if not 0 < asked < float("inf"):
-        raise ApiError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds (got {raw[:32]!r})",
-                       param=TIMEOUT_HEADER, code="invalid_value")
+        raise ApiError(
+            400,
+            f"{TIMEOUT_HEADER} must be a positive number of seconds (got {raw[:32]!r})",
+            param=TIMEOUT_HEADER,
+            code="invalid_value",
+        )
     return min(asked, limit)
 
 
 def timeout_error(seconds: float) -> ApiError:
-    return ApiError(504, f"request timed out after {seconds:g}s (router.request_timeout_s or {TIMEOUT_HEADER})",
-                    code="timeout")
-
-
+    return ApiError(
+        504, f"request timed out after {seconds:g}s (router.request_timeout_s or {TIMEOUT_HEADER})", code="timeout"
+    )

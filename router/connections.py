@@ -50,15 +50,23 @@ def connection_cap(configured: int | None, file_limit: int) -> int:
     if configured is None:
         return ceiling
     if configured > ceiling:
-        log.warning("router.max_connections %d is too close to the open-file limit %d; using %d", configured,
-                    file_limit, ceiling)
+        log.warning(
+            "router.max_connections %d is too close to the open-file limit %d; using %d",
+            configured,
+            file_limit,
+            ceiling,
+        )
     return min(configured, ceiling)
 
 
 class TooManyConnections(ApiError):
     def __init__(self, cap: int) -> None:
-        super().__init__(503, f"more than {cap} open connections (router.max_connections); retry later",
-                         code="too_many_connections", headers={"Retry-After": "1"})
+        super().__init__(
+            503,
+            f"more than {cap} open connections (router.max_connections); retry later",
+            code="too_many_connections",
+            headers={"Retry-After": "1"},
+        )
 
 
 class ConnectionGuard:
@@ -78,7 +86,7 @@ class ConnectionGuard:
         if self.server is None:
             return False
         connections = self.server.connections  # in the order they were opened
-        return len(connections) > self.cap and request.protocol in connections[self.cap:]
+        return len(connections) > self.cap and request.protocol in connections[self.cap :]
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):

@@ -87,9 +87,15 @@ class _Progress:
 
     def merged(self, last: Tokens) -> Tokens:
         """One event with everything received, ending like ``last`` (buffered requests)."""
-        return Tokens(request_id=last.request_id, text_delta="".join(self.parts), token_ids=list(self.ids),
-                      finish_reason=last.finish_reason, usage=last.usage, ttft_s=self.ttft,
-                      logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None)
+        return Tokens(
+            request_id=last.request_id,
+            text_delta="".join(self.parts),
+            token_ids=list(self.ids),
+            finish_reason=last.finish_reason,
+            usage=last.usage,
+            ttft_s=self.ttft,
+            logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None,
+        )
 
     def after_loss(self, loss: _Lost, request_tag: str) -> bool:
         """Decide what a lost attempt becomes: True to migrate, False to retry from the start (what
@@ -99,18 +105,30 @@ class _Progress:
             return True
         if not self.delivered and self.retries < self.max_retries:
             self.retries += 1
-            log.warning("request %s: %s; retrying on another worker (%d/%d)", request_tag, loss.message, self.retries,
-                        self.max_retries)
+            log.warning(
+                "request %s: %s; retrying on another worker (%d/%d)",
+                request_tag,
+                loss.message,
+                self.retries,
+                self.max_retries,
+            )
             self.ids, self.parts, self.ttft = [], [], None  # nothing of it reached the client
             return False
         moved = f" after {self.migrations} migration(s)" if self.migrations else ""
         raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}", code="worker_lost")
 
 
-async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingParams, max_retries: int,
-                        request_tag: str = "", buffered: bool = False,
-                        on_tokens: Callable[[int, Tokens], None] | None = None, max_migrations: int = 0,
-                        on_migration: Callable[[str], None] | None = None) -> AsyncIterator[Tokens]:
+async def stream_tokens(
+    pool: WorkerPool,
+    prompt: list[int],
+    params: SamplingParams,
+    max_retries: int,
+    request_tag: str = "",
+    buffered: bool = False,
+    on_tokens: Callable[[int, Tokens], None] | None = None,
+    max_migrations: int = 0,
+    on_migration: Callable[[str], None] | None = None,
+) -> AsyncIterator[Tokens]:
     """The request's events, across retries and migrations (see the module docstring).
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
@@ -123,11 +141,20 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
     while True:
         worker = await _choose(pool, tried, last_loss)
         if moving is not None:
-            log.warning("request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
-                        request_tag, moving[0], worker.worker_id, len(got.ids), moving[1].message, got.migrations,
-                        max_migrations)
+            log.warning(
+                "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
+                request_tag,
+                moving[0],
+                worker.worker_id,
+                len(got.ids),
+                moving[1].message,
+                got.migrations,
+                max_migrations,
+            )
         try:
-            async with aclosing(_attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)) as events:
+            async with aclosing(
+                _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)
+            ) as events:
                 async for event in events:
                     yield event
             return
@@ -139,19 +166,40 @@ async def stream_tokens(pool: WorkerPool, prompt: list[int], params: SamplingPar
         tried.add(worker.worker_id)
 
 
-async def _attempt(pool: WorkerPool, worker: Worker, prompt: list[int], params: SamplingParams, request_tag: str,
-                   got: _Progress, buffered: bool,
-                   on_tokens: Callable[[int, Tokens], None] | None) -> AsyncIterator[Tokens]:
+async def _attempt(
+    pool: WorkerPool,
+    worker: Worker,
+    prompt: list[int],
+    params: SamplingParams,
+    request_tag: str,
+    got: _Progress,
+    buffered: bool,
+    on_tokens: Callable[[int, Tokens], None] | None,
+) -> AsyncIterator[Tokens]:
     """One attempt on ``worker``, resuming after ``got.ids``: yields events until the finish;
     raises :class:`_Lost` when the worker goes, :class:`UpstreamError` when it fails the request."""
     rid = pool.new_request_id()
-    log.info("request %s -> worker %d as %s (%d prompt tokens%s)", request_tag, worker.worker_id, rid, len(prompt),
-             f", resuming after {len(got.ids)} generated" if got.ids else "")
+    log.info(
+        "request %s -> worker %d as %s (%d prompt tokens%s)",
+        request_tag,
+        worker.worker_id,
+        rid,
+        len(prompt),
+        f", resuming after {len(got.ids)} generated" if got.ids else "",
+    )
     queue = pool.register(worker, rid)
     finished = ok = False  # finished: the worker is done with it, no Cancel needed
     try:
-        await pool.send_generate(worker, Generate(request_id=rid, prompt_token_ids=prompt, params=params,
-                                                  http_request_id=request_tag, output_token_ids=list(got.ids)))
+        await pool.send_generate(
+            worker,
+            Generate(
+                request_id=rid,
+                prompt_token_ids=prompt,
+                params=params,
+                http_request_id=request_tag,
+                output_token_ids=list(got.ids),
+            ),
+        )
         while True:
             event = await queue.get()
             if isinstance(event, WorkerLost):

@@ -27,17 +27,26 @@ async def start_servers(api: Api) -> list[web.AppRunner]:
     """Listen with the public and admin apps on the configured addresses; returns their runners
     (public first) for :func:`stop_servers`."""
     r = api.cfg.router
-    public = web.AppRunner(create_app(api), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=r.keepalive_timeout_s)
-    admin = web.AppRunner(create_admin_app(api), handler_cancellation=True, access_log=None,
-                          keepalive_timeout=r.keepalive_timeout_s)
+    public = web.AppRunner(
+        create_app(api), handler_cancellation=True, access_log=None, keepalive_timeout=r.keepalive_timeout_s
+    )
+    admin = web.AppRunner(
+        create_admin_app(api), handler_cancellation=True, access_log=None, keepalive_timeout=r.keepalive_timeout_s
+    )
     await public.setup()
     await admin.setup()
     public.app[CONNECTIONS].attach(public.server)
     await web.TCPSite(public, r.host, r.port).start()
     await web.TCPSite(admin, r.admin_host, r.admin_port).start()
-    log.info("listening on http://%s:%d (admin on %s:%d, at most %d public connections), workers connect to %s",
-             r.host, r.port, r.admin_host, r.admin_port, public.app[CONNECTIONS].cap, api.pool.address)
+    log.info(
+        "listening on http://%s:%d (admin on %s:%d, at most %d public connections), workers connect to %s",
+        r.host,
+        r.port,
+        r.admin_host,
+        r.admin_port,
+        public.app[CONNECTIONS].cap,
+        api.pool.address,
+    )
     return [public, admin]
 
 
@@ -56,8 +65,9 @@ async def wait_for_takeover() -> int | None:
     return int(count) if word == "go" and count.isdigit() else None
 
 
-async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts: int = 0,
-                     standby: bool = False) -> None:
+async def run_router(
+    cfg: DeployConfig, model_path: str, address: str, restarts: int = 0, standby: bool = False
+) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
     time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so."""
     from transformers import AutoTokenizer
@@ -73,8 +83,14 @@ async def run_router(cfg: DeployConfig, model_path: str, address: str, restarts:
         restarts = taken
         log.info("standby router taking over (restart %d)", restarts)
     curve = keys.server_keys() if keys.uses_curve(address) else None
-    pool = WorkerPool(address, cfg.router.policy, cfg.workers.heartbeat_timeout_s, restarts=restarts,
-                      stall_timeout_s=cfg.workers.stall_timeout_s, curve=curve)
+    pool = WorkerPool(
+        address,
+        cfg.router.policy,
+        cfg.workers.heartbeat_timeout_s,
+        restarts=restarts,
+        stall_timeout_s=cfg.workers.stall_timeout_s,
+        curve=curve,
+    )
     api = Api(cfg, pool, tokenizer)
     runners = await start_servers(api)
     stop = asyncio.Event()
@@ -92,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--address", required=True)
     ap.add_argument("--restarts", type=int, default=0, help="times the supervisor has restarted the router")
-    ap.add_argument("--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding")
+    ap.add_argument(
+        "--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding"
+    )
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = DeployConfig.model_validate_json(f.read())

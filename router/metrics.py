@@ -42,11 +42,73 @@ GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 QUIET_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers"})
 
 # Buckets as vLLM's (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-               960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 class WorkerCollector:
@@ -65,11 +127,15 @@ class WorkerCollector:
         in_flight = gauge("worker_requests_in_flight", "Requests the router has dispatched to the worker")
         kv_ratio = gauge("kv_cache_usage_ratio", "Reserved KV-cache tokens / KV budget (0..1)")
         kv_budget = gauge("kv_cache_budget_tokens", "KV-cache budget of the worker in tokens")
-        memory = gauge("worker_memory_used_bytes", "Device memory in use: torch allocated on GPU, RSS on CPU",
-                       ("worker_id", "device"))
+        memory = gauge(
+            "worker_memory_used_bytes",
+            "Device memory in use: torch allocated on GPU, RSS on CPU",
+            ("worker_id", "device"),
+        )
         load = gauge("model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
-        restarts = CounterMetricFamily(f"{PREFIX}_worker_restarts", "Times the worker process was replaced",
-                                       labels=["worker_id"])
+        restarts = CounterMetricFamily(
+            f"{PREFIX}_worker_restarts", "Times the worker process was replaced", labels=["worker_id"]
+        )
 
         def counter(name: str, doc: str) -> CounterMetricFamily:  # since the worker process started
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["worker_id"])
@@ -95,8 +161,21 @@ class WorkerCollector:
             queried.add_metric([wid], hb.prefix_queried_tokens if hb else 0)
             preempted.add_metric([wid], hb.preemptions if hb else 0)
             blocks_free.add_metric([wid], hb.kv_blocks_free if hb else 0)
-        yield from (state, running, waiting, in_flight, kv_ratio, kv_budget, memory, load, restarts, hits, queried,
-                    preempted, blocks_free)
+        yield from (
+            state,
+            running,
+            waiting,
+            in_flight,
+            kv_ratio,
+            kv_budget,
+            memory,
+            load,
+            restarts,
+            hits,
+            queried,
+            preempted,
+            blocks_free,
+        )
 
 
 class Metrics:
@@ -105,27 +184,54 @@ class Metrics:
     def __init__(self, pool: WorkerPool):
         self.pool = pool
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self.http_requests = Counter(f"{PREFIX}_http_requests", "HTTP requests by endpoint, method and status",
-                                     ["endpoint", "method", "status"], registry=r)
-        self.e2e_latency = Histogram(f"{PREFIX}_e2e_request_latency_seconds",
-                                     "Generation requests: arrival to last byte (streamed or not)",
-                                     ["endpoint"], buckets=E2E_BUCKETS, registry=r)
+        self.http_requests = Counter(
+            f"{PREFIX}_http_requests",
+            "HTTP requests by endpoint, method and status",
+            ["endpoint", "method", "status"],
+            registry=r,
+        )
+        self.e2e_latency = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds",
+            "Generation requests: arrival to last byte (streamed or not)",
+            ["endpoint"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge(f"{PREFIX}_num_requests_running", "Generation requests receiving tokens", registry=r)
-        self.waiting = Gauge(f"{PREFIX}_num_requests_waiting",
-                             "Generation requests accepted but without their first token yet", registry=r)
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Request arrival to first token event",
-                              ["worker_id"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between consecutive token events",
-                             ["worker_id"], buckets=ITL_BUCKETS, registry=r)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of finished requests",
-                                     ["worker_id"], registry=r)
-        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Generated tokens of finished requests",
-                                         ["worker_id"], registry=r)
-        self.request_success = Counter(f"{PREFIX}_request_success", "Requests finished by a worker",
-                                       ["worker_id", "finished_reason"], registry=r)
-        self.migrations = Counter(f"{PREFIX}_request_migrations",
-                                  "Requests moved to another worker mid-generation, by why the first was lost",
-                                  ["reason"], registry=r)
+        self.waiting = Gauge(
+            f"{PREFIX}_num_requests_waiting",
+            "Generation requests accepted but without their first token yet",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Request arrival to first token event",
+            ["worker_id"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "Time between consecutive token events",
+            ["worker_id"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens", "Prompt tokens of finished requests", ["worker_id"], registry=r
+        )
+        self.generation_tokens = Counter(
+            f"{PREFIX}_generation_tokens", "Generated tokens of finished requests", ["worker_id"], registry=r
+        )
+        self.request_success = Counter(
+            f"{PREFIX}_request_success", "Requests finished by a worker", ["worker_id", "finished_reason"], registry=r
+        )
+        self.migrations = Counter(
+            f"{PREFIX}_request_migrations",
+            "Requests moved to another worker mid-generation, by why the first was lost",
+            ["reason"],
+            registry=r,
+        )
         ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
         r.register(WorkerCollector(pool))
 

@@ -31,8 +31,12 @@ from worker.protocol import Grammar, SamplingParams
 
 def check_model(api: Api, name: str | None) -> None:
     if name is not None and name != api.model_name:
-        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{api.model_name}'",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{name}' does not exist; this server serves '{api.model_name}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
@@ -40,23 +44,43 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
     lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
     max_prompt = api.max_prompt_tokens
     if prompt_len > max_prompt:
-        raise ApiError(400, f"prompt has {prompt_len} tokens, over the limit of {max_prompt} (limits.max_prompt_tokens)",
-                       param="messages" if isinstance(req, ChatRequest) else "prompt", code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"prompt has {prompt_len} tokens, over the limit of {max_prompt} (limits.max_prompt_tokens)",
+            param="messages" if isinstance(req, ChatRequest) else "prompt",
+            code="context_length_exceeded",
+        )
     if max_tokens is not None and max_tokens > lim.max_tokens:
-        raise ApiError(400, f"max_tokens={max_tokens} is over this server's ceiling of {lim.max_tokens} (limits.max_tokens)",
-                       param="max_tokens", code="max_tokens_exceeded")
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} is over this server's ceiling of {lim.max_tokens} (limits.max_tokens)",
+            param="max_tokens",
+            code="max_tokens_exceeded",
+        )
     if max_tokens is not None and prompt_len + max_tokens > max_len:
-        raise ApiError(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
-                            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
-                            "completion). Please reduce the prompt or max_tokens.",
-                       param="max_tokens", code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+            "completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
     stops = req.stop_list()
     if len(stops) > lim.max_stop_strings:
-        raise ApiError(400, f"{len(stops)} stop strings, over the limit of {lim.max_stop_strings} (limits.max_stop_strings)",
-                       param="stop", code="too_many_stop_strings")
+        raise ApiError(
+            400,
+            f"{len(stops)} stop strings, over the limit of {lim.max_stop_strings} (limits.max_stop_strings)",
+            param="stop",
+            code="too_many_stop_strings",
+        )
     if any(len(s) > lim.max_stop_length for s in stops):
-        raise ApiError(400, f"a stop string is longer than {lim.max_stop_length} characters (limits.max_stop_length)",
-                       param="stop", code="stop_too_long")
+        raise ApiError(
+            400,
+            f"a stop string is longer than {lim.max_stop_length} characters (limits.max_stop_length)",
+            param="stop",
+            code="stop_too_long",
+        )
     temperature = 1.0 if req.temperature is None else req.temperature
     bias = req.logit_bias_ids()
     vocab = len(api.tokenizer)
@@ -64,19 +88,28 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
         raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
     max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
     if req.min_tokens and req.min_tokens > max_new:
-        raise ApiError(400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens",
-                       code="invalid_value")
+        raise ApiError(
+            400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens", code="invalid_value"
+        )
     if isinstance(req, ChatRequest):
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
     else:
         logprobs = req.logprobs
     return SamplingParams(
         max_tokens=max_new,
-        temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-        seed=req.seed, stop=stops, ignore_eos=req.ignore_eos,
-        presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
+        temperature=temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop=stops,
+        ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=bias, min_tokens=req.min_tokens or 0, logprobs=logprobs)
+        logit_bias=bias,
+        min_tokens=req.min_tokens or 0,
+        logprobs=logprobs,
+    )
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -93,8 +126,12 @@ async def request_grammar(api: Api, req: ChatRequest, tools: ToolMode | None) ->
     grammar, param = None, "response_format"
     if tools is not None and tools.forced:
         if req.response_format is not None and req.response_format.type != "text":
-            raise ApiError(400, "response_format cannot be combined with a forced tool_choice", param="response_format",
-                           code="invalid_value")
+            raise ApiError(
+                400,
+                "response_format cannot be combined with a forced tool_choice",
+                param="response_format",
+                code="invalid_value",
+            )
         grammar, param = tool_grammar(req, tools), "tools"
     elif req.response_format is not None and req.response_format.type == "json_object":
         grammar = Grammar(kind="json_object")
@@ -104,8 +141,9 @@ async def request_grammar(api: Api, req: ChatRequest, tools: ToolMode | None) ->
     if grammar is None:
         return None
     if req.ignore_eos:
-        raise ApiError(400, "ignore_eos cannot be combined with constrained output", param="ignore_eos",
-                       code="invalid_value")
+        raise ApiError(
+            400, "ignore_eos cannot be combined with constrained output", param="ignore_eos", code="invalid_value"
+        )
     await api.grammar_checker.check(grammar, param)
     return grammar
 
@@ -119,8 +157,9 @@ async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
         try:
             text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         except TemplateError as exc:  # e.g. a template that requires alternating roles
-            raise ApiError(400, f"messages: the model's chat template refused them: {exc}", param="messages",
-                           code="invalid_value") from None
+            raise ApiError(
+                400, f"messages: the model's chat template refused them: {exc}", param="messages", code="invalid_value"
+            ) from None
         check_prompt_chars(api, text, "messages")
         return api.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -130,8 +169,13 @@ async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
 async def tokenize_prompt(api: Api, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
         if len(prompt) > api.max_prompt_tokens:
-            raise ApiError(400, f"prompt has {len(prompt)} tokens, over the limit of {api.max_prompt_tokens} "
-                                "(limits.max_prompt_tokens)", param="prompt", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt has {len(prompt)} tokens, over the limit of {api.max_prompt_tokens} "
+                "(limits.max_prompt_tokens)",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         vocab = len(api.tokenizer)
         if any(t < 0 or t >= vocab for t in prompt):
             raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
@@ -165,17 +209,39 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     api = request.app[API]
-    return web.json_response({"object": "list", "data": [
-        {"id": api.model_name, "object": "model", "created": 0, "owned_by": "llamadeploy",
-         "max_model_len": api.cfg.model.max_model_len}]})
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": api.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "llamadeploy",
+                    "max_model_len": api.cfg.model.max_model_len,
+                }
+            ],
+        }
+    )
 
 
-async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[int], params: SamplingParams,
-                  chat: bool, tools: ToolMode | None = None) -> web.StreamResponse:
+async def respond(
+    request: web.Request,
+    api: Api,
+    req: Sampling,
+    prompt: list[int],
+    params: SamplingParams,
+    chat: bool,
+    tools: ToolMode | None = None,
+) -> web.StreamResponse:
     """Fan out ``req.n`` generations (choice ``i`` seeded with :func:`choice_seed`) and answer with
     one JSON body or one SSE stream whose chunks carry each choice's ``index``."""
-    shaper = Shaper(WorkerPool.new_request_id()[4:], api.model_name, chat,
-                    include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage))
+    shaper = Shaper(
+        WorkerPool.new_request_id()[4:],
+        api.model_name,
+        chat,
+        include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
+    )
     timeout = request_timeout(request, api)
     timer = request_timer(request)
     top = params.logprobs
@@ -186,10 +252,17 @@ async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[in
 
     def events(i: int):
         p = params if i == 0 else msgspec.structs.replace(params, seed=choice_seed(params.seed, i))
-        return stream_tokens(api.pool, prompt, p, api.cfg.router.max_retries,
-                             request.get("request_id", ""), buffered=not req.stream,
-                             on_tokens=timer.on_tokens, max_migrations=api.cfg.router.max_migrations,
-                             on_migration=timer.on_migration)
+        return stream_tokens(
+            api.pool,
+            prompt,
+            p,
+            api.cfg.router.max_retries,
+            request.get("request_id", ""),
+            buffered=not req.stream,
+            on_tokens=timer.on_tokens,
+            max_migrations=api.cfg.router.max_migrations,
+            on_migration=timer.on_migration,
+        )
 
     merged = timer.wrap(merge_events([events(i) for i in range(req.n)]))  # one request in the gauges
     if req.stream:
@@ -202,5 +275,3 @@ async def respond(request: web.Request, api: Api, req: Sampling, prompt: list[in
     except TimeoutError:
         raise timeout_error(timeout) from None
     return web.json_response(shaper.whole([c.whole() for c in choices], total_usage(len(prompt), choices)))
-
-

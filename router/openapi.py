@@ -19,16 +19,27 @@ from router.schemas import ChatRequest, CompletionRequest
 from router.state import API
 
 ERROR = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
 REQUEST_ID_HEADER = {
-    "name": "X-Request-ID", "in": "header", "required": False,
+    "name": "X-Request-ID",
+    "in": "header",
+    "required": False,
     "description": "Echoed on the response and carried in router and worker logs; a new one is made when "
-                   "absent or not matching the pattern.",
+    "absent or not matching the pattern.",
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
 }
 JSON_OBJECT = {"type": "object"}
@@ -42,30 +53,56 @@ def _version() -> str:
 
 
 def _errors(*statuses: int) -> dict:
-    return {str(s): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-            for s in statuses}
+    return {
+        str(s): {
+            "description": "error",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for s in statuses
+    }
 
 
-def _get(summary: str, content_type: str = "application/json", schema: dict = JSON_OBJECT, open_: bool = False,
-         errors: tuple[int, ...] = (401,)) -> dict:
-    op = {"summary": summary, "parameters": [REQUEST_ID_HEADER],
-          "responses": {"200": {"description": "OK", "content": {content_type: {"schema": schema}}},
-                        **_errors(*((503,) if open_ else errors))}}
+def _get(
+    summary: str,
+    content_type: str = "application/json",
+    schema: dict = JSON_OBJECT,
+    open_: bool = False,
+    errors: tuple[int, ...] = (401,),
+) -> dict:
+    op = {
+        "summary": summary,
+        "parameters": [REQUEST_ID_HEADER],
+        "responses": {
+            "200": {"description": "OK", "content": {content_type: {"schema": schema}}},
+            **_errors(*((503,) if open_ else errors)),
+        },
+    }
     if open_:
         op["security"] = []
     return {"get": op}
 
 
 def _post(summary: str, body_schema: str) -> dict:
-    return {"post": {
-        "summary": summary, "parameters": [REQUEST_ID_HEADER],
-        "requestBody": {"required": True, "content": {"application/json": {
-            "schema": {"$ref": f"#/components/schemas/{body_schema}"}}}},
-        "responses": {
-            "200": {"description": "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
-                    "content": {"application/json": {"schema": JSON_OBJECT},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
-            **_errors(400, 401, 404, 408, 413, 429, 502, 503, 504)}}}
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [REQUEST_ID_HEADER],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body_schema}"}}},
+            },
+            "responses": {
+                "200": {
+                    "description": "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
+                    "content": {
+                        "application/json": {"schema": JSON_OBJECT},
+                        "text/event-stream": {"schema": {"type": "string"}},
+                    },
+                },
+                **_errors(400, 401, 404, 408, 413, 429, 502, 503, 504),
+            },
+        }
+    }
 
 
 def _model_schemas(*models: tuple[type[BaseModel], str]) -> dict:
@@ -85,7 +122,8 @@ def build_openapi(cfg: DeployConfig) -> dict:
         f"{lim.max_body_bytes} bytes (limits.max_body_bytes), prompt {lim.max_prompt_tokens or cfg.model.max_model_len - 1} "
         f"tokens (limits.max_prompt_tokens), max_tokens {lim.max_tokens} (limits.max_tokens), "
         f"{lim.max_stop_strings} stop strings of {lim.max_stop_length} characters (limits.max_stop_strings, "
-        f"limits.max_stop_length), {cfg.router.request_timeout_s:g} s per request (router.request_timeout_s).")
+        f"limits.max_stop_length), {cfg.router.request_timeout_s:g} s per request (router.request_timeout_s)."
+    )
     doc = {
         "openapi": "3.1.0",
         "info": {"title": "llamadeploy router", "version": _version(), "description": description},
@@ -100,8 +138,12 @@ def build_openapi(cfg: DeployConfig) -> dict:
             "/metrics": _get("Prometheus metrics", "text/plain", {"type": "string"}),
             "/openapi.json": _get("This document"),
         },
-        "components": {"schemas": {**_model_schemas((ChatRequest, "ChatCompletionRequest"),
-                                                     (CompletionRequest, "CompletionRequest")), "Error": ERROR}},
+        "components": {
+            "schemas": {
+                **_model_schemas((ChatRequest, "ChatCompletionRequest"), (CompletionRequest, "CompletionRequest")),
+                "Error": ERROR,
+            }
+        },
     }
     if cfg.router.api_keys:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -162,8 +162,9 @@ class Sampling(Body):
     user: Text | None = None
     ignore_eos: StrictBool = False
 
-    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                     mode="before")
+    @field_validator(
+        "temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", mode="before"
+    )
     @classmethod
     def _number(cls, v):
         if isinstance(v, bool) or (v is not None and not isinstance(v, (int, float))):
@@ -202,6 +203,7 @@ def _refuse(what: str):
         if v is not None:
             raise ValueError(f"{what} is not supported")
         return v
+
     return check
 
 
@@ -309,7 +311,10 @@ def parse(model: type[Body], data: object) -> Body:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]
-                         if isinstance(p, int) or (FIELD.fullmatch(p) and p not in TYPE_TAGS)) or None
-        raise ApiError(400, f"{param}: {err['msg']}" if param else err["msg"], param=param,
-                       code="invalid_value") from None
+        param = (
+            ".".join(str(p) for p in err["loc"] if isinstance(p, int) or (FIELD.fullmatch(p) and p not in TYPE_TAGS))
+            or None
+        )
+        raise ApiError(
+            400, f"{param}: {err['msg']}" if param else err["msg"], param=param, code="invalid_value"
+        ) from None

@@ -36,8 +36,13 @@ class TokenTexts:
 
     def chat(self, lps: list[TokenLogprob], top: int) -> list[dict]:
         """``choices[].logprobs.content`` entries."""
-        return [{**self.chat_entry(lp.token_id, lp.logprob),
-                 "top_logprobs": [self.chat_entry(t, v) for t, v in lp.top[:top]]} for lp in lps]
+        return [
+            {
+                **self.chat_entry(lp.token_id, lp.logprob),
+                "top_logprobs": [self.chat_entry(t, v) for t, v in lp.top[:top]],
+            }
+            for lp in lps
+        ]
 
     def completion(self, lps: list[TokenLogprob], top: int, offset: int) -> tuple[dict, int]:
         """The ``text_completion`` logprobs object of these tokens, their text starting at character
@@ -63,8 +68,9 @@ class Choice:
     sent yet); after the last event, :meth:`whole` is the non-streaming choice object.
     """
 
-    def __init__(self, index: int, chat: bool, tools: ToolMode | None, texts: TokenTexts | None,
-                 top_logprobs: int | None):
+    def __init__(
+        self, index: int, chat: bool, tools: ToolMode | None, texts: TokenTexts | None, top_logprobs: int | None
+    ):
         self.index, self.chat = index, chat
         self.tools = tools
         self.texts = texts
@@ -135,8 +141,11 @@ class Choice:
                 message["content"] = content
                 message["tool_calls"] = [c.as_dict() for c in calls]
                 finish = "tool_calls" if finish == "stop" else finish
-        logprobs = {"content": self.texts.chat(self.lps, self.top), "refusal": None} \
-            if self.top is not None and self.texts is not None else None
+        logprobs = (
+            {"content": self.texts.chat(self.lps, self.top), "refusal": None}
+            if self.top is not None and self.texts is not None
+            else None
+        )
         return {"index": self.index, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
 
@@ -146,8 +155,12 @@ class Shaper:
     def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool = False):
         self.chat = chat
         self.include_usage = include_usage
-        self.base = {"id": ("chatcmpl-" if chat else "cmpl-") + request_id, "created": int(time.time()),
-                     "model": model, "system_fingerprint": None}
+        self.base = {
+            "id": ("chatcmpl-" if chat else "cmpl-") + request_id,
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+        }
 
     @property
     def chunk_object(self) -> str:
@@ -163,8 +176,12 @@ class Shaper:
         return {**self.base, "object": self.chunk_object, "choices": [], "usage": usage}
 
     def whole(self, choices: list[dict], usage: dict) -> dict:
-        return {**self.base, "object": "chat.completion" if self.chat else "text_completion",
-                "choices": choices, "usage": usage}
+        return {
+            **self.base,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "choices": choices,
+            "usage": usage,
+        }
 
 
 def total_usage(prompt_tokens: int, choices: list[Choice]) -> dict:

@@ -52,8 +52,9 @@ async def merge_events(streams: list):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def respond_stream(request: web.Request, shaper: Shaper, choices: list[Choice], events, timeout: float,
-                         prompt_tokens: int) -> web.StreamResponse:
+async def respond_stream(
+    request: web.Request, shaper: Shaper, choices: list[Choice], events, timeout: float, prompt_tokens: int
+) -> web.StreamResponse:
     resp: web.StreamResponse | None = None
 
     async def send(obj: dict | str) -> None:
@@ -65,7 +66,9 @@ async def respond_stream(request: web.Request, shaper: Shaper, choices: list[Cho
             async with aclosing(events) as stream:
                 async for i, tok in stream:
                     if resp is None:
-                        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+                        resp = web.StreamResponse(
+                            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                        )
                         await resp.prepare(request)
                     for part in choices[i].feed(tok):
                         await send(shaper.chunk([part]))

@@ -56,5 +56,3 @@ class Api:
 
 
 API = web.AppKey("api", Api)
-
-

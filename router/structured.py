@@ -34,12 +34,31 @@ MAX_DEPTH = 64
 MAX_COUNT = 10_000
 COMPILE_TIMEOUT_S = 5.0
 CACHE_ENTRIES = 1024
-COUNT_KEYWORDS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
-                  "minContains", "maxContains")
+COUNT_KEYWORDS = (
+    "minItems",
+    "maxItems",
+    "minLength",
+    "maxLength",
+    "minProperties",
+    "maxProperties",
+    "minContains",
+    "maxContains",
+)
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
-SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-               "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+SCHEMA_ONES = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
 
 
 def canonical(schema: Any) -> str:
@@ -81,8 +100,9 @@ def _walk(node: Any, param: str, where: str, depth: int) -> None:
         patterns += list(node["patternProperties"])
     for pattern in patterns:
         _regex(pattern, param, f"{where}.pattern")
-    if "required" in node and not (isinstance(node["required"], list)
-                                   and all(isinstance(r, str) for r in node["required"])):
+    if "required" in node and not (
+        isinstance(node["required"], list) and all(isinstance(r, str) for r in node["required"])
+    ):
         raise _bad(param, f"{where}.required must be a list of property names")
     if "$ref" in node and not isinstance(node["$ref"], str):
         raise _bad(param, f"{where}.$ref must be a string")

@@ -33,8 +33,9 @@ TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
-    "</tool_call>")
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
+    "</tool_call>"
+)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _ALNUM = string.ascii_letters + string.digits
@@ -84,8 +85,14 @@ def tool_grammar(req: ChatRequest, mode: ToolMode) -> Grammar:
             continue
         params = t.function.parameters if t.function.parameters is not None else {"type": "object"}
         check_schema(params, "tools")
-        options.append({"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": params},
-                        "required": ["name", "arguments"], "additionalProperties": False})
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     text = canonical(schema)
     check_schema(schema, "tools")
@@ -103,9 +110,14 @@ def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:
         if native:
             msg: dict = {"role": role, "content": text}
             if m.tool_calls:
-                msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.function.name, "arguments": _loads(c.function.arguments)}}
-                                     for c in m.tool_calls]
+                msg["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": _loads(c.function.arguments)},
+                    }
+                    for c in m.tool_calls
+                ]
             if m.tool_call_id is not None:
                 msg["tool_call_id"] = m.tool_call_id
             if m.name is not None and role == "tool":
@@ -113,8 +125,10 @@ def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:
             out.append(msg)
             continue
         if m.tool_calls:
-            calls = "\n".join(f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _loads(c.function.arguments)}, ensure_ascii=False)}\n{CLOSE}"
-                              for c in m.tool_calls)
+            calls = "\n".join(
+                f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _loads(c.function.arguments)}, ensure_ascii=False)}\n{CLOSE}"
+                for c in m.tool_calls
+            )
             text = f"{text}\n{calls}" if text else calls
         if role == "tool":
             role, text = "user", f"<tool_response>\n{text}\n</tool_response>"
@@ -123,8 +137,9 @@ def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:
     if offered and native:
         kwargs["tools"] = [t.model_dump(exclude_none=True) for t in offered]
     elif offered:
-        listing = TOOLS_PROMPT.format(tools="\n".join(json.dumps(t.model_dump(exclude_none=True), ensure_ascii=False)
-                                                      for t in offered))
+        listing = TOOLS_PROMPT.format(
+            tools="\n".join(json.dumps(t.model_dump(exclude_none=True), ensure_ascii=False) for t in offered)
+        )
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{listing}" if out[0]["content"] else listing}
         else:
@@ -217,8 +232,8 @@ class CallStreamer:
 
     def __init__(self, mode: ToolMode):
         self.mode = mode
-        self.text = ""      # everything received
-        self.sent = 0       # forced: characters of argument text sent; auto: characters sent as content
+        self.text = ""  # everything received
+        self.sent = 0  # forced: characters of argument text sent; auto: characters sent as content
         self.call: Call | None = None
         self.in_call = False
         self.calls: list[Call] = []
@@ -233,12 +248,13 @@ class CallStreamer:
         at = self.text.find(OPEN, self.sent)
         if at >= 0:
             self.in_call = True
-            out, self.sent = self.text[self.sent:at], at
+            out, self.sent = self.text[self.sent : at], at
             return out, []
-        keep = next((n for n in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1)
-                     if self.text.endswith(OPEN[:n])), 0)
+        keep = next(
+            (n for n in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1) if self.text.endswith(OPEN[:n])), 0
+        )
         end = len(self.text) - keep
-        out, self.sent = self.text[self.sent:end], max(self.sent, end)
+        out, self.sent = self.text[self.sent : end], max(self.sent, end)
         return out, []
 
     def _forced(self) -> list[dict]:
@@ -249,11 +265,17 @@ class CallStreamer:
                 return []
             self.call = Call(json.loads(f'"{m.group(1)}"'), "")
             self.sent = m.end()
-            out.append({"index": 0, "id": self.call.id, "type": "function",
-                        "function": {"name": self.call.name, "arguments": ""}})
+            out.append(
+                {
+                    "index": 0,
+                    "id": self.call.id,
+                    "type": "function",
+                    "function": {"name": self.call.name, "arguments": ""},
+                }
+            )
         end = len(self.text) - 1  # the last character may be the wrapper's closing brace
         if end > self.sent:
-            out.append({"index": 0, "function": {"arguments": self.text[self.sent:end]}})
+            out.append({"index": 0, "function": {"arguments": self.text[self.sent : end]}})
             self.sent = end
         return out
 
@@ -262,19 +284,23 @@ class CallStreamer:
         if self.mode.forced:
             _, calls = parse_calls(self.text, self.mode)
             if self.call is None:
-                return (self.text, [], []) if not calls else ("", [_head(0, calls[0]), _args(0, calls[0].arguments)], calls)
-            tail = self.text[self.sent:].rstrip()
+                return (
+                    (self.text, [], [])
+                    if not calls
+                    else ("", [_head(0, calls[0]), _args(0, calls[0].arguments)], calls)
+                )
+            tail = self.text[self.sent :].rstrip()
             tail = tail[:-1] if tail.endswith("}") else tail
             deltas = [{"index": 0, "function": {"arguments": tail}}] if tail else []
             if calls:
                 calls[0].id = self.call.id
             return "", deltas, calls or [self.call]
         if not self.in_call:
-            rest, self.sent = self.text[self.sent:], len(self.text)
+            rest, self.sent = self.text[self.sent :], len(self.text)
             return rest, [], []
         _, calls = parse_calls(self.text, self.mode)
         if not calls:
-            return self.text[self.sent:], [], []
+            return self.text[self.sent :], [], []
         deltas = []
         for i, c in enumerate(calls):
             deltas += [_head(i, c), _args(i, c.arguments)]

@@ -36,8 +36,9 @@ class WorkerLink:
     passed the checks; :meth:`send` raises ``zmq.ZMQError`` when the worker is not connected.
     ``curve``: the socket is a CURVE server that accepts only these workers' keys."""
 
-    def __init__(self, address: str, on_message: Callable[[int, WorkerToRouter], None],
-                 curve: ServerKeys | None = None):
+    def __init__(
+        self, address: str, on_message: Callable[[int, WorkerToRouter], None], curve: ServerKeys | None = None
+    ):
         self.address = address
         self.on_message = on_message
         self.ctx = zmq.asyncio.Context()
@@ -56,8 +57,11 @@ class WorkerLink:
         self.sock.bind(self.address)  # a restarted router binds the same address (ipc: the path is reused)
         host = self.address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
         if self.address.startswith("tcp://") and host not in LOOPBACK_HOSTS and self.gate is None:
-            log.warning("workers connect on %s without CURVE: any host that can reach it can act as a worker "
-                        "(keep it on a private network or use loopback)", self.address)
+            log.warning(
+                "workers connect on %s without CURVE: any host that can reach it can act as a worker "
+                "(keep it on a private network or use loopback)",
+                self.address,
+            )
         self._task = asyncio.create_task(self._receive(), name="zmq-receive")
 
     async def close(self) -> None:

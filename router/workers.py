@@ -111,6 +111,7 @@ class Worker:
             return 0.0
         stalled = now - self.progress_at
         return stalled if hb.steps is not None else min(stalled, hb.last_step_age_s)
+
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
     @property
@@ -123,15 +124,30 @@ class Worker:
         hb = self.heartbeat
         up = self.state in (State.READY, State.DRAINING)
         return WorkerInfo(
-            id=self.worker_id, device=self.device, pid=self.pid, state=self.state, in_flight=self.in_flight,
-            served=self.served, failed_requests=self.failed_requests, restarts=self.restarts,
+            id=self.worker_id,
+            device=self.device,
+            pid=self.pid,
+            state=self.state,
+            in_flight=self.in_flight,
+            served=self.served,
+            failed_requests=self.failed_requests,
+            restarts=self.restarts,
             uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
-            running=hb.running if hb else 0, waiting=hb.waiting if hb else 0,
-            peak_running=hb.peak_running if hb else 0, kv_used_tokens=hb.kv_used_tokens if hb else 0,
-            kv_budget_tokens=self.kv_budget_tokens, mem_bytes=hb.mem_bytes if hb else 0,
-            max_num_seqs=self.max_num_seqs, max_waiting=self.max_waiting, load_seconds=round(self.load_seconds, 2),
-            exit_reason=self.exit_reason, start_requested=self.start_requested, heartbeats=self.heartbeats,
-            steps=hb.steps if hb else None, last_step_age_s=hb.last_step_age_s if hb else None)
+            running=hb.running if hb else 0,
+            waiting=hb.waiting if hb else 0,
+            peak_running=hb.peak_running if hb else 0,
+            kv_used_tokens=hb.kv_used_tokens if hb else 0,
+            kv_budget_tokens=self.kv_budget_tokens,
+            mem_bytes=hb.mem_bytes if hb else 0,
+            max_num_seqs=self.max_num_seqs,
+            max_waiting=self.max_waiting,
+            load_seconds=round(self.load_seconds, 2),
+            exit_reason=self.exit_reason,
+            start_requested=self.start_requested,
+            heartbeats=self.heartbeats,
+            steps=hb.steps if hb else None,
+            last_step_age_s=hb.last_step_age_s if hb else None,
+        )
 
     def info(self) -> dict:
         """:meth:`report` as plain JSON-ready data."""
@@ -140,7 +156,9 @@ class Worker:
 
 class Overloaded(ApiError):
     def __init__(self) -> None:
-        super().__init__(429, "every worker's queue is full; retry later", code="overloaded", headers={"Retry-After": "1"})
+        super().__init__(
+            429, "every worker's queue is full; retry later", code="overloaded", headers={"Retry-After": "1"}
+        )
 
 
 class NoWorker(ApiError):
@@ -152,8 +170,15 @@ class WorkerPool:
     """The worker table and the request queues of one router, with its link to the workers
     (``curve``: the workers' CURVE keys, for any address but ``ipc://``; :mod:`launcher.keys`)."""
 
-    def __init__(self, address: str, policy: str, heartbeat_timeout_s: float, restarts: int = 0,
-                 stall_timeout_s: float = 30.0, curve: ServerKeys | None = None):
+    def __init__(
+        self,
+        address: str,
+        policy: str,
+        heartbeat_timeout_s: float,
+        restarts: int = 0,
+        stall_timeout_s: float = 30.0,
+        curve: ServerKeys | None = None,
+    ):
         self.address = address
         self.policy = make_policy(policy)
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -257,10 +282,15 @@ class WorkerPool:
 
     def table(self) -> WorkerTable:
         """The worker table as the admin API serves it (slots by id)."""
-        router = RouterInfo(pid=self.router.pid, restarts=self.router.restarts,
-                            uptime_s=round(time.time() - self._router_started, 1))
-        return WorkerTable(policy=self.policy.name, accepting=self.accepting, router=router,
-                           workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)])
+        router = RouterInfo(
+            pid=self.router.pid, restarts=self.router.restarts, uptime_s=round(time.time() - self._router_started, 1)
+        )
+        return WorkerTable(
+            policy=self.policy.name,
+            accepting=self.accepting,
+            router=router,
+            workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)],
+        )
 
     def get(self, worker_id: int) -> Worker:
         if worker_id not in self.workers:
@@ -351,14 +381,19 @@ class WorkerPool:
             if owner == wid:
                 self.queues[msg.request_id].put_nowait(msg)
             elif owner is not None:
-                log.warning("dropped %s for %s from worker %d, which does not own it", type(msg).__name__,
-                            msg.request_id, wid)
+                log.warning(
+                    "dropped %s for %s from worker %d, which does not own it", type(msg).__name__, msg.request_id, wid
+                )
             elif isinstance(msg, Tokens) and msg.finish_reason is None:
                 self._cancel_orphan(wid, msg.request_id)
             return  # else: a late event of a request already finished or cancelled
         if getattr(msg, "worker_id", wid) != wid:
-            log.warning("dropped %s claiming worker %s from identity %r", type(msg).__name__, msg.worker_id,
-                        worker_identity(wid))
+            log.warning(
+                "dropped %s claiming worker %s from identity %r",
+                type(msg).__name__,
+                msg.worker_id,
+                worker_identity(wid),
+            )
             return
         if isinstance(msg, Hello) and msg.protocol != PROTOCOL_VERSION:
             log.warning("dropped Hello of worker %d: protocol %d, expected %d", wid, msg.protocol, PROTOCOL_VERSION)
@@ -450,6 +485,9 @@ class WorkerPool:
                 log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
                 self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
             elif (stalled := w.stalled_for(now)) > self.stall_timeout_s:
-                log.warning("worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",
-                            w.worker_id, stalled)
+                log.warning(
+                    "worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",
+                    w.worker_id,
+                    stalled,
+                )
                 self.mark_lost(w.worker_id, f"stalled: no engine step for {stalled:.0f}s", kind="stalled")

@@ -37,14 +37,27 @@ GiB = 2**30
 
 # Llama-3-8B's published config (meta-llama/Meta-Llama-3-8B config.json), weights not needed.
 LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
-    "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
 }
 
 
 # ---- HTTP: one streamed completion ---------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -74,8 +87,12 @@ def stream(url: str, path: str, body: dict, timeout: float = 300.0) -> Result:
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     res = Result(sent=time.perf_counter())
     try:
-        conn.request("POST", parts.path.rstrip("/") + path, json.dumps({**body, "stream": True}),
-                     {"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            parts.path.rstrip("/") + path,
+            json.dumps({**body, "stream": True}),
+            {"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         res.status = resp.status
         if resp.status != 200:
@@ -161,21 +178,32 @@ def concurrent(url: str, model: str, admin: str | None, n: int = 8) -> bool:
     before = incarnations(admin) if admin else {}
 
     def body(i: int, prompt: str, max_tokens: int) -> dict:
-        return {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.8,
-                "seed": 1000 + i, "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+        return {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0.8,
+            "seed": 1000 + i,
+            "max_tokens": max_tokens,
+            "stream_options": {"include_usage": True},
+        }
 
     prompts = mixed_prompts(n)
-    results = all_at_once([lambda i=i, p=p, m=m: stream(url, "/chat/completions", body(i, p, m))
-                           for i, (p, m) in enumerate(prompts)])
+    results = all_at_once(
+        [lambda i=i, p=p, m=m: stream(url, "/chat/completions", body(i, p, m)) for i, (p, m) in enumerate(prompts)]
+    )
     ok = True
     for i, r in enumerate(results):
         good = r.status == 200 and not r.error and r.finish_reason in ("stop", "length") and r.text
         ok &= bool(good)
-        print(f"  prompt {i} ({len(prompts[i][0].split())} words, max_tokens {prompts[i][1]}): HTTP {r.status}, "
-              f"{r.tokens} tokens, finish {r.finish_reason}{'' if good else ' FAILED ' + r.error}")
+        print(
+            f"  prompt {i} ({len(prompts[i][0].split())} words, max_tokens {prompts[i][1]}): HTTP {r.status}, "
+            f"{r.tokens} tokens, finish {r.finish_reason}{'' if good else ' FAILED ' + r.error}"
+        )
     alone = stream(url, "/chat/completions", body(0, *prompts[0]))
-    print(f"  prompt 0 alone vs batched (seed 1000): {match_rate(alone.text, results[0].text):.2f} of the text agrees "
-          "(bf16 on GPU may differ with batch size)")
+    print(
+        f"  prompt 0 alone vs batched (seed 1000): {match_rate(alone.text, results[0].text):.2f} of the text agrees "
+        "(bf16 on GPU may differ with batch size)"
+    )
     if admin and incarnations(admin) != before:
         print(f"  a worker was lost or restarted: before {before}, after {incarnations(admin)}")
         ok = False
@@ -192,6 +220,7 @@ def match_rate(a: str, b: str) -> float:
 
 # ---- KV budget: pick a utilization, then overrun it ----------------------------------------
 
+
 def pick_util(deploy: str, seqs: float = 1.5) -> float:
     """The smallest ``gpu_memory_utilization`` (to 1e-3) whose planned KV budget
     holds ``seqs`` ``max_model_len`` sequences on this machine's first GPU (or a hypothetical
@@ -205,8 +234,13 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     inv = discover()
     gpu = (inv.gpus or parse_gpus("141GB"))[0]
     shape = read_shape(cfg.model.name)
-    sizing = size(shape, "bfloat16", cfg.model.max_model_len, cfg.workers.max_num_seqs,
-                  max(cfg.workers.prefill_budgets(on_gpu=True)))
+    sizing = size(
+        shape,
+        "bfloat16",
+        cfg.model.max_model_len,
+        cfg.workers.max_num_seqs,
+        max(cfg.workers.prefill_budgets(on_gpu=True)),
+    )
     want = int(seqs * cfg.model.max_model_len)
     lo, hi = 0.001, 1.0
     if planned_budget([gpu], sizing, hi).tokens < want:
@@ -232,8 +266,18 @@ def near_budget(url: str, admin: str, model: str, max_model_len: int) -> bool:
 
     def call(i: int) -> Result:
         ids = [rng.randrange(100, 20000) for _ in range(prompt_len)]
-        return stream(url, "/completions", {"model": model, "prompt": ids, "max_tokens": new, "temperature": 0,
-                                            "ignore_eos": True, "stream_options": {"include_usage": True}})
+        return stream(
+            url,
+            "/completions",
+            {
+                "model": model,
+                "prompt": ids,
+                "max_tokens": new,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
 
     results = all_at_once([lambda i=i: call(i) for i in range(3)])
     ok = incarnations(admin) == before
@@ -244,6 +288,7 @@ def near_budget(url: str, admin: str, model: str, max_model_len: int) -> bool:
 
 
 # ---- a deliberate OOM ----------------------------------------------------------------------
+
 
 def grab_plan(free_bytes: int, keep_bytes: int = 8 * 2**20) -> list[int]:
     """Chunk sizes that take ``free_bytes − keep_bytes`` in 1 GiB pieces, then halving down to
@@ -268,8 +313,11 @@ def hog() -> None:
             held.append(torch.empty(n, dtype=torch.uint8, device="cuda:0"))
         except torch.OutOfMemoryError:
             continue
-    print(f"holding {sum(t.numel() for t in held) / GiB:.2f} GiB of cuda:0; "
-          f"{torch.cuda.mem_get_info(0)[0] / 2**20:.0f} MiB left free", flush=True)
+    print(
+        f"holding {sum(t.numel() for t in held) / GiB:.2f} GiB of cuda:0; "
+        f"{torch.cuda.mem_get_info(0)[0] / 2**20:.0f} MiB left free",
+        flush=True,
+    )
     threading.Event().wait()
 
 
@@ -280,11 +328,20 @@ def oom(url: str, admin: str, model: str, log: str, hog_seconds: float = 20.0) -
     more request after the hog must succeed."""
     before = incarnations(admin)
     rng = random.Random(2)
-    bodies = [{"model": model, "prompt": [rng.randrange(100, 20000) for _ in range(2000)], "max_tokens": 16,
-               "temperature": 0, "ignore_eos": True} for _ in range(4)]
+    bodies = [
+        {
+            "model": model,
+            "prompt": [rng.randrange(100, 20000) for _ in range(2000)],
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for _ in range(4)
+    ]
     results: list[Result] = []
-    sender = threading.Thread(target=lambda: results.extend(all_at_once([lambda b=b: stream(url, "/completions", b, 120)
-                                                                           for b in bodies])))
+    sender = threading.Thread(
+        target=lambda: results.extend(all_at_once([lambda b=b: stream(url, "/completions", b, 120) for b in bodies]))
+    )
     sender.start()
     sender.join(hog_seconds)
     print("RELEASE", flush=True)  # the shell kills the hog on this line
@@ -304,6 +361,7 @@ def oom(url: str, admin: str, model: str, log: str, hog_seconds: float = 20.0) -
 
 # ---- the engine bench on a random-weight Llama-3-8B shape -----------------------------------
 
+
 def make_model(folder: Path) -> int:
     """Write a Llama-3-8B ``config.json`` and a word-level tokenizer covering its 128,256 ids
     (``<s> </s> <unk> t3`` … ``t128255``) into ``folder``; no weights (``model.random_init: true`` builds them).
@@ -319,10 +377,18 @@ def make_model(folder: Path) -> int:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": LLAMA3_8B["max_position_embeddings"],
-        "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": LLAMA3_8B["max_position_embeddings"],
+                "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+            }
+        )
+    )
     return 2 * from_hf_config(LLAMA3_8B).params
 
 
@@ -357,24 +423,45 @@ def summarize(level: int, results: list[Result], wall_s: float, floor_s: float) 
     steps = [r.step for r in ok if r.step is not None]
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     step = statistics.median(steps) if steps else None
-    return {"concurrency": level, "ok": len(ok), "failed": len(results) - len(ok),
-            "tok_s": sum(len(r.chunks) for r in ok) / wall_s if wall_s > 0 else 0.0,
-            "ttft_p50_ms": 1e3 * statistics.median(ttfts) if ttfts else None,
-            "step_ms": 1e3 * step if step else None, "floor_ms": 1e3 * floor_s,
-            "step_over_floor": step / floor_s if step and floor_s else None}
+    return {
+        "concurrency": level,
+        "ok": len(ok),
+        "failed": len(results) - len(ok),
+        "tok_s": sum(len(r.chunks) for r in ok) / wall_s if wall_s > 0 else 0.0,
+        "ttft_p50_ms": 1e3 * statistics.median(ttfts) if ttfts else None,
+        "step_ms": 1e3 * step if step else None,
+        "floor_ms": 1e3 * floor_s,
+        "step_over_floor": step / floor_s if step and floor_s else None,
+    }
 
 
-def bench(url: str, model: str, weights_bytes: int, levels: list[int], bw: float, prompt_tokens: int = 128,
-          output_tokens: int = 64) -> list[dict]:
+def bench(
+    url: str,
+    model: str,
+    weights_bytes: int,
+    levels: list[int],
+    bw: float,
+    prompt_tokens: int = 128,
+    output_tokens: int = 64,
+) -> list[dict]:
     """For each concurrency: one unmeasured wave, then two measured waves of ``level`` requests
     at once (random token-id prompts, ``ignore_eos``, fixed output length)."""
     rng = random.Random(3)
     floor = weights_bytes / bw
     rows = []
     for level in levels:
+
         def wave(level: int = level) -> tuple[list[Result], float]:
-            bodies = [{"model": model, "prompt": [rng.randrange(3, 128000) for _ in range(prompt_tokens)],
-                       "max_tokens": output_tokens, "temperature": 0, "ignore_eos": True} for _ in range(level)]
+            bodies = [
+                {
+                    "model": model,
+                    "prompt": [rng.randrange(3, 128000) for _ in range(prompt_tokens)],
+                    "max_tokens": output_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                }
+                for _ in range(level)
+            ]
             t = time.perf_counter()
             res = all_at_once([lambda b=b: stream(url, "/completions", b) for b in bodies])
             return res, time.perf_counter() - t
@@ -386,16 +473,21 @@ def bench(url: str, model: str, weights_bytes: int, levels: list[int], bw: float
 
 
 def print_bench(rows: list[dict], weights_bytes: int, bw: float) -> None:
-    print(f"weights {weights_bytes / GiB:.2f} GiB (bf16), copy bandwidth {bw / 1e9:.0f} GB/s, "
-          f"floor {1e3 * weights_bytes / bw:.2f} ms per decode step")
+    print(
+        f"weights {weights_bytes / GiB:.2f} GiB (bf16), copy bandwidth {bw / 1e9:.0f} GB/s, "
+        f"floor {1e3 * weights_bytes / bw:.2f} ms per decode step"
+    )
     print(f"{'conc':>5} {'ok':>4} {'fail':>4} {'tok/s':>9} {'TTFT p50 ms':>12} {'ms/step':>8} {'× floor':>8}")
     for r in rows:
         fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
-        print(f"{r['concurrency']:>5} {r['ok']:>4} {r['failed']:>4} {r['tok_s']:>9.1f} {fmt(r['ttft_p50_ms'], '>12.1f')} "
-              f"{fmt(r['step_ms'], '>8.2f')} {fmt(r['step_over_floor'], '>8.2f')}")
+        print(
+            f"{r['concurrency']:>5} {r['ok']:>4} {r['failed']:>4} {r['tok_s']:>9.1f} {fmt(r['ttft_p50_ms'], '>12.1f')} "
+            f"{fmt(r['step_ms'], '>8.2f')} {fmt(r['step_over_floor'], '>8.2f')}"
+        )
 
 
 # ---- dry run: every piece above on CPU --------------------------------------------------------
+
 
 def dry_run() -> bool:
     """Check the pieces without a GPU: the random-model folder loads as a tokenizer of the right

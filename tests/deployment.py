@@ -67,8 +67,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 class Deployment:
     """One deployment in a temp folder. ``start()`` blocks until every worker is ready."""
 
-    def __init__(self, tmp: Path, config: dict | None = None, env: dict | None = None,
-                 args: list[str] | None = None):
+    def __init__(self, tmp: Path, config: dict | None = None, env: dict | None = None, args: list[str] | None = None):
         self.tmp = Path(tmp)
         self.args = list(args or [])  # extra `llamadeploy up` flags
         self.port, self.admin_port = free_port(), free_port()
@@ -106,8 +105,9 @@ class Deployment:
         self.path.write_text(yaml.safe_dump(self.config))
         self._log = open(self.log_path, "ab")  # closed by stop()
         cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
-        self.proc = subprocess.Popen(cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         self.wait_ready(timeout)
         return self
 
@@ -129,8 +129,9 @@ class Deployment:
         """Worker ``wid``'s row once the router has taken a heartbeat from it after this call, so
         its load figures (running, peak, KV, memory) were reported after everything before it."""
         seen = self.worker(wid)["heartbeats"]
-        return wait_for(lambda: (w := self.worker(wid))["heartbeats"] > seen and w, timeout,
-                        what=f"a heartbeat of worker {wid}")
+        return wait_for(
+            lambda: (w := self.worker(wid))["heartbeats"] > seen and w, timeout, what=f"a heartbeat of worker {wid}"
+        )
 
     def workers(self) -> list[dict]:
         r = httpx.get(f"{self.url}/workers", timeout=10, headers=self.auth_headers())

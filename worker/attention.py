@@ -37,8 +37,16 @@ class KVCache:
     Allocated zeroed, once, at its budgeted size (so a CPU worker's RSS holds it from the start and
     stays flat, and a GPU worker never allocates KV memory while serving)."""
 
-    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | list[torch.device]):
+    def __init__(
+        self,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | list[torch.device],
+    ):
         self.num_blocks, self.block_size = num_blocks, block_size
         devices = device if isinstance(device, list) else [device] * layers
         shape = (num_blocks * block_size, 2, kv_heads, head_dim)
@@ -80,13 +88,21 @@ class AttentionBatch:
         if device not in self.copies:
             move = lambda t: None if t is None else t.to(device)  # noqa: E731
             self.copies[device] = AttentionBatch(
-                move(self.slots), self.decode_rows, move(self.decode_context), move(self.decode_mask),
-                [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks])
+                move(self.slots),
+                self.decode_rows,
+                move(self.decode_context),
+                move(self.decode_mask),
+                [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks],
+            )
         return self.copies[device]
 
 
-def build_batch(block_size: int, device: torch.device, decode: list[tuple[list[int], int]],
-                prefill: list[tuple[list[int], int, int]]) -> AttentionBatch:
+def build_batch(
+    block_size: int,
+    device: torch.device,
+    decode: list[tuple[list[int], int]],
+    prefill: list[tuple[list[int], int, int]],
+) -> AttentionBatch:
     """Attention metadata for one step.
 
     ``decode``: per decode row ``(block_table, context_len)`` (its query is the token at position
@@ -97,12 +113,12 @@ def build_batch(block_size: int, device: torch.device, decode: list[tuple[list[i
     slots: list[torch.Tensor] = []
     batch = AttentionBatch(slots=torch.empty(0))
     if decode:
-        lens = torch.tensor([n for _, n in decode])                                              # [B]
+        lens = torch.tensor([n for _, n in decode])  # [B]
         longest = int(lens.max())
         width = -(-longest // block_size)
         tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t, _ in decode])  # [B, blocks]
         pos = torch.arange(longest)
-        ctx = tables[:, pos // block_size] * block_size + pos % block_size                      # [B, L]
+        ctx = tables[:, pos // block_size] * block_size + pos % block_size  # [B, L]
         valid = pos[None, :] < lens[:, None]
         ctx = torch.where(valid, ctx, 0)
         slots.append(ctx.gather(1, (lens - 1)[:, None])[:, 0])
@@ -112,23 +128,24 @@ def build_batch(block_size: int, device: torch.device, decode: list[tuple[list[i
     row = len(decode)
     for table, start, end in prefill:
         pos = torch.arange(end)
-        context = torch.tensor(table[:-(-end // block_size)])[pos // block_size] * block_size + pos % block_size
+        context = torch.tensor(table[: -(-end // block_size)])[pos // block_size] * block_size + pos % block_size
         slots.append(context[start:])
-        mask = pos[None, :] <= torch.arange(start, end)[:, None]                                # [C, L]
+        mask = pos[None, :] <= torch.arange(start, end)[:, None]  # [C, L]
         batch.chunks.append(Chunk(row, row + end - start, context.to(device), mask.to(device)))
         row += end - start
     batch.slots = torch.cat(slots).to(device) if slots else torch.empty(0, dtype=torch.long, device=device)
     return batch
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch,
-           scale: float) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch, scale: float
+) -> torch.Tensor:
     """Write ``k``, ``v`` [T, KVH, D] at ``batch.slots`` in ``layer``'s cache, then attend ``q`` [T, H, D].
     Returns [T, H · D]."""
     T, H, D = q.shape
     KVH = k.shape[1]
     G = H // KVH
-    kv = cache.layers[layer]                                                  # [S, 2, KVH, D]
+    kv = cache.layers[layer]  # [S, 2, KVH, D]
     batch = batch.on(kv.device)
     kv[:, 0].index_copy_(0, batch.slots, k)
     kv[:, 1].index_copy_(0, batch.slots, v)
@@ -137,13 +154,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, la
     if batch.decode_rows:
         B, L = batch.decode_context.shape
         ctx = kv.index_select(0, batch.decode_context.view(-1)).view(B, L, 2, KVH, D)
-        keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)   # [B, KVH, L, D]
+        keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, KVH, L, D]
         o = F.scaled_dot_product_attention(qg[:B], keys, values, attn_mask=batch.decode_mask, scale=scale)
-        out[:B] = o                                                           # [B, KVH, G, D]
+        out[:B] = o  # [B, KVH, G, D]
     for c in batch.chunks:
-        ctx = kv.index_select(0, c.context)                                   # [L, 2, KVH, D]
+        ctx = kv.index_select(0, c.context)  # [L, 2, KVH, D]
         keys, values = ctx[None, :, 0].transpose(1, 2), ctx[None, :, 1].transpose(1, 2)  # [1, KVH, L, D]
-        qc = q[c.row0:c.row1].transpose(0, 1)[None]                           # [1, H, C, D]
+        qc = q[c.row0 : c.row1].transpose(0, 1)[None]  # [1, H, C, D]
         o = F.scaled_dot_product_attention(qc, keys, values, attn_mask=c.mask, scale=scale, enable_gqa=True)
-        out[c.row0:c.row1] = o[0].transpose(0, 1).view(-1, KVH, G, D)
+        out[c.row0 : c.row1] = o[0].transpose(0, 1).view(-1, KVH, G, D)
     return out.view(T, H * D)

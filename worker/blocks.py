@@ -80,7 +80,7 @@ class BlockManager:
         bs, parent = self.block_size, b""
         hits, hashes = [], []
         for i in range((len(token_ids) - 1) // bs):
-            parent = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            parent = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             block = self.cached.get(parent)
             if block is None:
                 break
@@ -127,7 +127,7 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(table.hashes), computed // bs):
             parent = table.hashes[-1] if table.hashes else b""
-            h = block_hash(parent, token_ids[i * bs:(i + 1) * bs])
+            h = block_hash(parent, token_ids[i * bs : (i + 1) * bs])
             table.hashes.append(h)
             block = self.blocks[table.blocks[i]]
             if h not in self.cached and block.hash is None:

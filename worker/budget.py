@@ -84,8 +84,9 @@ class KvBudget:
     @property
     def tightest(self) -> GpuKv | None:
         """The GPU that bounds ``tokens`` (its room holds the fewest tokens)."""
-        return min(self.gpus, key=lambda g: g.room // g.per_token_bytes if g.per_token_bytes else math.inf,
-                   default=None)
+        return min(
+            self.gpus, key=lambda g: g.room // g.per_token_bytes if g.per_token_bytes else math.inf, default=None
+        )
 
     def describe(self) -> str:
         """One log line: tokens, GiB per GPU and what bounds them."""
@@ -93,8 +94,14 @@ class KvBudget:
         return f"{self.tokens} tokens; {parts}"
 
 
-def kv_budget(gpus: Sequence[GpuFacts], kv_bytes_per_token: int, utilization: float, share: float = 1.0,
-              allowance_bytes: int = GPU_ALLOWANCE_BYTES, block_tokens: int = 1) -> KvBudget:
+def kv_budget(
+    gpus: Sequence[GpuFacts],
+    kv_bytes_per_token: int,
+    utilization: float,
+    share: float = 1.0,
+    allowance_bytes: int = GPU_ALLOWANCE_BYTES,
+    block_tokens: int = 1,
+) -> KvBudget:
     """The KV budget of one worker on ``gpus`` (its GPUs, in ``cuda:N`` order); see the module doc.
 
     ``kv_bytes_per_token`` is the whole model's (all layers: 2 × layers × kv_heads × head_dim ×
@@ -137,14 +144,24 @@ def too_small(budget: KvBudget, max_model_len: int, utilization: float, share: f
     g = budget.tightest
     where = ""
     if g is not None:
-        where = (f" (cuda:{g.index} has {g.room / GiB:.2f} GiB for KV, bound by "
-                 + ("this worker's share: total × gpu_memory_utilization × share − weights − activations − allowance"
-                    if g.bound_by == "share" else "the GPU's free memory: other processes hold the rest") + ")")
+        where = (
+            f" (cuda:{g.index} has {g.room / GiB:.2f} GiB for KV, bound by "
+            + (
+                "this worker's share: total × gpu_memory_utilization × share − weights − activations − allowance"
+                if g.bound_by == "share"
+                else "the GPU's free memory: other processes hold the rest"
+            )
+            + ")"
+        )
     fixes = ["lower model.max_model_len", "raise workers.gpu_memory_utilization"]
     if share < 1:
         fixes.append("lower workers.workers_per_gpu")
     if g is not None and g.bound_by == "free":
         fixes.insert(0, "free the GPU (nvidia-smi shows who holds it)")
-    return (f"KV budget of {budget.tokens} tokens is less than one max_model_len={max_model_len} sequence{where} "
-            f"at gpu_memory_utilization={utilization}" + (f", share {share:g}" if share < 1 else "")
-            + "; " + ", or ".join(fixes))
+    return (
+        f"KV budget of {budget.tokens} tokens is less than one max_model_len={max_model_len} sequence{where} "
+        f"at gpu_memory_utilization={utilization}"
+        + (f", share {share:g}" if share < 1 else "")
+        + "; "
+        + ", or ".join(fixes)
+    )

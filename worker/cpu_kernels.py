@@ -44,8 +44,9 @@ def packed_kernel_ok() -> bool:
         try:
             with torch.inference_mode():
                 w, x = torch.randn(48, 32), torch.randn(3, 32)
-                got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w), None,
-                                                         "none", [], "")
+                got = torch.ops.mkldnn._linear_pointwise(
+                    x, torch.ops.mkldnn._reorder_linear_weight(w), None, "none", [], ""
+                )
                 _ok = bool(torch.allclose(got, F.linear(x, w), rtol=1e-3, atol=1e-3))
         except (RuntimeError, AttributeError) as exc:
             log.info("oneDNN prepacked linear unavailable (%s); using F.linear", exc)

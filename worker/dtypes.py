@@ -54,8 +54,7 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def resolve(setting: str, device: str, capabilities: Sequence[Capability] = (),
-            flags: Iterable[str] = ()) -> str:
+def resolve(setting: str, device: str, capabilities: Sequence[Capability] = (), flags: Iterable[str] = ()) -> str:
     """The dtype name a worker loads: ``setting`` unless it is ``"auto"``.
 
     ``device`` is ``"cuda"`` or ``"cpu"``; ``capabilities`` are its GPUs' (major, minor), the
@@ -75,8 +74,10 @@ def warning(dtype: str, device: str, capabilities: Sequence[Capability] = (), fl
     """Why an explicit ``dtype`` is a poor fit for this hardware, or ``""``."""
     if dtype == "bfloat16" and device == "cuda" and capabilities and min(capabilities) < BF16_MIN_CAPABILITY:
         major, minor = min(capabilities)
-        return (f"bfloat16 on compute capability {major}.{minor} (< 8.0) has no bf16 tensor cores and the fast "
-                "attention kernels refuse it; use float16 or dtype: auto")
+        return (
+            f"bfloat16 on compute capability {major}.{minor} (< 8.0) has no bf16 tensor cores and the fast "
+            "attention kernels refuse it; use float16 or dtype: auto"
+        )
     if dtype == "bfloat16" and device == "cpu" and not CPU_BF16_FLAGS & set(flags):
         return "bfloat16 on a CPU without avx512_bf16 or AMX is emulated and slower than float32; use dtype: auto"
     return ""

@@ -37,8 +37,17 @@ class Engine:
     ``emit`` receives every outgoing message (:class:`~worker.protocol.Tokens`, ``Failed``).
     """
 
-    def __init__(self, runner: ModelRunner, tokenizer, scheduler: Scheduler, max_model_len: int,
-                 emit: Callable[[Msg], None], device: torch.device, vocab_size: int, eos_ids: set[int]):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer,
+        scheduler: Scheduler,
+        max_model_len: int,
+        emit: Callable[[Msg], None],
+        device: torch.device,
+        vocab_size: int,
+        eos_ids: set[int],
+    ):
         self.runner = runner
         self.tokenizer = tokenizer
         self.scheduler = scheduler
@@ -66,14 +75,26 @@ class Engine:
         if not ids or any(t < 0 or t >= self.vocab_size for t in ids + output):
             return self._fail(rid, 400, "prompt token ids empty or out of vocabulary")
         if len(ids) + len(output) >= self.max_model_len or gen.params.max_tokens < 1:
-            return self._fail(rid, 400, f"prompt of {len(ids) + len(output)} tokens leaves no room in "
-                                        f"max_model_len {self.max_model_len}")
+            return self._fail(
+                rid,
+                400,
+                f"prompt of {len(ids) + len(output)} tokens leaves no room in max_model_len {self.max_model_len}",
+            )
         p = gen.params
         if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             return self._fail(rid, 400, "sampling parameters out of range")
         try:
-            seq = Sequence(rid, ids, p, self.tokenizer, self.eos_ids, self.max_model_len, self.device,
-                           self.vocab_size, output=output)
+            seq = Sequence(
+                rid,
+                ids,
+                p,
+                self.tokenizer,
+                self.eos_ids,
+                self.max_model_len,
+                self.device,
+                self.vocab_size,
+                output=output,
+            )
         except SamplingError as exc:
             return self._fail(rid, 400, str(exc))
         if output and len(output) >= seq.max_output:
@@ -107,8 +128,12 @@ class Engine:
         plan = self.scheduler.schedule()
         for seq in plan.expired:
             del self.by_id[seq.request_id]
-            self._fail(seq.request_id, 503, f"waited longer than {self.scheduler.max_queue_wait_s:g}s for KV "
-                                            "cache memory; retry later", retry_after_s=5.0)
+            self._fail(
+                seq.request_id,
+                503,
+                f"waited longer than {self.scheduler.max_queue_wait_s:g}s for KV cache memory; retry later",
+                retry_after_s=5.0,
+            )
         if plan.empty:
             return
         try:
@@ -135,8 +160,12 @@ class Engine:
             if seq.cancelled:
                 continue
             if i in result.bad_rows:
-                log.error("request %s: cannot sample at position %d (%s); failing it", seq.request_id,
-                          seq.num_tokens, result.bad_rows[i])
+                log.error(
+                    "request %s: cannot sample at position %d (%s); failing it",
+                    seq.request_id,
+                    seq.num_tokens,
+                    result.bad_rows[i],
+                )
                 seq.cancelled = True
                 self._fail(seq.request_id, 500, result.bad_rows[i])
                 continue
@@ -153,18 +182,27 @@ class Engine:
         if plan.prefill and s.max_prefill_tokens > s.blocks.block_size:
             s.max_prefill_tokens = max(s.blocks.block_size, s.max_prefill_tokens // 2)
             s.idle_prefill_tokens = max(s.max_prefill_tokens, s.idle_prefill_tokens // 2)
-            log.warning("out of memory in a step with %d prefill tokens; prefill budget now %d tokens (%s)",
-                        sum(e - b for _, b, e in plan.prefill), s.max_prefill_tokens, exc)
+            log.warning(
+                "out of memory in a step with %d prefill tokens; prefill budget now %d tokens (%s)",
+                sum(e - b for _, b, e in plan.prefill),
+                s.max_prefill_tokens,
+                exc,
+            )
         elif len(s.running) > 1:
             victim = s.running[-1]
             s.preempt(victim)
-            log.warning("out of memory decoding %d sequences; preempted request %s (%s)", len(s.running) + 1,
-                        victim.request_id, exc)
+            log.warning(
+                "out of memory decoding %d sequences; preempted request %s (%s)",
+                len(s.running) + 1,
+                victim.request_id,
+                exc,
+            )
         else:
             for seq in list(s.running):
                 seq.cancelled = True
-                self._fail(seq.request_id, 503, "out of device memory for this request alone; retry later",
-                           retry_after_s=5.0)
+                self._fail(
+                    seq.request_id, 503, "out of device memory for this request alone; retry later", retry_after_s=5.0
+                )
             self._retire()
 
     def _fail(self, request_id: str, code: int, message: str, retry_after_s: float | None = None) -> None:
@@ -179,9 +217,15 @@ class Engine:
             seq = self.by_id.pop(rid)
             self.served += not seq.cancelled
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("request %s %s after %d tokens (%d cached at admission, %d preemptions); memory %d bytes",
-                          rid, "cancelled" if seq.cancelled else seq.finish_reason, len(seq.output),
-                          seq.cached_at_admission, seq.preemptions, memory_bytes(self.device))
+                log.debug(
+                    "request %s %s after %d tokens (%d cached at admission, %d preemptions); memory %d bytes",
+                    rid,
+                    "cancelled" if seq.cancelled else seq.finish_reason,
+                    len(seq.output),
+                    seq.cached_at_admission,
+                    seq.preemptions,
+                    memory_bytes(self.device),
+                )
         if not self.scheduler.running:
             self._trim_heap()
 
@@ -195,11 +239,21 @@ class Engine:
     def stats(self) -> dict:
         """Heartbeat counters: load, KV blocks, prefix-cache hits, progress of the loop, memory."""
         s, b = self.scheduler, self.scheduler.blocks
-        return {"running": len(s.running), "waiting": len(s.waiting), "kv_used_tokens": s.reserved_tokens,
-                "peak_running": s.peak_running, "served": self.served, "mem_bytes": memory_bytes(self.device),
-                "steps": self.steps, "last_step_age_s": time.monotonic() - self.last_step_at,
-                "prefix_hit_tokens": b.hit_tokens, "prefix_queried_tokens": b.queried_tokens,
-                "kv_blocks_total": b.num_blocks, "kv_blocks_free": b.num_free, "preemptions": s.preemptions}
+        return {
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "kv_used_tokens": s.reserved_tokens,
+            "peak_running": s.peak_running,
+            "served": self.served,
+            "mem_bytes": memory_bytes(self.device),
+            "steps": self.steps,
+            "last_step_age_s": time.monotonic() - self.last_step_at,
+            "prefix_hit_tokens": b.hit_tokens,
+            "prefix_queried_tokens": b.queried_tokens,
+            "kv_blocks_total": b.num_blocks,
+            "kv_blocks_free": b.num_free,
+            "preemptions": s.preemptions,
+        }
 
 
 def trim_heap() -> None:

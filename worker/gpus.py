@@ -47,8 +47,14 @@ def seen_gpus() -> list[dict]:
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         uuid = str(getattr(props, "uuid", "") or "")  # torch renders it without NVML's "GPU-" prefix
-        seen.append({"cuda": i, "name": props.name, "uuid": f"GPU-{_norm_uuid(uuid)}" if uuid else "",
-                     "total_bytes": int(props.total_memory)})
+        seen.append(
+            {
+                "cuda": i,
+                "name": props.name,
+                "uuid": f"GPU-{_norm_uuid(uuid)}" if uuid else "",
+                "total_bytes": int(props.total_memory),
+            }
+        )
     return seen
 
 
@@ -84,9 +90,11 @@ def check_gpus(expected: dict | None, seen: list[dict], visible: str, torch_info
     want = expected.get("gpus", [])
     if len(want) == len(seen) and all(_same(w, s) for w, s in zip(want, seen, strict=True)):
         return
-    raise GpuMismatch(f"the launcher placed this worker on {describe(want)} (CUDA_VISIBLE_DEVICES={visible}) "
-                      f"but torch sees {describe(seen)}{torch_info}; check that nothing overrides "
-                      "CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER for workers, and `llamadeploy doctor`")
+    raise GpuMismatch(
+        f"the launcher placed this worker on {describe(want)} (CUDA_VISIBLE_DEVICES={visible}) "
+        f"but torch sees {describe(seen)}{torch_info}; check that nothing overrides "
+        "CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER for workers, and `llamadeploy doctor`"
+    )
 
 
 def start_check(device_kind: str) -> tuple[list[dict], float]:
@@ -108,8 +116,10 @@ def max_memory(share: float, utilization: float) -> dict[int, int]:
     no CPU entry (no offload). Weights are then spread evenly ("auto" = balanced), leaving KV room."""
     import torch
 
-    return {i: int(torch.cuda.get_device_properties(i).total_memory * utilization * share)
-            for i in range(torch.cuda.device_count())}
+    return {
+        i: int(torch.cuda.get_device_properties(i).total_memory * utilization * share)
+        for i in range(torch.cuda.device_count())
+    }
 
 
 def memory_report() -> str:
@@ -119,8 +129,10 @@ def memory_report() -> str:
     parts = []
     for i in range(torch.cuda.device_count()):
         free, total = torch.cuda.mem_get_info(i)
-        parts.append(f"cuda:{i} {torch.cuda.memory_allocated(i) / GiB:.2f} GiB allocated, "
-                     f"{free / GiB:.2f} of {total / GiB:.2f} GiB free")
+        parts.append(
+            f"cuda:{i} {torch.cuda.memory_allocated(i) / GiB:.2f} GiB allocated, "
+            f"{free / GiB:.2f} of {total / GiB:.2f} GiB free"
+        )
     return "; ".join(parts)
 
 
@@ -140,8 +152,14 @@ def layer_fractions(device_map: dict | None, num_layers: int) -> dict[int, float
     return {d: c / total for d, c in counts.items()} if total else {0: 1.0}
 
 
-def kv_budget_tokens(per_token: int, share: float, utilization: float, device_map: dict | None, num_layers: int,
-                     activation_peak: dict[int, int] | None = None) -> int:
+def kv_budget_tokens(
+    per_token: int,
+    share: float,
+    utilization: float,
+    device_map: dict | None,
+    num_layers: int,
+    activation_peak: dict[int, int] | None = None,
+) -> int:
     """KV tokens this worker may hold across its GPUs, by :func:`worker.budget.kv_budget` over
     :func:`measure_gpus` (``activation_peak`` per cuda index: 0 when not measured yet)."""
     facts = measure_gpus(layer_fractions(device_map, num_layers), activation_peak)
@@ -153,24 +171,33 @@ class KvTooSmall(RuntimeError):
     Ready (it would answer every request 400); the message names the numbers and the fixes."""
 
 
-def kv_budget_after_warmup(kv_bytes_per_token: int, fractions: dict[int, float], utilization: float, share: float,
-                           max_model_len: int, block_tokens: int = 1, cuda=None) -> KvBudget:
+def kv_budget_after_warmup(
+    kv_bytes_per_token: int,
+    fractions: dict[int, float],
+    utilization: float,
+    share: float,
+    max_model_len: int,
+    block_tokens: int = 1,
+    cuda=None,
+) -> KvBudget:
     """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.budget.kv_budget`.
 
     Call after :func:`reset_peaks` and the warm-up forward at ``max_prefill_tokens``, before
     allocating the KV cache; then allocate ``budget.gpus[i].bytes`` on ``cuda:i`` once
     (``budget.tokens`` tokens, a multiple of ``block_tokens``). Raises :class:`KvTooSmall`.
     """
-    budget = kv_budget(measure_gpus(fractions, cuda=cuda), kv_bytes_per_token, utilization, share,
-                       block_tokens=block_tokens)
+    budget = kv_budget(
+        measure_gpus(fractions, cuda=cuda), kv_bytes_per_token, utilization, share, block_tokens=block_tokens
+    )
     log.info("KV budget: %s", budget.describe())
     if message := too_small(budget, max_model_len, utilization, share):
         raise KvTooSmall(message)
     return budget
 
 
-def measure_gpus(fractions: dict[int, float], activation_peak: dict[int, int] | None = None,
-                 cuda=None) -> list[GpuFacts]:
+def measure_gpus(
+    fractions: dict[int, float], activation_peak: dict[int, int] | None = None, cuda=None
+) -> list[GpuFacts]:
     """This worker's facts for :func:`worker.budget.kv_budget`, one per GPU in ``fractions``
     (cuda index → share of the layers there, from :func:`layer_fractions`).
 

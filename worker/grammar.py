@@ -111,8 +111,9 @@ def configure(tokenizer, vocab_size: int, stop_token_ids) -> Grammars:
 def grammars() -> Grammars:
     """The compiler installed by :func:`configure`; :class:`GrammarError` if there is none."""
     if _grammars is None:
-        raise GrammarError("grammar-constrained decoding is not configured in this worker "
-                           "(worker.grammar.configure was not called)")
+        raise GrammarError(
+            "grammar-constrained decoding is not configured in this worker (worker.grammar.configure was not called)"
+        )
     return _grammars
 
 

@@ -28,8 +28,15 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     """transformers' attention-function contract: ``query`` [1, H, T, D], ``key``/``value``
     [1, KVH, T, D] (RoPE applied) -> ``(output [1, T, H, D], None)``."""
     _, H, T, D = query.shape
-    out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), _step.cache,
-                 module.layer_idx, _step.batch, scaling if scaling is not None else D ** -0.5)
+    out = attend(
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        _step.cache,
+        module.layer_idx,
+        _step.batch,
+        scaling if scaling is not None else D**-0.5,
+    )
     return out.view(1, T, H, D), None
 
 
@@ -58,8 +65,9 @@ class HFModel:
     def load(cls, model_path: str, dtype: torch.dtype, device: torch.device, max_memory: dict | None = None) -> HFModel:
         """Load straight to ``device`` (``device_map``), or split by layers over ``max_memory``'s GPUs."""
         device_map = "auto" if max_memory else {"": str(device)}
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, device_map=device_map,
-                                                     max_memory=max_memory, attn_implementation=IMPLEMENTATION)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, device_map=device_map, max_memory=max_memory, attn_implementation=IMPLEMENTATION
+        )
         return cls(model.eval())
 
     def layer_devices(self) -> list[torch.device]:
@@ -67,14 +75,21 @@ class HFModel:
         return [next(layer.parameters()).device for layer in self.model.model.layers]
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                logit_rows: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        cache: KVCache,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
         _step.batch, _step.cache = batch, cache
         try:
-            hidden = self.model.model(input_ids=input_ids[None], position_ids=positions[None],
-                                      use_cache=False).last_hidden_state[0]                  # [T, hidden]
+            hidden = self.model.model(
+                input_ids=input_ids[None], position_ids=positions[None], use_cache=False
+            ).last_hidden_state[0]  # [T, hidden]
         finally:
             _step.batch = _step.cache = None
         head = self.model.lm_head
         rows = hidden[logit_rows.to(hidden.device)]
-        return head(rows.to(head.weight.device)).float()                                   # [N, V]
+        return head(rows.to(head.weight.device)).float()  # [N, V]

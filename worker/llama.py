@@ -59,8 +59,15 @@ class LlamaModel:
     (:func:`worker.cpu_kernels.packed_linear`).
     """
 
-    def __init__(self, config, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
-                 max_positions: int, linear=None):
+    def __init__(
+        self,
+        config,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        max_positions: int,
+        linear=None,
+    ):
         self.config = config
         self.device, self.dtype = device, dtype
         self.num_layers = config.num_hidden_layers
@@ -68,12 +75,12 @@ class LlamaModel:
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         make = linear or _plain_linear
         p = "model."
-        self.embed = weights[p + "embed_tokens.weight"]                                   # [V, hidden]
+        self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden]
         self.norm = weights[p + "norm.weight"]
-        head = weights.get("lm_head.weight", self.embed)                                  # tied: SmolLM2
+        head = weights.get("lm_head.weight", self.embed)  # tied: SmolLM2
         self.lm_head = make(head)
         self.layers: list[Layer] = []
         for i in range(self.num_layers):
@@ -90,35 +97,41 @@ class LlamaModel:
             layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
             layer.down = make(weights[m + "down_proj.weight"])
             self.layers.append(layer)
-        self.cos, self.sin = rope_tables(config, max_positions, device)                   # [P, D] float32
+        self.cos, self.sin = rope_tables(config, max_positions, device)  # [P, D] float32
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch, cache: KVCache,
-                logit_rows: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        cache: KVCache,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
         """One step. ``input_ids``, ``positions``: [T] (long); ``batch`` says which rows belong to which
         sequence and where their keys/values go; ``logit_rows``: [N] row indices whose next-token
         logits are wanted. Returns logits [N, V] in float32."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        x = F.embedding(input_ids, self.embed)                                             # [T, hidden]
-        cos = self.cos[positions].to(self.dtype)[:, None, :]                               # [T, 1, D]
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
         hidden = x.shape[-1]
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)
-            qkv = layer.qkv(h)                                                             # [T, (H + 2 KVH) D]
+            qkv = layer.qkv(h)  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            qk = qkv[:, :(H + KVH) * D].view(-1, H + KVH, D)                               # rotate q and k at once
+            qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once
             qk = qk * cos + _rotate_half(qk) * sin
-            q, k = qk[:, :H], qk[:, H:]                                                    # [T, H, D], [T, KVH, D]
-            v = qkv[:, (H + KVH) * D:].view(-1, KVH, D)
-            o = attend(q, k, v, cache, i, batch, self.scale)                               # [T, H * D]
+            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, KVH, D]
+            v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
+            o = attend(q, k, v, cache, i, batch, self.scale)  # [T, H * D]
             x = x + layer.o(o)
             h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)                                   # [T, I] each
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
-        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps)                      # [N, hidden]
-        return self.lm_head(x).float()                                                     # [N, V]
+        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps)  # [N, hidden]
+        return self.lm_head(x).float()  # [N, V]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +159,9 @@ def load_weights(model_path: str, device: torch.device, dtype: torch.dtype) -> d
     Loads straight to ``device``: no host copy of a GPU model."""
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     weights: dict[str, torch.Tensor] = {}
     for name in files:
         with safe_open(folder / name, framework="pt", device=str(device)) as f:
@@ -167,16 +182,23 @@ def random_weights(config, device: torch.device, dtype: torch.dtype, seed: int =
     def mat(*shape):
         return (torch.randn(*shape, generator=g) * 0.02).to(device=device, dtype=dtype)
 
-    w = {"model.embed_tokens.weight": mat(config.vocab_size, hid),
-         "model.norm.weight": torch.ones(hid, device=device, dtype=dtype)}
+    w = {
+        "model.embed_tokens.weight": mat(config.vocab_size, hid),
+        "model.norm.weight": torch.ones(hid, device=device, dtype=dtype),
+    }
     if not getattr(config, "tie_word_embeddings", False):
         w["lm_head.weight"] = mat(config.vocab_size, hid)
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        w |= {p + "input_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
-              p + "post_attention_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
-              p + "self_attn.q_proj.weight": mat(heads * d, hid), p + "self_attn.k_proj.weight": mat(kv_heads * d, hid),
-              p + "self_attn.v_proj.weight": mat(kv_heads * d, hid), p + "self_attn.o_proj.weight": mat(hid, heads * d),
-              p + "mlp.gate_proj.weight": mat(inter, hid), p + "mlp.up_proj.weight": mat(inter, hid),
-              p + "mlp.down_proj.weight": mat(hid, inter)}
+        w |= {
+            p + "input_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
+            p + "post_attention_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
+            p + "self_attn.q_proj.weight": mat(heads * d, hid),
+            p + "self_attn.k_proj.weight": mat(kv_heads * d, hid),
+            p + "self_attn.v_proj.weight": mat(kv_heads * d, hid),
+            p + "self_attn.o_proj.weight": mat(hid, heads * d),
+            p + "mlp.gate_proj.weight": mat(inter, hid),
+            p + "mlp.up_proj.weight": mat(inter, hid),
+            p + "mlp.down_proj.weight": mat(hid, inter),
+        }
     return w

@@ -61,8 +61,9 @@ def pin_cpus(cpus: list[int]) -> None:
         os.environ[var] = str(len(cpus))
 
 
-def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus: list[int],
-                       model_path: str, address: str) -> int:
+def run_worker_process(
+    cfg: DeployConfig, worker_id: int, device_kind: str, cpus: list[int], model_path: str, address: str
+) -> int:
     """Load the replica, serve until told to stop. Returns the process exit code."""
     started = time.monotonic()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -80,10 +81,17 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     transport.start()
     out = transport.sender()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    transport.announce(Hello(protocol=PROTOCOL_VERSION, worker_id=worker_id, pid=os.getpid(),
-                             device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
-                             model=cfg.model.public_name, max_num_seqs=cfg.workers.max_num_seqs,
-                             max_waiting=cfg.workers.max_waiting))
+    transport.announce(
+        Hello(
+            protocol=PROTOCOL_VERSION,
+            worker_id=worker_id,
+            pid=os.getpid(),
+            device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+            model=cfg.model.public_name,
+            max_num_seqs=cfg.workers.max_num_seqs,
+            max_waiting=cfg.workers.max_waiting,
+        )
+    )
     try:
         transport.wait_handshake(HANDSHAKE_TIMEOUT_S)  # before loading: a refused worker fails in seconds
     except HandshakeFailed as exc:
@@ -110,18 +118,34 @@ def run_worker_process(cfg: DeployConfig, worker_id: int, device_kind: str, cpus
     from worker.replica import build_engine, warm_up
 
     engine, budget = build_engine(cfg, model_path, device_kind, share, out.send)
-    log.info("loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)", cfg.model.public_name,
-             engine.runner.model.dtype, engine.device, time.monotonic() - started, engine.scheduler.blocks.num_blocks,
-             engine.scheduler.blocks.block_size, engine.runner.cache.nbytes / 2**30)
+    log.info(
+        "loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)",
+        cfg.model.public_name,
+        engine.runner.model.dtype,
+        engine.device,
+        time.monotonic() - started,
+        engine.scheduler.blocks.num_blocks,
+        engine.scheduler.blocks.block_size,
+        engine.runner.cache.nbytes / 2**30,
+    )
     if gpus:
         from worker.engine import memory_bytes  # on CPU: RSS (a GPU worker should hold little host memory)
 
-        log.info("GPU memory after loading: %s; host RSS %.2f GiB", worker_gpus.memory_report(),
-                 memory_bytes(torch.device("cpu")) / 2**30)
+        log.info(
+            "GPU memory after loading: %s; host RSS %.2f GiB",
+            worker_gpus.memory_report(),
+            memory_bytes(torch.device("cpu")) / 2**30,
+        )
     warm_up(engine)
     engine_ref["engine"] = engine
-    transport.announce(Ready(worker_id=worker_id, load_seconds=time.monotonic() - started, visible_devices=visible,
-                             kv_budget_tokens=budget))
+    transport.announce(
+        Ready(
+            worker_id=worker_id,
+            load_seconds=time.monotonic() - started,
+            visible_devices=visible,
+            kv_budget_tokens=budget,
+        )
+    )
     log.info("ready after %.1fs", time.monotonic() - started)
 
     reason = serve(engine, inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
@@ -145,12 +169,19 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_requ
             msg = None
         while msg is not None:
             if isinstance(msg, Generate):
-                log.info("request %s: %d prompt tokens, max_tokens %d", msg.request_id, len(msg.prompt_token_ids),
-                         msg.params.max_tokens, extra={"request_id": msg.http_request_id})
+                log.info(
+                    "request %s: %d prompt tokens, max_tokens %d",
+                    msg.request_id,
+                    len(msg.prompt_token_ids),
+                    msg.params.max_tokens,
+                    extra={"request_id": msg.http_request_id},
+                )
                 engine.submit(msg)
                 if stall_on_request:
-                    log.error("%s names this worker: the engine loop stops here, heartbeats go on (fault injection)",
-                              FAULT_STALL)
+                    log.error(
+                        "%s names this worker: the engine loop stops here, heartbeats go on (fault injection)",
+                        FAULT_STALL,
+                    )
                     stop.wait()
                     return "SIGTERM"
             elif isinstance(msg, Cancel):

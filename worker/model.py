@@ -28,8 +28,10 @@ def pick_device(device: str) -> torch.device:
     if device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but torch sees no CUDA device "
-                           f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        raise RuntimeError(
+            f"device {device!r} requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})"
+        )
     return torch.device("cuda:0")
 
 
@@ -62,16 +64,26 @@ def eos_ids(model_path: str, config, tokenizer) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos}
 
 
-def load_model(model_path: str, config, device: torch.device, dtype: torch.dtype, max_positions: int,
-               random_init: bool = False, max_memory: dict | None = None):
+def load_model(
+    model_path: str,
+    config,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_positions: int,
+    random_init: bool = False,
+    max_memory: dict | None = None,
+):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
     which is also how a replica split by layers over several GPUs (``max_memory``) runs.
     ``random_init`` (benchmarks) needs the compact path. Raises ``ValueError``."""
     why = llama.supports(config)
     if why is None and not max_memory:
-        weights = (llama.random_weights(config, device, dtype) if random_init
-                   else llama.load_weights(model_path, device, dtype))
+        weights = (
+            llama.random_weights(config, device, dtype)
+            if random_init
+            else llama.load_weights(model_path, device, dtype)
+        )
         linear = None
         if device.type == "cpu":
             from functools import partial

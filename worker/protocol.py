@@ -183,6 +183,8 @@ class Shutdown(Msg):
 
 
 WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Failed | Bye
+
+
 class Identify(Msg):
     """Say :class:`Hello` again, and :class:`Ready` if loaded: the router (restarted) does not
     know this worker. The worker keeps its model and whatever it is generating."""

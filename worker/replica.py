@@ -42,9 +42,12 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
     dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
     config = model_mod.load_config(model_path)
     tokenizer = model_mod.load_tokenizer(model_path)
-    split = worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
-    model = model_mod.load_model(model_path, config, device, dtype, cfg.model.max_model_len,
-                                 random_init=cfg.model.random_init, max_memory=split)
+    split = (
+        worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
+    )
+    model = model_mod.load_model(
+        model_path, config, device, dtype, cfg.model.max_model_len, random_init=cfg.model.random_init, max_memory=split
+    )
     per_token = model_mod.kv_bytes_per_token(config, dtype)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     devices = model_mod.layer_devices(model, device)
@@ -53,23 +56,42 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
         worker_gpus.reset_peaks()
         measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device)
         fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
-        budget = worker_gpus.kv_budget_after_warmup(per_token, fractions, w.gpu_memory_utilization, share,
-                                                    cfg.model.max_model_len, block_tokens=BLOCK_SIZE)
+        budget = worker_gpus.kv_budget_after_warmup(
+            per_token, fractions, w.gpu_memory_utilization, share, cfg.model.max_model_len, block_tokens=BLOCK_SIZE
+        )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
         num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
     cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
-    scheduler = Scheduler(BlockManager(num_blocks, BLOCK_SIZE), w.max_num_seqs, w.max_waiting, prefill,
-                          idle_prefill_tokens=idle, max_queue_wait_s=w.max_queue_wait_s)
-    engine = Engine(ModelRunner(model, cache, device), tokenizer, scheduler, cfg.model.max_model_len, emit, device,
-                    config.vocab_size, model_mod.eos_ids(model_path, config, tokenizer))
+    scheduler = Scheduler(
+        BlockManager(num_blocks, BLOCK_SIZE),
+        w.max_num_seqs,
+        w.max_waiting,
+        prefill,
+        idle_prefill_tokens=idle,
+        max_queue_wait_s=w.max_queue_wait_s,
+    )
+    engine = Engine(
+        ModelRunner(model, cache, device),
+        tokenizer,
+        scheduler,
+        cfg.model.max_model_len,
+        emit,
+        device,
+        config.vocab_size,
+        model_mod.eos_ids(model_path, config, tokenizer),
+    )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not on_gpu:
         chunk = calibrate_prefill_tokens(engine.runner, min(idle, cfg.model.max_model_len))
         scheduler.max_prefill_tokens = chunk
         scheduler.idle_prefill_tokens = min(idle, IDLE_CHUNKS * chunk)
-        log.info("prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
-                 scheduler.max_prefill_tokens, STEP_RATIO, scheduler.idle_prefill_tokens)
+        log.info(
+            "prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
+            scheduler.max_prefill_tokens,
+            STEP_RATIO,
+            scheduler.idle_prefill_tokens,
+        )
     return engine, num_blocks * BLOCK_SIZE
 
 
@@ -139,11 +161,11 @@ def warm_up(engine) -> None:
     engine.emit = lambda msg: None
     try:
         ids = engine.tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
-        engine.submit(Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0)))
+        engine.submit(
+            Generate(request_id="warm-up", prompt_token_ids=ids, params=SamplingParams(max_tokens=4, temperature=0))
+        )
         while engine.has_work:
             engine.step()
     finally:
         engine.emit = sent
         engine.scheduler.blocks.reset_prefix_cache()
-
-

@@ -42,5 +42,10 @@ class ModelRunner:
                 logit_rows.append(len(ids) - 1)
         batch = build_batch(self.cache.block_size, self.device, decode, prefill)
         as_long = {"dtype": torch.long, "device": self.device}
-        return self.model.forward(torch.tensor(ids, **as_long), torch.tensor(positions, **as_long), batch,
-                                  self.cache, torch.tensor(logit_rows, **as_long))
+        return self.model.forward(
+            torch.tensor(ids, **as_long),
+            torch.tensor(positions, **as_long),
+            batch,
+            self.cache,
+            torch.tensor(logit_rows, **as_long),
+        )

@@ -82,8 +82,15 @@ class RowSampler:
     ``Sequence.append``.
     """
 
-    def __init__(self, temperature: float, top_p: float, top_k: int, seed: int | None, device: torch.device,
-                 vocab_size: int | None = None):
+    def __init__(
+        self,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        seed: int | None,
+        device: torch.device,
+        vocab_size: int | None = None,
+    ):
         self.temperature = 0.0 if temperature < GREEDY_BELOW else temperature
         self.top_p = top_p
         self.top_k = top_k
@@ -94,18 +101,25 @@ class RowSampler:
         self.presence = self.frequency = 0.0
         self.repetition = 1.0
         self.counts: torch.Tensor | None = None  # [V] float32, generated-token counts (penalised rows only)
-        self.seen: torch.Tensor | None = None    # [V] bool, prompt + output tokens (repetition_penalty only)
-        self.bias: torch.Tensor | None = None    # [V] float32 additive bias (-inf = banned)
+        self.seen: torch.Tensor | None = None  # [V] bool, prompt + output tokens (repetition_penalty only)
+        self.bias: torch.Tensor | None = None  # [V] float32 additive bias (-inf = banned)
         self.min_tokens = 0
         self.stop_ids: list[int] = []
-        self.grammar = None                      # worker.grammar.RowGrammar
-        self.logprobs: int | None = None         # None: off; k: sampled token + top k
+        self.grammar = None  # worker.grammar.RowGrammar
+        self.logprobs: int | None = None  # None: off; k: sampled token + top k
         self.pending_logprobs: list[TokenLogprob] = []
-        self._last: TokenLogprob | None = None   # the logprob of the token sampled last, until accepted
+        self._last: TokenLogprob | None = None  # the logprob of the token sampled last, until accepted
 
     @classmethod
-    def from_params(cls, params: SamplingParams, device, vocab_size: int, prompt: list[int],
-                    output: list[int] = (), eos_ids: Iterable[int] = ()) -> RowSampler:
+    def from_params(
+        cls,
+        params: SamplingParams,
+        device,
+        vocab_size: int,
+        prompt: list[int],
+        output: list[int] = (),
+        eos_ids: Iterable[int] = (),
+    ) -> RowSampler:
         """The sampler of one request. ``vocab_size`` is the width of the model's logits;
         ``eos_ids`` the ids that end a sequence (what ``min_tokens`` masks); ``output`` the tokens an
         earlier attempt already generated (a resumed request), replayed into the penalty counts and
@@ -159,8 +173,13 @@ class RowSampler:
     @property
     def plain(self) -> bool:
         """No logit processing before temperature/top-k/top-p."""
-        return (self.counts is None and self.seen is None and self.bias is None and self.grammar is None
-                and not self._blocks_stop)
+        return (
+            self.counts is None
+            and self.seen is None
+            and self.bias is None
+            and self.grammar is None
+            and not self._blocks_stop
+        )
 
     @property
     def _blocks_stop(self) -> bool:

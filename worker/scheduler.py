@@ -59,9 +59,16 @@ class Plan:
 class Scheduler:
     """FCFS admission by need under a block budget, chunked prefill under a token budget, preemption."""
 
-    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_waiting: int, max_prefill_tokens: int,
-                 idle_prefill_tokens: int | None = None, max_queue_wait_s: float = float("inf"),
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_waiting: int,
+        max_prefill_tokens: int,
+        idle_prefill_tokens: int | None = None,
+        max_queue_wait_s: float = float("inf"),
+        clock=time.monotonic,
+    ):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
@@ -86,8 +93,10 @@ class Scheduler:
     def add(self, seq) -> None:
         """Queue a request. Raises :class:`TooLarge` or :class:`QueueFull`."""
         if seq.max_tokens > self.capacity_tokens:
-            raise TooLarge(f"request needs {seq.max_tokens} KV tokens (prompt {len(seq.prompt)} + max_tokens "
-                           f"{seq.max_output}) but this worker's KV cache holds {self.capacity_tokens} tokens")
+            raise TooLarge(
+                f"request needs {seq.max_tokens} KV tokens (prompt {len(seq.prompt)} + max_tokens "
+                f"{seq.max_output}) but this worker's KV cache holds {self.capacity_tokens} tokens"
+            )
         if len(self.waiting) + len(self.running) >= self.max_num_seqs + self.max_waiting:
             raise QueueFull(f"worker is full: {len(self.running)} running, {len(self.waiting)} waiting")
         seq.queued_at = self.clock()

@@ -27,8 +27,18 @@ class Sequence:
     ``usage``, and the sampler continues at their position.
     """
 
-    def __init__(self, request_id: str, prompt: list[int], params: SamplingParams, tokenizer,
-                 eos_ids: set[int], max_model_len: int, device, vocab_size: int, output: list[int] | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        tokenizer,
+        eos_ids: set[int],
+        max_model_len: int,
+        device,
+        vocab_size: int,
+        output: list[int] | None = None,
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.params = params
@@ -39,10 +49,11 @@ class Sequence:
         self.stops = StopMatcher(params.stop)
         for token in self.output:
             self.stops.feed(self.detok.add(token))
-        self.sampler = RowSampler.from_params(params, device, vocab_size=vocab_size, prompt=prompt,
-                                              output=self.output, eos_ids=eos_ids)  # raises SamplingError
+        self.sampler = RowSampler.from_params(
+            params, device, vocab_size=vocab_size, prompt=prompt, output=self.output, eos_ids=eos_ids
+        )  # raises SamplingError
         self.table = BlockTable()
-        self.computed = 0          # leading tokens whose keys/values are in the cache
+        self.computed = 0  # leading tokens whose keys/values are in the cache
         self.cached_at_admission = 0
         self.finish_reason: str | None = None
         self.cancelled = False
@@ -72,7 +83,7 @@ class Sequence:
         n = len(self.prompt)
         if end <= n:
             return self.prompt[start:end]
-        return (self.prompt[start:] if start < n else []) + self.output[max(0, start - n):end - n]
+        return (self.prompt[start:] if start < n else []) + self.output[max(0, start - n) : end - n]
 
     def append(self, token_id: int) -> Tokens:
         """Record one sampled token; decide whether the sequence ends (eos, stop string, length).
@@ -97,6 +108,12 @@ class Sequence:
         if self.finish_reason is not None:
             n = len(self.output)
             usage = Usage(prompt_tokens=len(self.prompt), completion_tokens=n, total_tokens=len(self.prompt) + n)
-        return Tokens(request_id=self.request_id, text_delta=delta, token_ids=[token_id],
-                      finish_reason=self.finish_reason, usage=usage, ttft_s=ttft, logprobs=self.sampler.take_logprobs())
-
+        return Tokens(
+            request_id=self.request_id,
+            text_delta=delta,
+            token_ids=[token_id],
+            finish_reason=self.finish_reason,
+            usage=usage,
+            ttft_s=ttft,
+            logprobs=self.sampler.take_logprobs(),
+        )

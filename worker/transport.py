@@ -47,8 +47,12 @@ log = logging.getLogger(__name__)
 MAX_FRAME_BYTES = 256 * 2**20  # a Generate carries at most max_model_len prompt tokens (~5 bytes each)
 SEND_HWM = 100_000  # frames queued for the router while it is away (a restart takes seconds)
 HANDSHAKE_TIMEOUT_S = 30.0  # the router is up before workers start: its handshake takes milliseconds
-HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 HEARTBEAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Heartbeat)) - {"worker_id"}
 
 
@@ -74,8 +78,15 @@ class Transport(threading.Thread):
     """I/O thread: DEALER to the router at ``address``, inbox of decoded messages, heartbeats.
     ``curve``: this worker's CURVE keys (the router's socket then accepts only known keys)."""
 
-    def __init__(self, address: str, worker_id: int, inbox: queue.SimpleQueue, stats: Callable[[], dict],
-                 heartbeat_s: float, curve: ClientKeys | None = None):
+    def __init__(
+        self,
+        address: str,
+        worker_id: int,
+        inbox: queue.SimpleQueue,
+        stats: Callable[[], dict],
+        heartbeat_s: float,
+        curve: ClientKeys | None = None,
+    ):
         super().__init__(name=f"zmq-worker-{worker_id}", daemon=True)
         self.ctx = zmq.Context.instance()
         self.address = address
@@ -116,10 +127,14 @@ class Transport(threading.Thread):
         done = self._handshake.wait(timeout_s)
         if done and not self._refusal:
             return
-        why = self._refusal or (f"no CURVE handshake with the router at {self.address} within {timeout_s:.0f}s"
-                                + (f" ({self._last_failure})" if self._last_failure else ""))
-        raise HandshakeFailed(f"{why}: this worker cannot register. Check that it has this deployment's CURVE keys "
-                              f"(the folder in {KEYS_ENV}, made by `llamadeploy up`) and that the router is up")
+        why = self._refusal or (
+            f"no CURVE handshake with the router at {self.address} within {timeout_s:.0f}s"
+            + (f" ({self._last_failure})" if self._last_failure else "")
+        )
+        raise HandshakeFailed(
+            f"{why}: this worker cannot register. Check that it has this deployment's CURVE keys "
+            f"(the folder in {KEYS_ENV}, made by `llamadeploy up`) and that the router is up"
+        )
 
     def heartbeat(self) -> Heartbeat:
         """The heartbeat for now: ``stats()`` keys that are Heartbeat fields (others are ignored)."""
@@ -186,7 +201,9 @@ class Transport(threading.Thread):
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 log.info("CURVE handshake with the router at %s succeeded", self.address)
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._refusal = f"the router at {self.address} refused this worker's CURVE key (ZAP status {event['value']})"
+                self._refusal = (
+                    f"the router at {self.address} refused this worker's CURVE key (ZAP status {event['value']})"
+                )
             else:  # a protocol error or a connection closed mid-handshake: ZeroMQ retries until the deadline
                 detail = zmq.Event(event["value"]).name if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL else ""
                 self._last_failure = f"last: {zmq.Event(kind).name} {detail}".strip()

@@ -11,11 +11,21 @@ from __future__ import annotations
 import argparse
 
 PROMPTS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child.",
-    "List three colors.", "Who wrote Hamlet?", "Translate 'good morning' to Spanish.", "What is 12 times 12?",
-    "Tell me a joke about cats.", "Write two sentences about the sea.", "Describe a good breakfast.",
-    "Why is the sky blue?", "How do bees make honey?", "Give me ideas for a rainy weekend.",
-    "What makes a good story?", "Summarise the plot of Romeo and Juliet in one sentence.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity to a child.",
+    "List three colors.",
+    "Who wrote Hamlet?",
+    "Translate 'good morning' to Spanish.",
+    "What is 12 times 12?",
+    "Tell me a joke about cats.",
+    "Write two sentences about the sea.",
+    "Describe a good breakfast.",
+    "Why is the sky blue?",
+    "How do bees make honey?",
+    "Give me ideas for a rainy weekend.",
+    "What makes a good story?",
+    "Summarise the plot of Romeo and Juliet in one sentence.",
     "Name three planets of the solar system.",
 ]
 
@@ -41,12 +51,27 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
     for text in prompts:
         events: list = []
         cache = KVCache(layers, 64, 16, kv_heads, head_dim, dtype, cpu)
-        engine = Engine(ModelRunner(model, cache, cpu), tok, Scheduler(BlockManager(64, 16), 1, 1, 512), 2048,
-                        events.append, cpu, config.vocab_size, model_mod.eos_ids(model_path, config, tok))
-        ids = tok(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          tokenize=False), add_special_tokens=False)["input_ids"]
-        engine.submit(Generate(request_id="p", prompt_token_ids=ids,
-                               params=SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)))
+        engine = Engine(
+            ModelRunner(model, cache, cpu),
+            tok,
+            Scheduler(BlockManager(64, 16), 1, 1, 512),
+            2048,
+            events.append,
+            cpu,
+            config.vocab_size,
+            model_mod.eos_ids(model_path, config, tok),
+        )
+        ids = tok(
+            tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        engine.submit(
+            Generate(
+                request_id="p",
+                prompt_token_ids=ids,
+                params=SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True),
+            )
+        )
         while engine.has_work:
             engine.step()
         outs.append([t for e in events if isinstance(e, Tokens) for t in e.token_ids])
@@ -78,8 +103,10 @@ def main(argv: list[str] | None = None) -> None:
     for text, n in zip(PROMPTS, same, strict=True):
         print(f"{n:3d}/{args.tokens}  {text}")
     whole = sum(n == args.tokens for n in same)
-    print(f"identical outputs: {whole}/{len(PROMPTS)} ({whole / len(PROMPTS):.0%}); tokens before the first "
-          f"divergence: {sum(same)}/{args.tokens * len(PROMPTS)} ({sum(same) / (args.tokens * len(PROMPTS)):.0%})")
+    print(
+        f"identical outputs: {whole}/{len(PROMPTS)} ({whole / len(PROMPTS):.0%}); tokens before the first "
+        f"divergence: {sum(same)}/{args.tokens * len(PROMPTS)} ({sum(same) / (args.tokens * len(PROMPTS)):.0%})"
+    )
 
 
 if __name__ == "__main__":

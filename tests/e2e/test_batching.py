@@ -23,9 +23,13 @@ SHORT = "Say hi."  # 33 prompt tokens once templated
 
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("tight"), {
-        "model": {"max_model_len": 128},
-        "workers": {"replicas": 1, "kv_cache_gib": 0.006, "max_num_seqs": 8, "max_waiting": 64}})
+    d = Deployment(
+        tmp_path_factory.mktemp("tight"),
+        {
+            "model": {"max_model_len": 128},
+            "workers": {"replicas": 1, "kv_cache_gib": 0.006, "max_num_seqs": 8, "max_waiting": 64},
+        },
+    )
     d.start()
     yield d
     d.stop()
@@ -33,9 +37,10 @@ def tight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def busy(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("busy"), {
-        "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8},
-        "logging": {"level": "debug"}})
+    d = Deployment(
+        tmp_path_factory.mktemp("busy"),
+        {"workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8}, "logging": {"level": "debug"}},
+    )
     d.start()
     yield d
     d.stop()
@@ -43,8 +48,12 @@ def busy(tmp_path_factory):
 
 def wait_idle(d: Deployment, timeout: float = 120) -> dict:
     """Until the router and the worker report nothing in flight; returns the worker's info."""
-    return wait_for(lambda: (w := d.worker(0))["in_flight"] == 0 and w["running"] == 0 and w["waiting"] == 0 and w,
-                    timeout, interval=0.2, what="worker 0 idle")
+    return wait_for(
+        lambda: (w := d.worker(0))["in_flight"] == 0 and w["running"] == 0 and w["waiting"] == 0 and w,
+        timeout,
+        interval=0.2,
+        what="worker 0 idle",
+    )
 
 
 def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
@@ -52,8 +61,9 @@ def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
     ``max_num_seqs``, is what binds (admission by need, preemption when it runs out)."""
     blocks = tight.worker(0)["kv_budget_tokens"] // 16
     with ThreadPoolExecutor(64) as pool:  # distinct prompts: only the template's head is shared
-        results = list(pool.map(lambda i: tight.chat(f"Say hi to guest number {i}.", max_tokens=8, timeout=300),
-                                range(64)))
+        results = list(
+            pool.map(lambda i: tight.chat(f"Say hi to guest number {i}.", max_tokens=8, timeout=300), range(64))
+        )
     assert [r.status_code for r in results] == [200] * 64, {r.status_code: r.text for r in results}
     worst = max(r.json()["usage"]["prompt_tokens"] for r in results) + 8
     assert -(-worst // 16) * 3 > blocks  # three such requests alone would not fit the cache
@@ -93,8 +103,12 @@ def mixed_request(d: Deployment, i: int) -> str:
     """One request of a rotating mix; returns its kind. Never raises on an HTTP error status."""
     rng = random.Random(i)
     kind = ["plain", "stream", "cancel", "too_long", "invalid", "seeded", "stream", "plain"][i % 8]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": f"Count from 1 to {rng.randint(5, 30)}."}],
-            "max_tokens": rng.randint(2, 16), "temperature": 0}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Count from 1 to {rng.randint(5, 30)}."}],
+        "max_tokens": rng.randint(2, 16),
+        "temperature": 0,
+    }
     url = f"{d.base_url}/chat/completions"
     if kind == "plain":
         httpx.post(url, json=body, timeout=120)
@@ -106,8 +120,12 @@ def mixed_request(d: Deployment, i: int) -> str:
     elif kind == "invalid":
         assert httpx.post(url, json={**body, "temperature": 7}, timeout=120).status_code == 400
     else:
-        with httpx.stream("POST", url, json={**body, "stream": True, "max_tokens": 40 if kind == "cancel" else 16,
-                                             "ignore_eos": kind == "cancel"}, timeout=120) as r:
+        with httpx.stream(
+            "POST",
+            url,
+            json={**body, "stream": True, "max_tokens": 40 if kind == "cancel" else 16, "ignore_eos": kind == "cancel"},
+            timeout=120,
+        ) as r:
             for n, _ in enumerate(r.iter_lines()):
                 if kind == "cancel" and n >= 4:
                     break  # the client goes away mid-stream: the worker must cancel and free the row
@@ -130,9 +148,11 @@ def test_memory_stable_over_200_mixed_requests(busy):
         kinds = list(pool.map(lambda _: mixed_request(busy, next(counter)), range(200)))
     after = memory_after_settling(busy)
     w = busy.worker(0)
-    print(f"\nworker RSS after warm-up {before / 2**20:.1f} MiB, after 200 mixed requests {after / 2**20:.1f} MiB "
-          f"({(after - before) / before:+.2%}); peak running {w['peak_running']}, kinds "
-          f"{ {k: kinds.count(k) for k in set(kinds)} }")
+    print(
+        f"\nworker RSS after warm-up {before / 2**20:.1f} MiB, after 200 mixed requests {after / 2**20:.1f} MiB "
+        f"({(after - before) / before:+.2%}); peak running {w['peak_running']}, kinds "
+        f"{ {k: kinds.count(k) for k in set(kinds)} }"
+    )
     assert abs(after - before) <= 0.05 * before, (before, after)
     assert w["served"] - served_before >= 100 and w["kv_used_tokens"] == 0
     assert w["peak_running"] >= 4  # the mix really was batched
@@ -146,9 +166,33 @@ def test_bench_load_suite_writes_table_json_and_plot(busy, tmp_path):
     import sys
 
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, "--suite", "load", "--scenario", "chat",
-                           "--output-tokens", "4", "--concurrency", "1,2", "--requests", "2", "--warmup", "1",
-                           "--output", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher.cli",
+            "bench",
+            busy.base_url,
+            "--suite",
+            "load",
+            "--scenario",
+            "chat",
+            "--output-tokens",
+            "4",
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--warmup",
+            "1",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     levels = result["scenarios"][0]["levels"]
@@ -168,10 +212,33 @@ def test_bench_engine_suite_measures_every_figure(busy, tmp_path):
     import sys
 
     out = tmp_path / "engine"
-    args = ["--prompts", "2", "--clients", "2", "--requests", "2", "--warmup", "1", "--doc-tokens", "200",
-            "--streams", "2", "--output-tokens", "4", "--doc-output-tokens", "2", "--output", str(out)]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "bench", busy.base_url, *args],
-                          capture_output=True, text=True, timeout=300, check=False)
+    args = [
+        "--prompts",
+        "2",
+        "--clients",
+        "2",
+        "--requests",
+        "2",
+        "--warmup",
+        "1",
+        "--doc-tokens",
+        "200",
+        "--streams",
+        "2",
+        "--output-tokens",
+        "4",
+        "--doc-output-tokens",
+        "2",
+        "--output",
+        str(out),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "bench", busy.base_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["suite"] == "engine"

@@ -19,8 +19,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples/java/StructuredOutput.
 @pytest.mark.skipif(shutil.which("java") is None, reason="java is not on PATH")
 def test_java_structured_output_example_parses_the_answer(deployment):
     env = {**os.environ, "LLAMADEPLOY_URL": deployment.base_url}
-    out = subprocess.run(["java", str(EXAMPLE), "Globex of Lyon opened a battery plant and hired 200 engineers."],
-                         capture_output=True, text=True, timeout=600, env=env, check=False)
+    out = subprocess.run(
+        ["java", str(EXAMPLE), "Globex of Lyon opened a battery plant and hired 200 engineers."],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     lines = {k: v.strip() for k, _, v in (line.partition(":") for line in out.stdout.splitlines() if line)}
     assert set(lines) == {"name", "city", "keywords"}

@@ -106,8 +106,11 @@ def test_least_loaded_prefers_idle_worker(deployment):
     t = threading.Thread(target=long_request)
     t.start()
     try:
-        busy = wait_for(lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None), 30,
-                        what="the long request in flight on a worker")["id"]
+        busy = wait_for(
+            lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None),
+            30,
+            what="the long request in flight on a worker",
+        )["id"]
         for _ in range(3):
             before = served(deployment)
             assert deployment.chat("Say hi.", max_tokens=3).status_code == 200
@@ -122,12 +125,21 @@ def test_openai_sdk(deployment):
     client = OpenAI(base_url=deployment.base_url, api_key="unused")
     models = [m.id for m in client.models.list()]
     assert models == [MODEL]
-    chat = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=20,
-                                          messages=[{"role": "user", "content": "What is the capital of France?"}])
+    chat = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=20,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     assert "Paris" in chat.choices[0].message.content
-    stream = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=20, stream=True,
-                                            stream_options={"include_usage": True},
-                                            messages=[{"role": "user", "content": "What is the capital of France?"}])
+    stream = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == chat.choices[0].message.content
@@ -147,14 +159,22 @@ BAD = [
     ("float max_tokens", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1.5}, 400),
     ("temperature too high", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400),
     ("unknown model", {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, 404),
-    ("too long for context", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2040}, 400),
+    (
+        "too long for context",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2040},
+        400,
+    ),
     ("prompt too long", {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 10}, 400),
 ]
 
 
 @pytest.mark.parametrize("name,body,status", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_gets_openai_error(deployment, name, body, status):
-    kw = {"content": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    kw = (
+        {"content": body, "headers": {"Content-Type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = httpx.post(f"{deployment.base_url}/chat/completions", timeout=60, **kw)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -171,14 +191,22 @@ def test_bad_completion_prompt(deployment):
 
 
 def test_client_disconnect_cancels_generation(deployment):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 5:
                 break
-    wait_for(lambda: all(w["in_flight"] == 0 and w["running"] == 0 for w in deployment.workers()), 20,
-             what="the cancelled generation gone from the router and the worker")
+    wait_for(
+        lambda: all(w["in_flight"] == 0 and w["running"] == 0 for w in deployment.workers()),
+        20,
+        what="the cancelled generation gone from the router and the worker",
+    )
 
 
 def test_health_and_workers(deployment):

@@ -65,8 +65,15 @@ class Stream:
 
 def bodies(sampling: Callable[[int], dict]) -> list[dict]:
     """The 8 concurrent requests of the stream tests, with ``sampling(i)`` for request ``i``."""
-    return [{"messages": [{"role": "user", "content": f"Write a long story about city number {i}."}],
-             "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampling(i)} for i in range(8)]
+    return [
+        {
+            "messages": [{"role": "user", "content": f"Write a long story about city number {i}."}],
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+            **sampling(i),
+        }
+        for i in range(8)
+    ]
 
 
 def run_streams(d: Deployment, requests: list[dict], kill_after_chunks: int | None = None) -> tuple[list[Stream], dict]:
@@ -78,8 +85,11 @@ def run_streams(d: Deployment, requests: list[dict], kill_after_chunks: int | No
     with ThreadPoolExecutor(len(streams)) as pool:
         futures = [pool.submit(s.run) for s in streams]
         if kill_after_chunks is not None:
-            wait_for(lambda: all(len(s.chunks) >= kill_after_chunks for s in streams) or any(f.done() for f in futures),
-                     180, what=f"every stream to show {kill_after_chunks} chunks")
+            wait_for(
+                lambda: all(len(s.chunks) >= kill_after_chunks for s in streams) or any(f.done() for f in futures),
+                180,
+                what=f"every stream to show {kill_after_chunks} chunks",
+            )
             assert not any(f.done() for f in futures), "a stream ended before the kill"
             victim = max(d.workers(), key=lambda w: w["in_flight"])
             assert victim["in_flight"] >= 1
@@ -91,7 +101,7 @@ def run_streams(d: Deployment, requests: list[dict], kill_after_chunks: int | No
 
 def migrations(d: Deployment) -> float:
     text = httpx.get(f"{d.url}/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r'^llamadeploy_request_migrations_total\{[^}]*\} (\S+)$', text, re.M))
+    return sum(float(v) for v in re.findall(r"^llamadeploy_request_migrations_total\{[^}]*\} (\S+)$", text, re.M))
 
 
 def token_events(d: Deployment, wid: int) -> float:
@@ -139,14 +149,17 @@ def test_seeded_streams_survive_a_kill9_with_the_undisturbed_text(mig):
 
 
 def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
-    body = {"messages": [{"role": "user", "content": "Tell me about the history of bread."}],
-            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me about the history of bread."}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     settled(mig)
     want = httpx.post(f"{mig.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300).json()
     settled(mig)
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(httpx.post, f"{mig.base_url}/chat/completions", json={"model": MODEL, **body},
-                             timeout=300)
+        future = pool.submit(httpx.post, f"{mig.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300)
         busy = wait_for(lambda: next((w for w in mig.workers() if w["in_flight"]), None), 30, what="a busy worker")
         start = token_events(mig, busy["id"])
         wait_for(lambda: token_events(mig, busy["id"]) - start >= MAX_TOKENS // 2, 120, what="half the answer")
@@ -163,20 +176,26 @@ def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
 def test_a_stop_string_straddling_the_cut_is_caught(mig):
     """The stop string is long (many tokens): while the worker generates it the router sees no
     text (it is held back), and the kill lands inside it."""
-    base = {"messages": [{"role": "user", "content": "Describe a walk through a forest."}],
-            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+    base = {
+        "messages": [{"role": "user", "content": "Describe a walk through a forest."}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     settled(mig)
     (full,), _ = run_streams(mig, [base])
     words = full.text.split(" ")
     head = " ".join(words[: len(words) // 3])  # well past 16 tokens in
-    stop = full.text[len(head):len(head) + 100]  # some 20 tokens, all held back until they match
+    stop = full.text[len(head) : len(head) + 100]  # some 20 tokens, all held back until they match
     assert len(stop) == 100 and full.text.find(stop) == len(head), "pick a stop string that occurs once"
     settled(mig)
     moved_before = migrations(mig)
     stream = Stream(mig, {**base, "stop": [stop]})
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(stream.run)
-        wait_for(lambda: stream.text == head or future.done(), 120, what="the text before the stop string", interval=0.005)
+        wait_for(
+            lambda: stream.text == head or future.done(), 120, what="the text before the stop string", interval=0.005
+        )
         busy = next(w for w in mig.workers() if w["in_flight"])
         os.kill(busy["pid"], signal.SIGKILL)
         future.result()
@@ -194,8 +213,12 @@ def off(tmp_path_factory):
 
 
 def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request_with_502(off):
-    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": MAX_TOKENS,
-            "ignore_eos": True, "temperature": 0}
+    body = {
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     stream = Stream(off, body)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(stream.run)
@@ -207,8 +230,7 @@ def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request
     assert_openai_error(stream.errors[0], "worker_lost")
     wait_for(lambda: all_ready_and_idle(off), 120, what="both workers ready and idle")
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(httpx.post, f"{off.base_url}/chat/completions", json={"model": MODEL, **body},
-                             timeout=300)
+        future = pool.submit(httpx.post, f"{off.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300)
         busy = wait_for(lambda: next((w for w in off.workers() if w["in_flight"]), None), 30, what="a busy worker")
         start = token_events(off, busy["id"])
         wait_for(lambda: token_events(off, busy["id"]) - start >= 16, 120, what="tokens flowing")

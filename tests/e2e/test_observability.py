@@ -8,15 +8,27 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.deployment import MODEL, wait_for
 
 ROUTER_METRICS = {
-    "llamadeploy_http_requests_total", "llamadeploy_e2e_request_latency_seconds", "llamadeploy_num_requests_running",
-    "llamadeploy_num_requests_waiting", "llamadeploy_time_to_first_token_seconds",
-    "llamadeploy_inter_token_latency_seconds", "llamadeploy_prompt_tokens_total", "llamadeploy_generation_tokens_total",
-    "llamadeploy_request_success_total", "process_resident_memory_bytes",
+    "llamadeploy_http_requests_total",
+    "llamadeploy_e2e_request_latency_seconds",
+    "llamadeploy_num_requests_running",
+    "llamadeploy_num_requests_waiting",
+    "llamadeploy_time_to_first_token_seconds",
+    "llamadeploy_inter_token_latency_seconds",
+    "llamadeploy_prompt_tokens_total",
+    "llamadeploy_generation_tokens_total",
+    "llamadeploy_request_success_total",
+    "process_resident_memory_bytes",
 }
 WORKER_METRICS = {
-    "llamadeploy_worker_state", "llamadeploy_worker_num_requests_running", "llamadeploy_worker_num_requests_waiting",
-    "llamadeploy_worker_requests_in_flight", "llamadeploy_kv_cache_usage_ratio", "llamadeploy_kv_cache_budget_tokens",
-    "llamadeploy_worker_memory_used_bytes", "llamadeploy_model_load_time_seconds", "llamadeploy_worker_restarts_total",
+    "llamadeploy_worker_state",
+    "llamadeploy_worker_num_requests_running",
+    "llamadeploy_worker_num_requests_waiting",
+    "llamadeploy_worker_requests_in_flight",
+    "llamadeploy_kv_cache_usage_ratio",
+    "llamadeploy_kv_cache_budget_tokens",
+    "llamadeploy_worker_memory_used_bytes",
+    "llamadeploy_model_load_time_seconds",
+    "llamadeploy_worker_restarts_total",
 }
 
 
@@ -38,7 +50,12 @@ def total(samples: dict[str, list], name: str, **labels) -> float:
 def test_metrics_cover_router_and_every_worker(deployment):
     before = scrape(deployment)
     assert deployment.chat("What is the capital of France?", max_tokens=6).status_code == 200
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 6, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count to five."}],
+        "max_tokens": 6,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.read().rstrip().endswith(b"[DONE]")
     after = scrape(deployment)
@@ -47,14 +64,21 @@ def test_metrics_cover_router_and_every_worker(deployment):
     assert WORKER_METRICS <= names, WORKER_METRICS - names
 
     chat = {"endpoint": "/v1/chat/completions"}
-    assert total(after, "llamadeploy_http_requests_total", status="200", **chat) >= \
-        total(before, "llamadeploy_http_requests_total", status="200", **chat) + 2
+    assert (
+        total(after, "llamadeploy_http_requests_total", status="200", **chat)
+        >= total(before, "llamadeploy_http_requests_total", status="200", **chat) + 2
+    )
     assert total(after, "llamadeploy_e2e_request_latency_seconds_count", **chat) >= 2
-    assert total(after, "llamadeploy_time_to_first_token_seconds_count") >= \
-        total(before, "llamadeploy_time_to_first_token_seconds_count") + 2
-    assert total(after, "llamadeploy_inter_token_latency_seconds_count") > \
-        total(before, "llamadeploy_inter_token_latency_seconds_count")
-    assert total(after, "llamadeploy_generation_tokens_total") >= total(before, "llamadeploy_generation_tokens_total") + 2
+    assert (
+        total(after, "llamadeploy_time_to_first_token_seconds_count")
+        >= total(before, "llamadeploy_time_to_first_token_seconds_count") + 2
+    )
+    assert total(after, "llamadeploy_inter_token_latency_seconds_count") > total(
+        before, "llamadeploy_inter_token_latency_seconds_count"
+    )
+    assert (
+        total(after, "llamadeploy_generation_tokens_total") >= total(before, "llamadeploy_generation_tokens_total") + 2
+    )
     assert total(after, "llamadeploy_prompt_tokens_total") > total(before, "llamadeploy_prompt_tokens_total")
     assert total(after, "llamadeploy_num_requests_running") == total(after, "llamadeploy_num_requests_waiting") == 0
 
@@ -64,8 +88,9 @@ def test_metrics_cover_router_and_every_worker(deployment):
         assert total(after, "llamadeploy_model_load_time_seconds", worker_id=wid) > 0
         assert total(after, "llamadeploy_kv_cache_budget_tokens", worker_id=wid) > 0
         assert 0 <= total(after, "llamadeploy_kv_cache_usage_ratio", worker_id=wid) <= 1
-        assert total(after, "llamadeploy_worker_restarts_total", worker_id=wid) == \
-            next(w["restarts"] for w in deployment.workers() if w["id"] == int(wid))
+        assert total(after, "llamadeploy_worker_restarts_total", worker_id=wid) == next(
+            w["restarts"] for w in deployment.workers() if w["id"] == int(wid)
+        )
 
 
 def test_unmatched_paths_share_one_label(deployment):

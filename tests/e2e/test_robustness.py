@@ -53,16 +53,36 @@ BAD_INPUTS = [
     ("max_tokens over the ceiling", CHAT, {"json": {"messages": HI, "max_tokens": 5000}}, 400, "limits.max_tokens"),
     ("1,000 stop strings", CHAT, {"json": {"messages": HI, "stop": ["s"] * 1000}}, 400, "limits.max_stop_strings"),
     ("a long stop string", CHAT, {"json": {"messages": HI, "stop": ["s" * 300]}}, 400, "limits.max_stop_length"),
-    ("100k-character prompt", CHAT, {"json": {"messages": [{"role": "user", "content": "x" * 100_000}]}}, 400,
-     "limits.max_prompt_tokens"),
-    ("100k-character completion prompt", "/completions", {"json": {"prompt": "word " * 20_000}}, 400,
-     "limits.max_prompt_tokens"),
-    ("1M-character prompt", CHAT, {"json": {"messages": [{"role": "user", "content": "ab " * 600_000}]}}, 400,
-     "limits.max_prompt_tokens"),
+    (
+        "100k-character prompt",
+        CHAT,
+        {"json": {"messages": [{"role": "user", "content": "x" * 100_000}]}},
+        400,
+        "limits.max_prompt_tokens",
+    ),
+    (
+        "100k-character completion prompt",
+        "/completions",
+        {"json": {"prompt": "word " * 20_000}},
+        400,
+        "limits.max_prompt_tokens",
+    ),
+    (
+        "1M-character prompt",
+        CHAT,
+        {"json": {"messages": [{"role": "user", "content": "ab " * 600_000}]}},
+        400,
+        "limits.max_prompt_tokens",
+    ),
     ("too many prompt token ids", "/completions", {"json": {"prompt": [1] * 5000}}, 400, "limits.max_prompt_tokens"),
     ("lone surrogate", CHAT, {"content": b'{"messages": [{"role": "user", "content": "a\\ud800"}]}'}, 400, "surrogate"),
-    ("NaN temperature", CHAT, {"content": b'{"messages": [{"role": "user", "content": "a"}], "temperature": NaN}'}, 400,
-     "NaN"),
+    (
+        "NaN temperature",
+        CHAT,
+        {"content": b'{"messages": [{"role": "user", "content": "a"}], "temperature": NaN}'},
+        400,
+        "NaN",
+    ),
     ("5,000-digit integer", CHAT, {"content": b'{"messages": [], "max_tokens": ' + b"9" * 5000 + b"}"}, 400, "JSON"),
     ("seed beyond int64", CHAT, {"json": {"messages": HI, "seed": 2**64}}, 400, "seed"),
     ("top-level array", CHAT, {"json": [1, 2]}, 400, "JSON object"),
@@ -79,13 +99,18 @@ def shared_baseline(deployment):
 
 # OpenAI refuses a tool message that does not say which call it answers.
 TOOL_WITHOUT_CALL_ID = pytest.param(
-    "tool message without tool_call_id", CHAT,
-    {"json": {"messages": [{"role": "tool", "content": "hi"}], "max_tokens": 2}}, 400, "tool_call_id",
-    id="tool message without tool_call_id")
+    "tool message without tool_call_id",
+    CHAT,
+    {"json": {"messages": [{"role": "tool", "content": "hi"}], "max_tokens": 2}},
+    400,
+    "tool_call_id",
+    id="tool message without tool_call_id",
+)
 
 
-@pytest.mark.parametrize("name,path,kwargs,status,words",
-                         [*(pytest.param(*b, id=b[0]) for b in BAD_INPUTS), TOOL_WITHOUT_CALL_ID])
+@pytest.mark.parametrize(
+    "name,path,kwargs,status,words", [*(pytest.param(*b, id=b[0]) for b in BAD_INPUTS), TOOL_WITHOUT_CALL_ID]
+)
 def test_bad_input_gets_its_4xx(deployment, shared_baseline, name, path, kwargs, status, words):
     started = time.monotonic()
     r = httpx.post(f"{deployment.base_url}{path}", timeout=60, headers={"Content-Type": "application/json"}, **kwargs)
@@ -100,8 +125,15 @@ def test_bad_input_gets_its_4xx(deployment, shared_baseline, name, path, kwargs,
     assert {w["id"]: (w["pid"], w["restarts"]) for w in deployment.workers()} == shared_baseline
 
 
-@pytest.mark.parametrize("method,path,status", [("GET", "/v1/chat/completions", 405), ("DELETE", "/v1/models", 405),
-                                                ("GET", "/v1/nope", 404), ("POST", "/" + "a" * 2000, 404)])
+@pytest.mark.parametrize(
+    "method,path,status",
+    [
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+        ("GET", "/v1/nope", 404),
+        ("POST", "/" + "a" * 2000, 404),
+    ],
+)
 def test_wrong_route_or_method_is_an_openai_error(deployment, method, path, status):
     r = httpx.request(method, f"{deployment.url}{path}", timeout=10)
     assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
@@ -132,12 +164,15 @@ REQUEST_TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("fuzzed"), {
-        "model": {"max_model_len": 256},
-        "workers": {"replicas": 1, "max_num_seqs": 8},
-        "limits": {"max_tokens": 2, "max_prompt_tokens": 64, "max_body_bytes": 65536},
-        "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
-    })
+    d = Deployment(
+        tmp_path_factory.mktemp("fuzzed"),
+        {
+            "model": {"max_model_len": 256},
+            "workers": {"replicas": 1, "max_num_seqs": 8},
+            "limits": {"max_tokens": 2, "max_prompt_tokens": 64, "max_body_bytes": 65536},
+            "router": {"request_timeout_s": REQUEST_TIMEOUT_S},
+        },
+    )
     d.start()
     yield d
     d.stop()
@@ -181,11 +216,17 @@ def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
                 s.setsockopt(zmq.IDENTITY, identity)
             s.connect(address)
             socks.append(s)
-        frames = [b"", b"\x00", os.urandom(4096), b"\x91" * 50_000, b"garbage",
-                  msgspec.msgpack.encode({"type": "Generate", "request_id": "x"}),
-                  msgspec.msgpack.encode({"type": "Exec", "code": "import os; os._exit(1)"}),
-                  encode(Tokens(request_id="req-nobody", text_delta="injected", token_ids=[1])),
-                  encode(Heartbeat(worker_id=0, running=99, waiting=99, kv_used_tokens=0, mem_bytes=0))]
+        frames = [
+            b"",
+            b"\x00",
+            os.urandom(4096),
+            b"\x91" * 50_000,
+            b"garbage",
+            msgspec.msgpack.encode({"type": "Generate", "request_id": "x"}),
+            msgspec.msgpack.encode({"type": "Exec", "code": "import os; os._exit(1)"}),
+            encode(Tokens(request_id="req-nobody", text_delta="injected", token_ids=[1])),
+            encode(Heartbeat(worker_id=0, running=99, waiting=99, kv_used_tokens=0, mem_bytes=0)),
+        ]
         for s in socks:
             for f in frames:
                 s.send(f)
@@ -202,8 +243,11 @@ def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
             raw.sendall(os.urandom(65536))
         # The forged heartbeat (worker-99 claiming worker 0's id) and the frames of peers with no
         # worker identity are refused by the router, each with a log line naming why.
-        wait_for(lambda: FORGED_REFUSED in fuzzed.log() and UNKNOWN_PEER in fuzzed.log(), 30,
-                 what="the router logs its refusal of the forged heartbeat and of unknown peers")
+        wait_for(
+            lambda: FORGED_REFUSED in fuzzed.log() and UNKNOWN_PEER in fuzzed.log(),
+            30,
+            what="the router logs its refusal of the forged heartbeat and of unknown peers",
+        )
     finally:
         ctx.destroy(linger=0)
     assert fuzzed.chat("What is the capital of France?", max_tokens=2).status_code == 200
@@ -215,15 +259,26 @@ def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
 def generated_cases(schema, count: int) -> list:
     """``count`` requests from the OpenAPI document: valid (positive) and schema-violating
     (negative) bodies for both generation endpoints, plus the GET endpoints."""
-    posts = [schema[path]["POST"].as_strategy(generation_mode=mode)
-             for path in ("/v1/chat/completions", "/v1/completions") for mode in GenerationMode]
-    gets = [schema[path]["GET"].as_strategy(generation_mode=mode)
-            for path in ("/v1/models", "/health", "/workers", "/metrics", "/openapi.json") for mode in GenerationMode]
+    posts = [
+        schema[path]["POST"].as_strategy(generation_mode=mode)
+        for path in ("/v1/chat/completions", "/v1/completions")
+        for mode in GenerationMode
+    ]
+    gets = [
+        schema[path]["GET"].as_strategy(generation_mode=mode)
+        for path in ("/v1/models", "/health", "/workers", "/metrics", "/openapi.json")
+        for mode in GenerationMode
+    ]
     cases: list = []
 
     @given(case=st.one_of(*posts, st.one_of(gets)))
-    @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def collect(case):
         cases.append(case)
 
@@ -242,8 +297,11 @@ def check_response(case, r: schemathesis.Response) -> str | None:
             return f"{r.status_code} not in OpenAI's error shape: {r.text[:300]}"
         if set(err) != {"message", "type", "param", "code"}:
             return f"error object {err}"
-    elif (r.headers.get("content-type", [""])[0].startswith("text/event-stream") and not r.stream_cut_short
-          and not r.text.rstrip().endswith("data: [DONE]")):
+    elif (
+        r.headers.get("content-type", [""])[0].startswith("text/event-stream")
+        and not r.stream_cut_short
+        and not r.text.rstrip().endswith("data: [DONE]")
+    ):
         return f"stream did not end with [DONE]: {r.text[-300:]}"
     if not r.headers.get("x-request-id"):
         return "no X-Request-ID"
@@ -278,8 +336,10 @@ def test_schemathesis_run_no_5xx_no_hang_no_restart(fuzzed):
     with ThreadPoolExecutor(FUZZ_THREADS) as pool:
         list(pool.map(call, cases))
     elapsed = time.monotonic() - started
-    print(f"{sum(statuses.values())} requests in {elapsed:.0f}s (slowest {slowest:.1f}s):",
-          json.dumps({f"{p} {s}": n for (p, s), n in sorted(statuses.items())}, indent=1))
+    print(
+        f"{sum(statuses.values())} requests in {elapsed:.0f}s (slowest {slowest:.1f}s):",
+        json.dumps({f"{p} {s}": n for (p, s), n in sorted(statuses.items())}, indent=1),
+    )
     assert not problems, "\n\n".join(problems[:10])
     assert sum(statuses.values()) >= 500
     assert sum(n for (p, s), n in statuses.items() if p.startswith("/v1/") and s == 200) >= 50  # real generations ran
@@ -288,8 +348,11 @@ def test_schemathesis_run_no_5xx_no_hang_no_restart(fuzzed):
     assert all(w["state"] == "ready" and w["restarts"] == 0 and w["in_flight"] == 0 for w in workers), workers
     assert processes(fuzzed) == before
     metrics = httpx.get(f"{fuzzed.url}/metrics", timeout=10).text
-    served = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                 if line.startswith("llamadeploy_http_requests_total{") and '"/v1/' in line)
+    served = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("llamadeploy_http_requests_total{") and '"/v1/' in line
+    )
     assert served >= sum(n for (p, _), n in statuses.items() if p.startswith("/v1/"))
     assert 'status="5' not in metrics  # nothing answered 5xx, not even outside this run
     assert fuzzed.chat("What is the capital of France?", max_tokens=2).status_code == 200

@@ -62,7 +62,9 @@ def test_chat_logprobs_top1_is_the_emitted_token_at_temperature_0(client):
 
 @needs_engine
 def test_completion_logprobs_shape(client):
-    r = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, logprobs=2)
+    r = client.completions.create(
+        model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, logprobs=2
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
     assert "".join(lp.tokens) == r.choices[0].text
@@ -75,8 +77,9 @@ def test_frequency_penalty_lowers_repeats(client):
     msgs = [{"role": "user", "content": "Say 'la' 30 times."}]
 
     def count(penalty: float) -> int:
-        r = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=60,
-                                           frequency_penalty=penalty)
+        r = client.chat.completions.create(
+            model=MODEL, messages=msgs, temperature=0, max_tokens=60, frequency_penalty=penalty
+        )
         return r.choices[0].message.content.lower().count("la")
 
     plain, penalised = count(0.0), count(2.0)
@@ -85,8 +88,13 @@ def test_frequency_penalty_lowers_repeats(client):
 
 @needs_engine
 def test_logit_bias_minus_100_removes_a_token(client, tokenizer):
-    kw = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-          "temperature": 0, "max_tokens": 30, "logprobs": True}
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 30,
+        "logprobs": True,
+    }
     r = client.chat.completions.create(**kw)
     first = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(r.choices[0].logprobs.content[0].token))[0]
     banned = client.chat.completions.create(logit_bias={str(first): -100}, **kw)
@@ -96,14 +104,25 @@ def test_logit_bias_minus_100_removes_a_token(client, tokenizer):
 
 @needs_engine
 def test_min_tokens_and_repetition_penalty_are_honoured(client):
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say yes."}], temperature=0,
-                                       max_tokens=40, extra_body={"min_tokens": 25, "repetition_penalty": 1.2})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say yes."}],
+        temperature=0,
+        max_tokens=40,
+        extra_body={"min_tokens": 25, "repetition_penalty": 1.2},
+    )
     assert r.usage.completion_tokens >= 25
 
 
 def test_n_choices_plain_streamed_and_seeded(client):
-    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Invent a name for a cat."}], "temperature": 1.0,
-          "max_tokens": 12, "n": 3, "seed": 5}
+    kw = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Invent a name for a cat."}],
+        "temperature": 1.0,
+        "max_tokens": 12,
+        "n": 3,
+        "seed": 5,
+    }
     a = client.chat.completions.create(**kw)
     b = client.chat.completions.create(**kw)
     assert [c.index for c in a.choices] == [0, 1, 2]

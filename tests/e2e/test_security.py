@@ -32,17 +32,23 @@ class SecuredDeployment(Deployment):
 
     def processes(self) -> dict[str, list[psutil.Process]]:
         procs = [psutil.Process(pid) for pid in self.child_pids()]
-        return {"router": [p for p in procs if "router.main" in p.cmdline() and "--standby" not in p.cmdline()],
-                "workers": [p for p in procs if "worker.main" in p.cmdline()]}
+        return {
+            "router": [p for p in procs if "router.main" in p.cmdline() and "--standby" not in p.cmdline()],
+            "workers": [p for p in procs if "worker.main" in p.cmdline()],
+        }
 
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    d = SecuredDeployment(tmp_path_factory.mktemp("secured"), {
-        "workers": {"replicas": 1},
-        "router": {"api_keys": ["file-key"], "request_timeout_s": TIMEOUT_S},
-    }, env={"LLAMADEPLOY_API_KEYS": ",".join(ENV_KEYS), "LLAMADEPLOY_ADMIN_TOKEN": ADMIN_TOKEN},
-        args=["--log-format", "json"])
+    d = SecuredDeployment(
+        tmp_path_factory.mktemp("secured"),
+        {
+            "workers": {"replicas": 1},
+            "router": {"api_keys": ["file-key"], "request_timeout_s": TIMEOUT_S},
+        },
+        env={"LLAMADEPLOY_API_KEYS": ",".join(ENV_KEYS), "LLAMADEPLOY_ADMIN_TOKEN": ADMIN_TOKEN},
+        args=["--log-format", "json"],
+    )
     d.start()
     yield d
     d.stop()
@@ -58,13 +64,27 @@ def assert_openai_error(r: httpx.Response, status: int, code: str | None = None)
     return err
 
 
-@pytest.mark.parametrize("headers", [
-    {}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer file-key"}, {"Authorization": "Bearer"},
-    {"Authorization": f"Basic {ENV_KEYS[0]}"}, {"Authorization": f"Bearer {ENV_KEYS[0]}x"},
-], ids=["none", "wrong", "file-key-overridden-by-env", "empty", "basic-scheme", "prefix-of-key"])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Bearer file-key"},
+        {"Authorization": "Bearer"},
+        {"Authorization": f"Basic {ENV_KEYS[0]}"},
+        {"Authorization": f"Bearer {ENV_KEYS[0]}x"},
+    ],
+    ids=["none", "wrong", "file-key-overridden-by-env", "empty", "basic-scheme", "prefix-of-key"],
+)
 def test_api_key_required(secured, headers):
-    for method, path in (("GET", "/v1/models"), ("GET", "/workers"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-                         ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")):
+    for method, path in (
+        ("GET", "/v1/models"),
+        ("GET", "/workers"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+    ):
         r = httpx.request(method, f"{secured.url}{path}", headers=headers, json={"prompt": "x"}, timeout=10)
         err = assert_openai_error(r, 401, "invalid_api_key")
         assert err["type"] == "authentication_error" and "Authorization: Bearer" in err["message"]
@@ -77,8 +97,12 @@ def test_each_environment_key_works_and_health_is_open(secured):
         assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL
     for path in ("/health", "/health/ready", "/health/live"):
         assert httpx.get(f"{secured.url}{path}", timeout=10).status_code == 200
-    r = httpx.post(f"{secured.base_url}/chat/completions", headers=secured.auth_headers(), timeout=60,
-                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        f"{secured.base_url}/chat/completions",
+        headers=secured.auth_headers(),
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 200, r.text
     doc = httpx.get(f"{secured.url}/openapi.json", headers=secured.auth_headers(), timeout=10).json()
     assert doc["security"] == [{"bearer": []}] and "env-key" not in json.dumps(doc)
@@ -114,11 +138,20 @@ def test_listeners_are_loopback_and_workers_listen_nowhere(secured):
 def test_request_id_is_echoed_and_logged_by_router_and_worker(secured):
     rid = "sec-test-0001"
     body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
-    r = httpx.post(f"{secured.base_url}/chat/completions", json=body, timeout=60,
-                   headers={**secured.auth_headers(), "X-Request-ID": rid})
+    r = httpx.post(
+        f"{secured.base_url}/chat/completions",
+        json=body,
+        timeout=60,
+        headers={**secured.auth_headers(), "X-Request-ID": rid},
+    )
     assert r.status_code == 200 and r.headers["X-Request-ID"] == rid
-    with httpx.stream("POST", f"{secured.base_url}/chat/completions", json={**body, "stream": True}, timeout=60,
-                      headers={**secured.auth_headers(), "X-Request-ID": rid + "-s"}) as s:
+    with httpx.stream(
+        "POST",
+        f"{secured.base_url}/chat/completions",
+        json={**body, "stream": True},
+        timeout=60,
+        headers={**secured.auth_headers(), "X-Request-ID": rid + "-s"},
+    ) as s:
         assert s.status_code == 200 and s.headers["X-Request-ID"] == rid + "-s"
         assert s.read().rstrip().endswith(b"data: [DONE]")
     for bad in ("has spaces", "x" * 129, "é".encode(), "a;b=c"):
@@ -126,6 +159,7 @@ def test_request_id_is_echoed_and_logged_by_router_and_worker(secured):
         assert re.fullmatch(r"[0-9a-f]{32}", r.headers["X-Request-ID"])
     r = httpx.get(f"{secured.base_url}/models", headers={"X-Request-ID": "unauth-1"}, timeout=10)
     assert r.status_code == 401 and r.headers["X-Request-ID"] == "unauth-1"
+
     def roles() -> set[str]:
         entries = [json.loads(line) for line in secured.log().splitlines() if f'"{rid}"' in line]
         return {e["role"].split()[0] for e in entries if e.get("request_id") == rid}
@@ -135,20 +169,28 @@ def test_request_id_is_echoed_and_logged_by_router_and_worker(secured):
 
 def test_request_timeout_is_a_504_naming_the_limit(secured):
     started = time.monotonic()
-    r = httpx.post(f"{secured.base_url}/chat/completions", headers=secured.auth_headers(), timeout=60,
-                   json={"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000,
-                         "ignore_eos": True})
+    r = httpx.post(
+        f"{secured.base_url}/chat/completions",
+        headers=secured.auth_headers(),
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000, "ignore_eos": True},
+    )
     err = assert_openai_error(r, 504, "timeout")
     assert "router.request_timeout_s" in err["message"]
     assert time.monotonic() - started < TIMEOUT_S + 10
-    wait_for(lambda: not any(w["in_flight"] or w["running"] for w in secured.workers()), 20,
-             what="the timed-out request cancelled on the worker")
+    wait_for(
+        lambda: not any(w["in_flight"] or w["running"] for w in secured.workers()),
+        20,
+        what="the timed-out request cancelled on the worker",
+    )
 
 
 def test_a_body_that_never_arrives_is_a_408(secured):
     with socket.create_connection(("127.0.0.1", secured.port), timeout=TIMEOUT_S + 10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + ENV_KEYS[0].encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"messages\"")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + ENV_KEYS[0].encode() + b'\r\nContent-Length: 1000\r\n\r\n{"messages"'
+        )
         started = time.monotonic()
         reply = s.recv(65536)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]

@@ -43,12 +43,18 @@ DOCS = [
 
 def parse_fn(client: OpenAI):
     beta = getattr(getattr(client, "beta", None), "chat", None)
-    return beta.completions.parse if beta is not None and hasattr(beta.completions, "parse") else client.chat.completions.parse
+    return (
+        beta.completions.parse
+        if beta is not None and hasattr(beta.completions, "parse")
+        else client.chat.completions.parse
+    )
 
 
 def extract_messages(doc: str) -> list[dict]:
-    return [{"role": "system", "content": "Extract the title, up to 3 keywords and the company as JSON."},
-            {"role": "user", "content": doc}]
+    return [
+        {"role": "system", "content": "Extract the title, up to 3 keywords and the company as JSON."},
+        {"role": "user", "content": doc},
+    ]
 
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (0.8, 11)])
@@ -64,10 +70,18 @@ def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temper
         assert choice.finish_reason == "stop", choice
         assert isinstance(choice.message.parsed, Extraction)
         assert choice.message.refusal is None
-        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-            stream=True, response_format={"type": "json_schema", "json_schema": {
-                "name": "Extraction", "schema": Extraction.model_json_schema(), "strict": True}}, **kw)
-            if c.choices)
+        streamed = "".join(
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                stream=True,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "Extraction", "schema": Extraction.model_json_schema(), "strict": True},
+                },
+                **kw,
+            )
+            if c.choices
+        )
         assert streamed == choice.message.content
 
     with ThreadPoolExecutor(len(DOCS)) as pool:
@@ -85,8 +99,15 @@ def test_schema_at_response_format_schema_is_accepted(deployment):
 def test_json_object_always_parses_and_a_cut_is_length(client):
     def one(seed: int):
         return client.chat.completions.create(
-            model=MODEL, temperature=0.8, seed=seed, max_tokens=120, response_format={"type": "json_object"},
-            messages=[{"role": "user", "content": f"Describe fruit number {seed} as a JSON object with a name and a colour."}])
+            model=MODEL,
+            temperature=0.8,
+            seed=seed,
+            max_tokens=120,
+            response_format={"type": "json_object"},
+            messages=[
+                {"role": "user", "content": f"Describe fruit number {seed} as a JSON object with a name and a colour."}
+            ],
+        )
 
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(one, range(50)))
@@ -94,8 +115,13 @@ def test_json_object_always_parses_and_a_cut_is_length(client):
     assert len(stopped) >= 40, [r.choices[0].finish_reason for r in replies]
     for c in stopped:
         assert isinstance(json.loads(c.message.content), dict)
-    cut = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=3, response_format={"type": "json_object"},
-                                         messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+    cut = client.chat.completions.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=3,
+        response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+    )
     assert cut.choices[0].finish_reason == "length"
 
 
@@ -111,8 +137,12 @@ HOSTILE = {
     "100-deep": json.loads(deep(100)),
     "min-items": {"type": "array", "items": {"type": "integer"}, "minItems": 100000000},
     "bad-pattern": {"type": "string", "pattern": "foo**"},
-    "megabyte": {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 1000}
-                                                  for i in range(MAX_SCHEMA_BYTES // 1000 + 1000)}},
+    "megabyte": {
+        "type": "object",
+        "properties": {
+            f"p{i}": {"type": "string", "description": "x" * 1000} for i in range(MAX_SCHEMA_BYTES // 1000 + 1000)
+        },
+    },
 }
 
 
@@ -120,10 +150,16 @@ def test_hostile_schemas_are_400_and_the_workers_keep_serving(deployment):
     restarts = {w["id"]: w["restarts"] for w in deployment.workers()}
     for name, schema in HOSTILE.items():
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        body = (f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 5, '
-                f'"response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {text}}}}}}}')
-        r = httpx.post(f"{deployment.base_url}/chat/completions", content=body, timeout=60,
-                       headers={"Content-Type": "application/json"})
+        body = (
+            f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 5, '
+            f'"response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {text}}}}}}}'
+        )
+        r = httpx.post(
+            f"{deployment.base_url}/chat/completions",
+            content=body,
+            timeout=60,
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 400, (name, r.text[:300])
         assert r.json()["error"]["param"] == "response_format", (name, r.json())
     r = deployment.chat("Say hi.", max_tokens=5, response_format={"type": "json_object"})
@@ -132,21 +168,44 @@ def test_hostile_schemas_are_400_and_the_workers_keep_serving(deployment):
     assert deployment.chat("hi", response_format={"type": "yaml"}).json()["error"]["param"] == "response_format"
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                                  "required": ["a", "b"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_call_plain_and_streamed(client, choice):
-    kw = {"model": MODEL, "messages": ASK, "tools": [WEATHER, ADD], "tool_choice": choice, "temperature": 0,
-          "max_tokens": 80}
+    kw = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [WEATHER, ADD],
+        "tool_choice": choice,
+        "temperature": 0,
+        "max_tokens": 80,
+    }
     reply = client.chat.completions.create(**kw)
     c = reply.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
@@ -161,7 +220,10 @@ def test_forced_tool_call_plain_and_streamed(client, choice):
         final = stream.get_final_completion()
     scall = final.choices[0].message.tool_calls[0]
     assert final.choices[0].finish_reason == "tool_calls"
-    assert (scall.function.name, json.loads(scall.function.arguments)) == (call.function.name, json.loads(call.function.arguments))
+    assert (scall.function.name, json.loads(scall.function.arguments)) == (
+        call.function.name,
+        json.loads(call.function.arguments),
+    )
 
     raw = [ch for ch in client.chat.completions.create(stream=True, **kw) if ch.choices]
     deltas = [tc for ch in raw for tc in (ch.choices[0].delta.tool_calls or [])]
@@ -170,12 +232,18 @@ def test_forced_tool_call_plain_and_streamed(client, choice):
 
 
 def test_a_follow_up_turn_with_a_tool_message(client):
-    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required",
-                                           temperature=0, max_tokens=80)
+    first = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80
+    )
     call = first.choices[0].message.tool_calls[0]
-    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-               {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18, "sky": "sunny"}'}]
-    second = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], temperature=0, max_tokens=40)
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18, "sky": "sunny"}'},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=history, tools=[WEATHER], temperature=0, max_tokens=40
+    )
     c = second.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls")
     assert c.message.content or c.message.tool_calls
@@ -183,8 +251,14 @@ def test_a_follow_up_turn_with_a_tool_message(client):
 
 def test_auto_and_none_tool_choice_answer(client):
     for choice in ("auto", "none"):
-        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello."}],
-                                           tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=20)
+        r = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            tools=[WEATHER],
+            tool_choice=choice,
+            temperature=0,
+            max_tokens=20,
+        )
         c = r.choices[0]
         assert c.finish_reason in ("stop", "length", "tool_calls")
         if c.finish_reason == "tool_calls":

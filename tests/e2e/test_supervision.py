@@ -44,12 +44,14 @@ def long_chat(d: Deployment, i: int, max_tokens: int, **kw) -> httpx.Response:
     return d.chat(f"Tell me story number {i}.", max_tokens=max_tokens, ignore_eos=True, timeout=180, **kw)
 
 
-def stream_events(d: Deployment, body: dict, first_text: threading.Event | None = None,
-                  headers: dict | None = None) -> list:
+def stream_events(
+    d: Deployment, body: dict, first_text: threading.Event | None = None, headers: dict | None = None
+) -> list:
     """Every ``data:`` payload of one SSE response (JSON decoded, except ``[DONE]``)."""
     events: list = []
-    with httpx.stream("POST", f"{d.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=180,
-                      headers=headers or {}) as r:
+    with httpx.stream(
+        "POST", f"{d.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=180, headers=headers or {}
+    ) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -71,8 +73,9 @@ def assert_openai_error(err: dict, code: str) -> None:
 def sup(tmp_path_factory):
     # Failover without migration (what a stream that cannot migrate gets); tests/e2e/test_migration.py
     # covers migration.
-    d = Deployment(tmp_path_factory.mktemp("supervision"),
-                   {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}})
+    d = Deployment(
+        tmp_path_factory.mktemp("supervision"), {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}}
+    )
     d.start()
     yield d
     assert d.stop() == 0, d.log()[-3000:]
@@ -91,8 +94,11 @@ def test_kill9_during_nonstreaming_requests_loses_none(sup):
         results = [f.result() for f in futures]
     assert [r.status_code for r in results] == [200] * 16, [r.text for r in results if r.status_code != 200]
     assert all(r.json()["usage"]["completion_tokens"] == 48 for r in results)
-    w0 = wait_for(lambda: (w := sup.worker(0))["state"] == "ready" and w["pid"] != victim["pid"] and w, 90,
-                  "worker 0 to come back")
+    w0 = wait_for(
+        lambda: (w := sup.worker(0))["state"] == "ready" and w["pid"] != victim["pid"] and w,
+        90,
+        "worker 0 to come back",
+    )
     assert w0["restarts"] == 1, w0
     assert "SIGKILL" in w0["exit_reason"]
     assert sup.worker(1)["restarts"] == 0
@@ -108,8 +114,13 @@ def test_kill9_ends_started_streams_with_error_and_done(sup):
     victim = sup.worker(1)
     served0 = sup.worker(0)["served"]
     started = [threading.Event() for _ in range(4)]
-    body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 100,
-            "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 100,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream_events, sup, body, started[i]) for i in range(4)]
         wait_for(lambda: all(e.is_set() for e in started), 60, "every stream to have sent text")
@@ -126,8 +137,11 @@ def test_kill9_ends_started_streams_with_error_and_done(sup):
     finished = [s for s in streams if "error" not in s[-2]]
     assert all(s[-2]["choices"][0]["finish_reason"] == "length" for s in finished)
     assert len(failed) == on_victim >= 1
-    w1 = wait_for(lambda: (w := sup.worker(1))["state"] == "ready" and w["pid"] != victim["pid"] and w, 90,
-                  "worker 1 to come back")
+    w1 = wait_for(
+        lambda: (w := sup.worker(1))["state"] == "ready" and w["pid"] != victim["pid"] and w,
+        90,
+        "worker 1 to come back",
+    )
     assert w1["restarts"] == victim["restarts"] + 1
     assert w1["served"] == victim["served"]  # nothing after the kill went to the dead worker
     assert sup.worker(0)["served"] == served0 + len(finished) + 3
@@ -154,8 +168,13 @@ def test_restart_worker_drain_under_load_drops_nothing(sup):
         t.start()
     try:
         time.sleep(2)
-        cli = subprocess.run([sys.executable, "-m", "launcher.cli", "restart-worker", "0", "--drain", "--config",
-                              str(sup.path)], capture_output=True, text=True, timeout=180, check=False)
+        cli = subprocess.run(
+            [sys.executable, "-m", "launcher.cli", "restart-worker", "0", "--drain", "--config", str(sup.path)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
         time.sleep(1)  # some load on the restarted worker too
     finally:
         stop.set()
@@ -175,8 +194,12 @@ def test_restart_worker_drain_under_load_drops_nothing(sup):
 
 def test_request_timeout_gives_504_and_cancels_on_the_worker(sup):
     wait_for(lambda: all_ready_and_idle(sup), 30, "both workers ready")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 1500, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+    }
     t0 = time.monotonic()
     r = httpx.post(f"{sup.base_url}/chat/completions", json=body, headers={"X-Request-Timeout": "2"}, timeout=60)
     assert r.status_code == 504, r.text
@@ -205,8 +228,11 @@ def test_hung_worker_is_declared_dead_killed_and_restarted(sup):
             if alive(busy["pid"]):
                 os.kill(busy["pid"], signal.SIGCONT)
     assert r.status_code == 200, r.text  # retried on the other worker after the missed heartbeats
-    back = wait_for(lambda: (w := sup.worker(busy["id"]))["state"] == "ready" and w["pid"] != busy["pid"] and w, 90,
-                    "the hung worker to be replaced")
+    back = wait_for(
+        lambda: (w := sup.worker(busy["id"]))["state"] == "ready" and w["pid"] != busy["pid"] and w,
+        90,
+        "the hung worker to be replaced",
+    )
     assert back["restarts"] == busy["restarts"] + 1
     assert "no heartbeat" in back["exit_reason"] and "SIGKILL" in back["exit_reason"]
     assert not alive(busy["pid"])
@@ -237,13 +263,23 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     assert sup.chat("Say hi.", max_tokens=4).status_code == 200
     # The same processes (not restarted) rejoin; their restart counts come from the supervisor's
     # reports, which may reach the new router a moment after the workers' own Hello.
-    wait_for(lambda: all(w["state"] == "ready" for w in sup.workers())
-             and {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers, 10,
-             "every worker to re-register, unchanged")
+    wait_for(
+        lambda: (
+            all(w["state"] == "ready" for w in sup.workers())
+            and {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()} == workers
+        ),
+        10,
+        "every worker to re-register, unchanged",
+    )
     new = sup.admin("GET", "/admin/workers").json()["router"]
     assert new["pid"] != router["pid"] and new["restarts"] == router["restarts"] + 1
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(sup.path)], capture_output=True,
-                            text=True, timeout=60, check=False)
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "status", str(sup.path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
     assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
     wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
@@ -262,8 +298,11 @@ def test_a_stalled_engine_is_declared_dead_its_request_moves_and_it_is_restarted
             results = list(pool.map(lambda i: long_chat(d, i, 24), range(2)))
         assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
         assert all(r.json()["usage"]["completion_tokens"] == 24 for r in results)
-        back = wait_for(lambda: (w := d.worker(1))["pid"] != victim["pid"] and w["state"] == "ready" and w, 120,
-                        "the stalled worker to be replaced")
+        back = wait_for(
+            lambda: (w := d.worker(1))["pid"] != victim["pid"] and w["state"] == "ready" and w,
+            120,
+            "the stalled worker to be replaced",
+        )
         assert "stalled: no engine step" in back["exit_reason"] and "SIGKILL" in back["exit_reason"], back
         assert back["restarts"] == 1 and d.worker(0)["restarts"] == 0
         assert f"{STALL} names this worker" in d.log()
@@ -276,8 +315,11 @@ def test_a_stalled_engine_is_declared_dead_its_request_moves_and_it_is_restarted
 
 @pytest.fixture(scope="module")
 def crashing(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("crashing"),
-                   {"supervisor": {"max_restarts": 2, "restart_backoff_s": 0.2}}, env={FAULT: "1"})
+    d = Deployment(
+        tmp_path_factory.mktemp("crashing"),
+        {"supervisor": {"max_restarts": 2, "restart_backoff_s": 0.2}},
+        env={FAULT: "1"},
+    )
     d.health_seen = []
 
     def wait_ready(timeout: float = 240.0, count: int | None = None) -> None:
@@ -315,14 +357,22 @@ def test_crash_at_start_ends_failed_and_service_keeps_serving(crashing):
         assert d.chat("Say hi.", max_tokens=4).status_code == 200
     assert d.worker(0)["served"] == 3
     assert httpx.get(f"{d.url}/health/ready").status_code == 200
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(d.path)], capture_output=True,
-                            text=True, timeout=60, check=False)
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "status", str(d.path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert status.returncode == 0 and "failed" in status.stdout and "exit code 3" in status.stdout, status.stdout
     # An operator adds the capacity back: the crash history is cleared and it gets K tries again.
     r = d.admin("POST", "/admin/workers/1/start")
     assert r.status_code == 200 and r.json()["action"] == "starting", r.text
-    w1 = wait_for(lambda: (w := d.worker(1))["state"] == "failed" and w["restarts"] == 5 and w, 60,
-                  "worker 1 to fail again after 3 more tries")
+    w1 = wait_for(
+        lambda: (w := d.worker(1))["state"] == "failed" and w["restarts"] == 5 and w,
+        60,
+        "worker 1 to fail again after 3 more tries",
+    )
     assert d.worker(0)["state"] == "ready"
 
 

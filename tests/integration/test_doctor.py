@@ -19,8 +19,9 @@ EXE = Path(sys.executable).with_name("llamadeploy")
 def doctor(tmp_path: Path, yaml_text: str) -> subprocess.CompletedProcess:
     (tmp_path / "deploy.yaml").write_text(yaml_text)
     exe = str(EXE) if EXE.exists() else shutil.which("llamadeploy")
-    return subprocess.run([exe, "doctor", "deploy.yaml"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [exe, "doctor", "deploy.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def ports(router: int | None = None) -> str:
@@ -30,8 +31,17 @@ def ports(router: int | None = None) -> str:
 def test_doctor_passes_on_this_machine_and_says_what_it_skipped(tmp_path):
     out = doctor(tmp_path, ports() + "workers: {devices: auto}\n")
     assert out.returncode == 0, out.stdout + out.stderr
-    for row in ("python", "torch", "CUDA works", "NVIDIA driver", "transformers", "model", "placement",
-                "memory plan", "router.port"):
+    for row in (
+        "python",
+        "torch",
+        "CUDA works",
+        "NVIDIA driver",
+        "transformers",
+        "model",
+        "placement",
+        "memory plan",
+        "router.port",
+    ):
         assert row in out.stdout
     if not nvml_gpus():
         assert "no NVIDIA driver" in out.stdout and "skip" in out.stdout

@@ -21,9 +21,14 @@ from worker.runner import ModelRunner
 from worker.scheduler import Scheduler
 
 QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child.",
-    "List three colors.", "Who wrote Hamlet?", "Translate 'good morning' to Spanish.",
-    "What is 12 times 12?", "Tell me a joke about cats.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity to a child.",
+    "List three colors.",
+    "Who wrote Hamlet?",
+    "Translate 'good morning' to Spanish.",
+    "What is 12 times 12?",
+    "Tell me a joke about cats.",
 ]
 CPU = torch.device("cpu")
 BLOCK = 16
@@ -51,31 +56,51 @@ def prompts(loaded) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def document(loaded) -> list[int]:
-    text = " ".join(f"Section {i}: the committee reviewed item {i * 7} and approved budget line {i * 13}."
-                    for i in range(12))
+    text = " ".join(
+        f"Section {i}: the committee reviewed item {i * 7} and approved budget line {i * 13}." for i in range(12)
+    )
     return chat_ids(loaded[1], "Summarise this document in one sentence.\n\n" + text)
 
 
 class Run:
     """Drives one :class:`Engine` (its own KV cache and scheduler) and records every message, in order."""
 
-    def __init__(self, loaded, num_blocks: int = 1024, max_num_seqs: int = 8, prefill: int = 32, idle: int = 512,
-                 max_waiting: int = 64):
+    def __init__(
+        self,
+        loaded,
+        num_blocks: int = 1024,
+        max_num_seqs: int = 8,
+        prefill: int = 32,
+        idle: int = 512,
+        max_waiting: int = 64,
+    ):
         model, tok, config, eos = loaded
         self.events: list = []
         layers, kv_heads, head_dim = model_mod.kv_shape(config)
         self.cache = KVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, torch.float32, CPU)
-        self.scheduler = Scheduler(BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill,
-                                   idle_prefill_tokens=idle)
-        self.engine = Engine(ModelRunner(model, self.cache, CPU), tok, self.scheduler, 2048, self.events.append, CPU,
-                             config.vocab_size, eos)
+        self.scheduler = Scheduler(
+            BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle
+        )
+        self.engine = Engine(
+            ModelRunner(model, self.cache, CPU),
+            tok,
+            self.scheduler,
+            2048,
+            self.events.append,
+            CPU,
+            config.vocab_size,
+            eos,
+        )
         self.max_blocks_used = 0
 
     def submit(self, rid: str, prompt: list[int], output: list[int] | None = None, **params) -> None:
         params.setdefault("max_tokens", 16)
         params.setdefault("temperature", 0.0)
-        self.engine.submit(Generate(request_id=rid, prompt_token_ids=prompt, params=SamplingParams(**params),
-                                    output_token_ids=output or []))
+        self.engine.submit(
+            Generate(
+                request_id=rid, prompt_token_ids=prompt, params=SamplingParams(**params), output_token_ids=output or []
+            )
+        )
 
     def steps(self, n: int) -> None:
         for _ in range(n):
@@ -138,7 +163,7 @@ def test_chunked_prefill_and_prefix_hit_give_the_same_tokens(loaded, document):
     chunked.submit("doc", document, **params)
     chunked.drain()
     assert chunked.tokens("doc") == whole.tokens("doc")
-    chunked.submit("again", document, **params)   # same engine: the prompt's blocks are cached
+    chunked.submit("again", document, **params)  # same engine: the prompt's blocks are cached
     chunked.drain()
     assert chunked.tokens("again") == whole.tokens("doc")
     blocks = chunked.scheduler.blocks
@@ -254,7 +279,7 @@ def test_burst_of_short_prompts_is_prefilled_together(loaded, prompts):
 def test_prompt_larger_than_the_cache_is_refused_naming_both_numbers(loaded, prompts):
     run = Run(loaded, num_blocks=4)
     run.submit("big", prompts[0], max_tokens=40)
-    (rid, code, message), = run.failed()
+    ((rid, code, message),) = run.failed()
     assert (rid, code) == ("big", 400)
     assert f"{len(prompts[0]) + 40} KV tokens" in message and f"holds {4 * BLOCK} tokens" in message
 
@@ -277,10 +302,10 @@ def test_cancel_running_and_waiting(loaded, prompts):
 def test_refusals_are_failed_messages(loaded, prompts):
     run = Run(loaded, max_num_seqs=1, max_waiting=1)
     run.submit("ok", prompts[0], max_tokens=5)
-    run.steps(1)                                        # "ok" runs
-    run.submit("queued", prompts[0], max_tokens=5)      # waits
-    run.submit("full", prompts[0], max_tokens=5)        # 1 running + 1 waiting: full
-    run.submit("ok", prompts[0], max_tokens=5)          # duplicate id
+    run.steps(1)  # "ok" runs
+    run.submit("queued", prompts[0], max_tokens=5)  # waits
+    run.submit("full", prompts[0], max_tokens=5)  # 1 running + 1 waiting: full
+    run.submit("ok", prompts[0], max_tokens=5)  # duplicate id
     run.submit("oov", [10**6], max_tokens=5)
     assert [(r, c) for r, c, _ in run.failed()] == [("full", 429), ("ok", 400), ("oov", 400)]
     run.drain()
@@ -320,7 +345,7 @@ def test_lone_request_that_never_fits_gets_503(loaded, prompts):
     run.engine.runner = FlakyRunner(run.engine.runner, always=True)
     run.submit("a", prompts[0], max_tokens=4)
     run.drain()
-    (rid, code, _), = run.failed()
+    ((rid, code, _),) = run.failed()
     assert (rid, code) == ("a", 503) and not run.engine.has_work
     assert next(e for e in run.events if isinstance(e, Failed)).retry_after_s > 0  # the client retries later
 

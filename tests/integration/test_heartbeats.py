@@ -36,8 +36,19 @@ async def exchange(address: str, refused) -> None:
             s.connect(address)
             peers.append(s)
         real, stranger = peers
-        await real.send(encode(Hello(protocol=PROTOCOL_VERSION, worker_id=0, pid=1, device="cpu", model="m",
-                                     max_num_seqs=8, max_waiting=8)))
+        await real.send(
+            encode(
+                Hello(
+                    protocol=PROTOCOL_VERSION,
+                    worker_id=0,
+                    pid=1,
+                    device="cpu",
+                    model="m",
+                    max_num_seqs=8,
+                    max_waiting=8,
+                )
+            )
+        )
         await until(lambda: 0 in pool.workers)
         assert pool.workers[0].heartbeats == 0
         await real.send(heartbeat(0, running=1))
@@ -56,5 +67,9 @@ async def exchange(address: str, refused) -> None:
 
 def test_heartbeats_are_counted_and_a_forged_one_is_refused(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="router.workers")
-    asyncio.run(exchange(f"ipc://{tmp_path}/router.sock",
-                         lambda: "dropped Heartbeat claiming worker 0 from identity b'worker-99'" in caplog.text))
+    asyncio.run(
+        exchange(
+            f"ipc://{tmp_path}/router.sock",
+            lambda: "dropped Heartbeat claiming worker 0 from identity b'worker-99'" in caplog.text,
+        )
+    )

@@ -28,9 +28,18 @@ def tiny(tmp_path_factory) -> str:
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-qwen2")
     smol = resolve_model("smollm2-135m-instruct", progress=False)
-    config = Qwen2Config(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smol / name, folder / name)
@@ -43,18 +52,30 @@ def test_fallback_matches_transformers_generate(tiny):
     assert isinstance(model, HFModel)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     events: list = []
-    engine = Engine(ModelRunner(model, KVCache(layers, 64, 16, kv_heads, head_dim, torch.float32, CPU), CPU),
-                    model_mod.load_tokenizer(tiny), Scheduler(BlockManager(64, 16), 4, 8, 7), 512, events.append,
-                    CPU, config.vocab_size, {2})
+    engine = Engine(
+        ModelRunner(model, KVCache(layers, 64, 16, kv_heads, head_dim, torch.float32, CPU), CPU),
+        model_mod.load_tokenizer(tiny),
+        Scheduler(BlockManager(64, 16), 4, 8, 7),
+        512,
+        events.append,
+        CPU,
+        config.vocab_size,
+        {2},
+    )
     prompts = [list(range(100, 140)), list(range(100, 120)) + list(range(500, 523))]  # a shared 16-token block
     for i, p in enumerate(prompts):
-        engine.submit(Generate(request_id=f"r{i}", prompt_token_ids=p,
-                               params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)))
+        engine.submit(
+            Generate(
+                request_id=f"r{i}",
+                prompt_token_ids=p,
+                params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
+            )
+        )
     while engine.has_work:
         engine.step()
     reference = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     for i, p in enumerate(prompts):
-        want = reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, min_new_tokens=10)[0, len(p):]
+        want = reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, min_new_tokens=10)[0, len(p) :]
         got = [t for e in events if isinstance(e, Tokens) and e.request_id == f"r{i}" for t in e.token_ids]
         assert got == want.tolist()
     assert engine.scheduler.blocks.hit_tokens >= 16

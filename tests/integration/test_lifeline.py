@@ -12,8 +12,10 @@ import time
 from launcher.lifeline import ORPHAN_EXIT_CODE, PARENT_ENV
 from tests.deployment import alive
 
-CHILD = ("from launcher.lifeline import die_with_parent; die_with_parent(); import time; print('armed', flush=True); "
-         "time.sleep(60)")
+CHILD = (
+    "from launcher.lifeline import die_with_parent; die_with_parent(); import time; print('armed', flush=True); "
+    "time.sleep(60)"
+)
 
 # A launcher stand-in with a thread running (as the progress bar's), spawning through the
 # supervisor's own function; it prints the child's pid and waits.
@@ -38,8 +40,7 @@ def wait_until(predicate, timeout: float) -> bool:
 
 def test_a_child_started_after_its_launcher_died_exits_at_once():
     env = {**os.environ, PARENT_ENV: str(os.getpid() + 100_000)}  # not this child's parent
-    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=30,
-                       check=False)
+    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == ORPHAN_EXIT_CODE and "is gone" in r.stderr, r
 
 

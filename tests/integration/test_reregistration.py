@@ -21,8 +21,16 @@ async def until(predicate, timeout: float = 10.0) -> None:
 
 def engine_stats() -> dict:
     # what an engine may add beyond the Heartbeat's fields must not break the heartbeat
-    return {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 1, "steps": 42, "last_step_age_s": 0.5,
-            "prefix_hit_tokens": 7, "kv_blocks_free": 3}
+    return {
+        "running": 0,
+        "waiting": 0,
+        "kv_used_tokens": 0,
+        "mem_bytes": 1,
+        "steps": 42,
+        "last_step_age_s": 0.5,
+        "prefix_hit_tokens": 7,
+        "kv_blocks_free": 3,
+    }
 
 
 def ready(pool: WorkerPool) -> bool:
@@ -36,8 +44,17 @@ async def scenario(address: str) -> None:
     transport = Transport(address, 0, queue.SimpleQueue(), engine_stats, heartbeat_s=0.05)
     transport.start()
     try:
-        transport.announce(Hello(protocol=PROTOCOL_VERSION, worker_id=0, pid=os.getpid(), device="cpu[0]", model="m",
-                                 max_num_seqs=4, max_waiting=2))
+        transport.announce(
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                worker_id=0,
+                pid=os.getpid(),
+                device="cpu[0]",
+                model="m",
+                max_num_seqs=4,
+                max_waiting=2,
+            )
+        )
         transport.announce(Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=100))
         await until(lambda: ready(first))
         hb = first.workers[0].heartbeat

@@ -15,11 +15,11 @@ def test_hash_chains_over_the_parent():
 
 def test_allocate_then_hit_after_release():
     m = BlockManager(num_blocks=8, block_size=4)
-    ids = list(range(10))                     # 2 full blocks + 2 tokens
+    ids = list(range(10))  # 2 full blocks + 2 tokens
     table, cached = m.allocate(ids)
     assert cached == 0 and len(table.blocks) == 3 and m.num_free == 5
     m.register(table, ids, computed=10)
-    assert len(m.cached) == 2                 # only full blocks are shared
+    assert len(m.cached) == 2  # only full blocks are shared
     first_two = table.blocks[:2]
     m.release(table)
     assert m.num_free == 8
@@ -30,12 +30,12 @@ def test_allocate_then_hit_after_release():
 
 def test_last_token_is_always_computed():
     m = BlockManager(num_blocks=8, block_size=4)
-    ids = list(range(8))                      # exactly two full blocks
+    ids = list(range(8))  # exactly two full blocks
     t, _ = m.allocate(ids)
     m.register(t, ids, 8)
     m.release(t)
     _, cached = m.allocate(ids)
-    assert cached == 4                        # the last block is recomputed for its logits
+    assert cached == 4  # the last block is recomputed for its logits
 
 
 def test_shared_blocks_are_counted_and_survive_one_release():
@@ -54,12 +54,12 @@ def test_shared_blocks_are_counted_and_survive_one_release():
 
 def test_lru_eviction_under_pressure_keeps_prefix_longest():
     m = BlockManager(num_blocks=4, block_size=2)
-    old = [1, 2, 3, 4, 5]                     # blocks [1,2] [3,4] + [5]
+    old = [1, 2, 3, 4, 5]  # blocks [1,2] [3,4] + [5]
     t, _ = m.allocate(old)
     m.register(t, old, 5)
-    m.release(t)                              # freed tail first: [5]-block, [3,4], then [1,2] last
-    new, _ = m.allocate([9] * 5)              # 3 blocks: the blank one, then the least recently freed
-    assert len(m.cached) == 1                 # [3,4] evicted, the prefix [1,2] still cached
+    m.release(t)  # freed tail first: [5]-block, [3,4], then [1,2] last
+    new, _ = m.allocate([9] * 5)  # 3 blocks: the blank one, then the least recently freed
+    assert len(m.cached) == 1  # [3,4] evicted, the prefix [1,2] still cached
     m.release(new)
     _, cached = m.allocate(old)
     assert cached == 2
@@ -80,5 +80,5 @@ def test_can_allocate_counts_free_cached_hits_it_would_take():
     t, _ = m.allocate(ids)
     m.register(t, ids, 5)
     m.release(t)
-    assert m.can_allocate(ids, reserve=0)     # 2 hits (free but cached) + 1 new = all 3 blocks
+    assert m.can_allocate(ids, reserve=0)  # 2 hits (free but cached) + 1 new = all 3 blocks
     assert not m.can_allocate(ids, reserve=1)

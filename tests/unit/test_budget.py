@@ -90,6 +90,7 @@ def test_memory_fraction_per_replica_share():
 
 # ---- the worker's side, over a fake torch.cuda ---------------------------------------------
 
+
 class FakeCuda:
     """The ``torch.cuda`` calls worker.gpus makes, over per-device numbers."""
 
@@ -125,8 +126,15 @@ class FakeCuda:
 
 
 def fake_gpu(**kw) -> dict:
-    return {"total": 80 * GiB, "free": 60 * GiB, "allocated": 14 * GiB, "peak": 16 * GiB, "reserved": 15 * GiB,
-            "capability": (9, 0), **kw}
+    return {
+        "total": 80 * GiB,
+        "free": 60 * GiB,
+        "allocated": 14 * GiB,
+        "peak": 16 * GiB,
+        "reserved": 15 * GiB,
+        "capability": (9, 0),
+        **kw,
+    }
 
 
 def test_measure_gpus_reads_weights_peak_and_free_after_emptying_the_cache():
@@ -134,7 +142,9 @@ def test_measure_gpus_reads_weights_peak_and_free_after_emptying_the_cache():
     facts = measure_gpus({0: 0.5, 1: 0.5}, cuda=cuda)
     assert cuda.calls == ["empty_cache"]
     assert [(f.weights_bytes, f.activation_peak_bytes, f.free_bytes) for f in facts] == [
-        (14 * GiB, 2 * GiB, 60 * GiB), (10 * GiB, 300 * MiB, 40 * GiB)]
+        (14 * GiB, 2 * GiB, 60 * GiB),
+        (10 * GiB, 300 * MiB, 40 * GiB),
+    ]
     assert all(f.resident and f.layer_fraction == 0.5 for f in facts)
     assert measure_gpus({0: 1.0}, {0: 5}, cuda=cuda)[0].activation_peak_bytes == 5
 
@@ -143,8 +153,12 @@ def test_reset_fraction_reserved_and_capabilities_cover_every_visible_gpu():
     cuda = FakeCuda([fake_gpu(), fake_gpu(reserved=3 * GiB, capability=(8, 6))])
     reset_peaks(cuda)
     assert apply_memory_fraction(0.9, 0.5, cuda) == pytest.approx(0.45)
-    assert cuda.calls == [("reset", 0), ("reset", 1), ("fraction", pytest.approx(0.45), 0),
-                          ("fraction", pytest.approx(0.45), 1)]
+    assert cuda.calls == [
+        ("reset", 0),
+        ("reset", 1),
+        ("fraction", pytest.approx(0.45), 0),
+        ("fraction", pytest.approx(0.45), 1),
+    ]
     assert memory_reserved_total(cuda) == 18 * GiB  # both GPUs of a split replica, reserved not allocated
     assert capabilities(cuda) == [(9, 0), (8, 6)]
 

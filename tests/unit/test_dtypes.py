@@ -13,10 +13,18 @@ processor\t: 1
 """
 
 
-@pytest.mark.parametrize("capability, dtype", [
-    ((7, 0), "float16"), ((7, 5), "float16"), ((8, 0), "bfloat16"), ((8, 6), "bfloat16"), ((9, 0), "bfloat16"),
-    ((10, 0), "bfloat16"), ((12, 0), "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "capability, dtype",
+    [
+        ((7, 0), "float16"),
+        ((7, 5), "float16"),
+        ((8, 0), "bfloat16"),
+        ((8, 6), "bfloat16"),
+        ((9, 0), "bfloat16"),
+        ((10, 0), "bfloat16"),
+        ((12, 0), "bfloat16"),
+    ],
+)
 def test_gpu_auto_is_bfloat16_from_ampere(capability, dtype):
     assert auto_dtype(capability) == dtype
 

@@ -18,10 +18,18 @@ from worker.protocol import Failed, SamplingParams, Tokens, Usage
 def say(pool: RecordingPool, text: str, ids: list[int], finish: str | None = None, total: int = 0) -> None:
     """The latest attempt's worker sends one delta (``total``: completion tokens in the final usage)."""
     wid, gen = pool.generates()[-1]
-    usage = Usage(prompt_tokens=len(gen.prompt_token_ids), completion_tokens=total,
-                  total_tokens=len(gen.prompt_token_ids) + total) if finish else None
-    pool.frame(wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=ids, finish_reason=finish,
-                           usage=usage))
+    usage = (
+        Usage(
+            prompt_tokens=len(gen.prompt_token_ids),
+            completion_tokens=total,
+            total_tokens=len(gen.prompt_token_ids) + total,
+        )
+        if finish
+        else None
+    )
+    pool.frame(
+        wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=ids, finish_reason=finish, usage=usage)
+    )
 
 
 def test_a_stream_migrates_with_every_generated_id_and_continues_without_duplicates():
@@ -29,8 +37,9 @@ def test_a_stream_migrates_with_every_generated_id_and_continues_without_duplica
         pool = two_workers()
         params = SamplingParams(max_tokens=6, temperature=0.8, seed=7, stop=["END"])
         moves: list[str] = []
-        task = asyncio.create_task(collect(stream_tokens(pool, [1, 2, 3], params, max_retries=1, max_migrations=3,
-                                                         on_migration=moves.append)))
+        task = asyncio.create_task(
+            collect(stream_tokens(pool, [1, 2, 3], params, max_retries=1, max_migrations=3, on_migration=moves.append))
+        )
         await step()
         say(pool, "Hello", [11])
         say(pool, " wor", [12, 13])  # two tokens in one delta (one was held back)
@@ -55,8 +64,9 @@ def test_a_stream_migrates_with_every_generated_id_and_continues_without_duplica
 def test_a_non_streaming_request_migrates_and_returns_one_whole_answer():
     async def scenario():
         pool = two_workers()
-        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True,
-                                                         max_migrations=1)))
+        task = asyncio.create_task(
+            collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True, max_migrations=1))
+        )
         await step()
         say(pool, "first half ", [5, 6])
         await step()
@@ -75,8 +85,9 @@ def test_a_worker_leaving_while_shutting_down_is_a_migration_too():
     async def scenario():
         pool = two_workers()
         moves: list[str] = []
-        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=0, max_migrations=1,
-                                                         on_migration=moves.append)))
+        task = asyncio.create_task(
+            collect(stream_tokens(pool, [1], PARAMS, max_retries=0, max_migrations=1, on_migration=moves.append))
+        )
         await step()
         say(pool, "a", [5])
         await step()
@@ -95,8 +106,9 @@ def test_a_worker_out_of_capacity_is_the_clients_503_with_retry_after_not_a_migr
         task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, max_migrations=1)))
         await step()
         wid, gen = pool.generates()[0]
-        pool.frame(wid, Failed(request_id=gen.request_id, code=503, message="waited too long for KV memory",
-                               retry_after_s=5.0))
+        pool.frame(
+            wid, Failed(request_id=gen.request_id, code=503, message="waited too long for KV memory", retry_after_s=5.0)
+        )
         with pytest.raises(ApiError) as err:
             await task
         assert err.value.status == 503 and err.value.headers == {"Retry-After": "5"}
@@ -130,8 +142,9 @@ def test_a_loss_before_any_token_is_a_retry_from_the_start_not_a_migration():
     async def scenario():
         pool = two_workers()
         moves: list[str] = []
-        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, max_migrations=3,
-                                                         on_migration=moves.append)))
+        task = asyncio.create_task(
+            collect(stream_tokens(pool, [1], PARAMS, max_retries=1, max_migrations=3, on_migration=moves.append))
+        )
         await step()
         pool.mark_lost(pool.generates()[0][0], "killed by SIGKILL")
         await step()

@@ -44,13 +44,17 @@ def pool():
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
     text = metrics.exposition().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
-    w = pool.workers[0] = Worker(0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5,
-                                 restarts=2, in_flight=3)
+    w = pool.workers[0] = Worker(
+        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2, in_flight=3
+    )
     w.heartbeat = Heartbeat(worker_id=0, running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
     pool.workers[1] = Worker(1, state=State.STARTING)
     m = Metrics(pool)
@@ -88,8 +92,13 @@ def test_request_timer_counts_ttft_itl_tokens_and_gauges(pool):
     async def events():
         gauges.append(now())
         for i, finish in enumerate([None, None, "length"]):
-            tok = Tokens(request_id="req-a", text_delta="x", token_ids=[i], finish_reason=finish,
-                         usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10) if finish else None)
+            tok = Tokens(
+                request_id="req-a",
+                text_delta="x",
+                token_ids=[i],
+                finish_reason=finish,
+                usage=Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10) if finish else None,
+            )
             timer.on_tokens(1, tok)  # as router.generation.stream_tokens does on arrival
             gauges.append(now())
             yield tok
@@ -133,9 +142,17 @@ def test_token_matches_is_exact():
     assert not token_matches("", [""]) and not token_matches("a", [])
 
 
-@pytest.mark.parametrize("header,token", [
-    ("Bearer abc", "abc"), ("bearer abc ", "abc"), ("BEARER  abc", "abc"), ("Basic abc", ""), ("abc", ""), ("", ""),
-])
+@pytest.mark.parametrize(
+    "header,token",
+    [
+        ("Bearer abc", "abc"),
+        ("bearer abc ", "abc"),
+        ("BEARER  abc", "abc"),
+        ("Basic abc", ""),
+        ("abc", ""),
+        ("", ""),
+    ],
+)
 def test_bearer_token_parsing(header, token):
     req = make_mocked_request("GET", "/v1/models", headers={"Authorization": header} if header else {})
     assert bearer_token(req) == token
@@ -205,21 +222,30 @@ def test_setup_logging_json_is_one_object_per_line(monkeypatch):
 
 
 def test_generate_without_http_request_id_still_decodes():
-    old = msgspec.msgpack.encode({"type": "Generate", "request_id": "r", "prompt_token_ids": [1],
-                                  "params": {"max_tokens": 2}})
+    old = msgspec.msgpack.encode(
+        {"type": "Generate", "request_id": "r", "prompt_token_ids": [1], "params": {"max_tokens": 2}}
+    )
     msg = decode_for_worker(old)
     assert isinstance(msg, Generate) and msg.http_request_id == ""
     new = Generate(request_id="r", prompt_token_ids=[1], params=SamplingParams(max_tokens=2), http_request_id="abc")
     assert decode_for_worker(encode(new)) == new
 
 
-@pytest.mark.parametrize("frame", [
-    b"", b"\x00", b"\xff" * 64, b"garbage bytes", encode(Cancel(request_id="x"))[:-1],
-    msgspec.msgpack.encode({"type": "Generate", "request_id": "r"}),
-    msgspec.msgpack.encode({"type": "Exec", "code": "import os"}),
-    msgspec.msgpack.encode({"type": "Cancel", "request_id": "r", "extra": 1}),
-    msgspec.msgpack.encode([[[[[]]]]] * 10), b"\x91" * 100_000,
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\x00",
+        b"\xff" * 64,
+        b"garbage bytes",
+        encode(Cancel(request_id="x"))[:-1],
+        msgspec.msgpack.encode({"type": "Generate", "request_id": "r"}),
+        msgspec.msgpack.encode({"type": "Exec", "code": "import os"}),
+        msgspec.msgpack.encode({"type": "Cancel", "request_id": "r", "extra": 1}),
+        msgspec.msgpack.encode([[[[[]]]]] * 10),
+        b"\x91" * 100_000,
+    ],
+)
 def test_invalid_frames_raise_only_protocol_errors(frame):
     for decode in (decode_for_worker, decode_for_router):
         with pytest.raises(ProtocolError):
@@ -240,8 +266,9 @@ def test_router_direction_does_not_accept_worker_commands():
     with pytest.raises(ProtocolError):
         decode_for_router(encode(Cancel(request_id="x")))
     with pytest.raises(ProtocolError):
-        decode_for_worker(encode(Hello(protocol=1, worker_id=0, pid=1, device="cpu", model="m", max_num_seqs=1,
-                                       max_waiting=0)))
+        decode_for_worker(
+            encode(Hello(protocol=1, worker_id=0, pid=1, device="cpu", model="m", max_num_seqs=1, max_waiting=0))
+        )
 
 
 def test_progress_description():

@@ -16,7 +16,9 @@ GiB = 2**30
 
 
 def gpu(i: int, total_gib: float = 80, used_gib: float = 0.5, name: str = "NVIDIA A100-SXM4-80GB") -> GpuInfo:
-    return GpuInfo(i, name, f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}", int(total_gib * GiB), int((total_gib - used_gib) * GiB))
+    return GpuInfo(
+        i, name, f"GPU-{i:08x}-aaaa-bbbb-cccc-{i:012x}", int(total_gib * GiB), int((total_gib - used_gib) * GiB)
+    )
 
 
 def inventory(n: int, visible: str | None = None, **kw) -> Inventory:
@@ -37,13 +39,16 @@ def test_auto_is_one_replica_per_gpu(n):
     assert specs[-1].env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
-@pytest.mark.parametrize("n, per, expected", [
-    (2, 2, [(0, 1)]),
-    (4, 2, [(0, 1), (2, 3)]),
-    (8, 2, [(0, 1), (2, 3), (4, 5), (6, 7)]),
-    (8, 4, [(0, 1, 2, 3), (4, 5, 6, 7)]),
-    (8, 8, [tuple(range(8))]),
-])
+@pytest.mark.parametrize(
+    "n, per, expected",
+    [
+        (2, 2, [(0, 1)]),
+        (4, 2, [(0, 1), (2, 3)]),
+        (8, 2, [(0, 1), (2, 3), (4, 5), (6, 7)]),
+        (8, 4, [(0, 1, 2, 3), (4, 5, 6, 7)]),
+        (8, 8, [tuple(range(8))]),
+    ],
+)
 def test_gpus_per_replica_groups_consecutive_gpus(n, per, expected):
     specs = place(workers(gpus_per_replica=per), inventory(n))
     assert [s.gpus for s in specs] == expected
@@ -131,9 +136,15 @@ def test_visible_devices_stop_at_a_negative_entry_like_cuda():
     assert place(workers(), inventory(2, visible=""))[0].device == "cpu"
 
 
-@pytest.mark.parametrize("visible, match", [
-    ("7", "names GPU 7"), ("GPU-ffff", "matches no GPU"), ("MIG-1234", "MIG"), ("1,1", "twice"),
-])
+@pytest.mark.parametrize(
+    "visible, match",
+    [
+        ("7", "names GPU 7"),
+        ("GPU-ffff", "matches no GPU"),
+        ("MIG-1234", "MIG"),
+        ("1,1", "twice"),
+    ],
+)
 def test_bad_visible_devices_are_errors(visible, match):
     with pytest.raises(PlacementError, match=match):
         place(workers(), inventory(4, visible=visible))
@@ -164,6 +175,7 @@ def test_discover_reports_this_process():
 
 
 # ---- the worker's side of the contract ------------------------------------------------------
+
 
 def seen_as_torch(g: GpuInfo, cuda: int) -> dict:
     return {"cuda": cuda, "name": g.name, "uuid": g.uuid, "total_bytes": g.total_bytes}
@@ -202,8 +214,12 @@ def test_layer_fractions_follow_the_device_map():
 
 def test_worker_matches_torch_uuids_without_the_nvml_prefix():
     spec = place(workers(devices=[1]), inventory(2))[0]
-    torch_style = {"cuda": 0, "name": "renamed by the driver", "uuid": gpu(1).uuid.removeprefix("GPU-").upper(),
-                   "total_bytes": 1}
+    torch_style = {
+        "cuda": 0,
+        "name": "renamed by the driver",
+        "uuid": gpu(1).uuid.removeprefix("GPU-").upper(),
+        "total_bytes": 1,
+    }
     check_gpus(expected_from_env(spec.env), [torch_style], "1")  # the UUID decides, not the name
     with pytest.raises(GpuMismatch):
         check_gpus(expected_from_env(spec.env), [{**torch_style, "uuid": gpu(0).uuid[4:]}], "1")
@@ -222,8 +238,12 @@ def nvml_gpu(i: int, **kw) -> dict:
 
 
 def mig(i: int, j: int, gib: float = 10) -> dict:
-    return {"name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb", "uuid": f"MIG-{i:04x}{j:04x}-1111-2222-3333-{j:012x}",
-            "total_gib": gib, "used_gib": 0}
+    return {
+        "name": "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+        "uuid": f"MIG-{i:04x}{j:04x}-1111-2222-3333-{j:012x}",
+        "total_gib": gib,
+        "used_gib": 0,
+    }
 
 
 def test_nvml_scan_reads_memory_and_capability():
@@ -273,8 +293,11 @@ def test_cuda_probe_on_this_machine_matches_nvml():
 
 def test_mig_gpu_is_listed_by_its_instances_with_their_own_memory():
     scan = nvml_scan(FakeNvml([nvml_gpu(0, mig=[mig(0, 0), mig(0, 1, 20)]), nvml_gpu(1)]))
-    assert [(g.index, g.is_mig, g.total_bytes) for g in scan.gpus] == [(0, True, 10 * GiB), (0, True, 20 * GiB),
-                                                                       (1, False, 80 * GiB)]
+    assert [(g.index, g.is_mig, g.total_bytes) for g in scan.gpus] == [
+        (0, True, 10 * GiB),
+        (0, True, 20 * GiB),
+        (1, False, 80 * GiB),
+    ]
     assert scan.gpus[0].parent_uuid == nvml_gpu(0)["uuid"] and scan.gpus[0].capability == (9, 0)
 
 

@@ -21,8 +21,13 @@ from tests.deployment import free_port
 LLAMA2 = {
     "7B": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008},
     "13B": {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40, "intermediate_size": 13824},
-    "70B": {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-            "intermediate_size": 28672},
+    "70B": {
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "intermediate_size": 28672,
+    },
 }
 
 
@@ -44,9 +49,15 @@ def inv(gpu_list: list[GpuInfo], ram_gib: float = 64) -> Inventory:
 
 # ---- arithmetic ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, params, about_gb", [
-    ("7B", 6_738_415_616, 14), ("13B", 13_015_864_320, 26), ("70B", 68_976_648_192, 140),
-])
+
+@pytest.mark.parametrize(
+    "name, params, about_gb",
+    [
+        ("7B", 6_738_415_616, 14),
+        ("13B", 13_015_864_320, 26),
+        ("70B", 68_976_648_192, 140),
+    ],
+)
 def test_llama2_parameters_and_fp16_weights_match_the_article(name, params, about_gb):
     shape = llama2(name)
     assert shape.params == params  # the published parameter counts
@@ -88,6 +99,7 @@ def test_kv_for_the_whole_batch():
 
 # ---- reading shapes from config only -------------------------------------------------------
 
+
 def test_folder_with_only_a_config_is_enough(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA2["70B"], "vocab_size": 32000}))
     shape = read_shape(str(tmp_path))
@@ -118,6 +130,7 @@ def test_embedded_default_gguf_metadata_matches_its_tensors():
 
 
 # ---- fit and recommendations ---------------------------------------------------------------
+
 
 def test_70b_bf16_does_not_fit_one_80gib_gpu_and_says_why():
     plan = make_plan(cfg(), inv(gpus(1)), llama2("70B"))
@@ -198,6 +211,7 @@ def test_parse_gpus_units():
 
 # ---- the commands --------------------------------------------------------------------------
 
+
 def test_plan_command_for_a_70b_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA2["70B"], "vocab_size": 32000}))
     runner = CliRunner()
@@ -209,8 +223,15 @@ def test_plan_command_for_a_70b_config(tmp_path):
     assert too_small.exit_code == 1 and "error:" in too_small.output
 
 
-SMOLLM2_135M = {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True}
+SMOLLM2_135M = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "tie_word_embeddings": True,
+}
 
 
 def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
@@ -218,9 +239,11 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(SMOLLM2_135M))
     deploy = tmp_path / "deploy.yaml"
-    deploy.write_text(f"model: {{name: {model}}}\n"
-                      f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
-                      "workers: {devices: cpu, kv_cache_gib: 0.001}\n")
+    deploy.write_text(
+        f"model: {{name: {model}}}\n"
+        f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
+        "workers: {devices: cpu, kv_cache_gib: 0.001}\n"
+    )
     monkeypatch.setenv("LLAMADEPLOY_CACHE", str(tmp_path / "empty-cache"))
     started = []
     monkeypatch.setattr(cli, "serve", lambda *a: started.append(a) or 0)
@@ -234,6 +257,7 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
 
 # ---- one budget rule with the worker, and dtype auto per hardware --------------------------
 
+
 def test_plan_uses_the_workers_budget_rule_per_gpu_of_a_split():
     from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget
 
@@ -243,8 +267,9 @@ def test_plan_uses_the_workers_budget_rule_per_gpu_of_a_split():
     s = plan.sizing
     # what the worker computes after warm-up when its measurements equal plan's estimates
     context = GPU_ALLOWANCE_BYTES // 2
-    measured = [GpuFacts(80 * GiB, 80 * GiB - s.weights // 2 - context, s.weights // 2, s.activations, 0.5,
-                         resident=True)] * 2
+    measured = [
+        GpuFacts(80 * GiB, 80 * GiB - s.weights // 2 - context, s.weights // 2, s.activations, 0.5, resident=True)
+    ] * 2
     tokens = kv_budget(measured, s.kv_per_token, 0.9).tokens
     assert plan.fits[0].seqs == tokens // 4096 >= 1
     assert plan.fits[0].kv_room == tokens * s.kv_per_token

@@ -18,8 +18,9 @@ EOS = 2
 
 
 def row(vocab: int = V, prompt=(), output=(), **kw) -> RowSampler:
-    return RowSampler.from_params(SamplingParams(max_tokens=100, **kw), CPU, vocab, list(prompt), list(output),
-                                  eos_ids={EOS})
+    return RowSampler.from_params(
+        SamplingParams(max_tokens=100, **kw), CPU, vocab, list(prompt), list(output), eos_ids={EOS}
+    )
 
 
 def run(samplers, logits_fn, steps: int) -> list[list[int]]:
@@ -68,12 +69,16 @@ def test_unseeded_rows_follow_the_distribution():
 def test_batched_equals_one_at_a_time():
     torch.manual_seed(0)
     logits = torch.randn(6, V) * 3
-    make = [lambda: row(temperature=0.0), lambda: row(temperature=0.8, seed=3, top_p=0.9),
-            lambda: row(temperature=1.2, seed=4, top_k=5), lambda: row(temperature=0.7, seed=5, frequency_penalty=1.0),
-            lambda: row(temperature=0.0, repetition_penalty=1.3, prompt=[1, 2, 3]),
-            lambda: row(temperature=1.0, seed=6, logit_bias={7: 5.0}, logprobs=3)]
+    make = [
+        lambda: row(temperature=0.0),
+        lambda: row(temperature=0.8, seed=3, top_p=0.9),
+        lambda: row(temperature=1.2, seed=4, top_k=5),
+        lambda: row(temperature=0.7, seed=5, frequency_penalty=1.0),
+        lambda: row(temperature=0.0, repetition_penalty=1.3, prompt=[1, 2, 3]),
+        lambda: row(temperature=1.0, seed=6, logit_bias={7: 5.0}, logprobs=3),
+    ]
     together = run([m() for m in make], lambda t: logits + t * 0.01, 12)
-    alone = [run([m()], lambda t, i=i: (logits + t * 0.01)[i:i + 1], 12)[0] for i, m in enumerate(make)]
+    alone = [run([m()], lambda t, i=i: (logits + t * 0.01)[i : i + 1], 12)[0] for i, m in enumerate(make)]
     assert together == alone
 
 
@@ -85,8 +90,9 @@ def test_seeded_rows_do_not_depend_on_the_batch_or_on_a_resume():
         return row(temperature=0.9, seed=42, top_p=0.95, presence_penalty=0.5, output=output)
 
     alone = run([seeded()], lambda t: logits[:1], 20)[0]
-    mixed = run([seeded(), row(temperature=1.0), row(temperature=0.0), row(temperature=1.5, seed=7)],
-                lambda t: logits, 20)[0]
+    mixed = run(
+        [seeded(), row(temperature=1.0), row(temperature=0.0), row(temperature=1.5, seed=7)], lambda t: logits, 20
+    )[0]
     assert alone == mixed
     resumed = seeded(output=alone[:8])
     assert resumed.position == 8
@@ -175,13 +181,18 @@ def test_non_finite_rows_fail_alone():
     logits = torch.randn(3, V)
     logits[1, 4] = float("nan")
     logits[2, :] = 0.0
-    samplers = [row(temperature=0.0), row(temperature=0.8, seed=1), row(temperature=1.0, logit_bias=dict.fromkeys(range(V), -100.0))]
+    samplers = [
+        row(temperature=0.0),
+        row(temperature=0.8, seed=1),
+        row(temperature=1.0, logit_bias=dict.fromkeys(range(V), -100.0)),
+    ]
     res = sample_batch_ex(logits, samplers)
     assert res.token_ids[0] == int(torch.argmax(logits[0])) and res.token_ids[1:] == [BAD_TOKEN, BAD_TOKEN]
     assert set(res.bad_rows) == {1, 2} and "finite" in res.bad_rows[1]
 
 
 # ---- grammar rows, with the real tokenizer and xgrammar ------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -199,9 +210,15 @@ def tokenizer():
     return tok
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                           "tags": {"type": "array", "items": {"type": "integer"}, "maxItems": 3}},
-          "required": ["name", "tags"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "tags": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+    },
+    "required": ["name", "tags"],
+    "additionalProperties": False,
+}
 
 
 def test_grammar_rows_produce_valid_json_and_end_on_eos(tokenizer):
@@ -209,10 +226,17 @@ def test_grammar_rows_produce_valid_json_and_end_on_eos(tokenizer):
     torch.manual_seed(3)
     vocab = 49152
     eos = tokenizer.eos_token_id
-    samplers = [RowSampler.from_params(SamplingParams(max_tokens=200, temperature=1.0, seed=s, grammar=spec), CPU,
-                                       vocab, [1], [], eos_ids={eos}) for s in range(3)]
-    samplers.append(RowSampler.from_params(SamplingParams(max_tokens=200, temperature=1.0, seed=9), CPU, vocab, [1], [],
-                                           eos_ids={eos}))
+    samplers = [
+        RowSampler.from_params(
+            SamplingParams(max_tokens=200, temperature=1.0, seed=s, grammar=spec), CPU, vocab, [1], [], eos_ids={eos}
+        )
+        for s in range(3)
+    ]
+    samplers.append(
+        RowSampler.from_params(
+            SamplingParams(max_tokens=200, temperature=1.0, seed=9), CPU, vocab, [1], [], eos_ids={eos}
+        )
+    )
     outs = [[] for _ in samplers]
     for _ in range(200):
         toks = sample_batch(torch.randn(len(samplers), vocab), samplers)
@@ -229,15 +253,22 @@ def test_grammar_rows_produce_valid_json_and_end_on_eos(tokenizer):
         assert set(value) == {"name", "tags"} and len(value["name"]) <= 8 and len(value["tags"]) <= 3
     # a resumed grammar row continues from the replayed prefix
     half = outs[0][:5]
-    again = RowSampler.from_params(SamplingParams(max_tokens=200, temperature=1.0, seed=0, grammar=spec), CPU, vocab,
-                                   [1], half, eos_ids={eos})
+    again = RowSampler.from_params(
+        SamplingParams(max_tokens=200, temperature=1.0, seed=0, grammar=spec), CPU, vocab, [1], half, eos_ids={eos}
+    )
     assert again.position == 5 and not again.grammar.terminated
 
 
 def test_grammar_json_object_and_terminated_row_is_bad(tokenizer):
     eos = tokenizer.eos_token_id
-    s = RowSampler.from_params(SamplingParams(max_tokens=50, temperature=0.0, grammar=Grammar(kind="json_object")),
-                               CPU, 49152, [1], [], eos_ids={eos})
+    s = RowSampler.from_params(
+        SamplingParams(max_tokens=50, temperature=0.0, grammar=Grammar(kind="json_object")),
+        CPU,
+        49152,
+        [1],
+        [],
+        eos_ids={eos},
+    )
     for t in tokenizer("{}", add_special_tokens=False)["input_ids"]:
         s.accept(t)
     logits = torch.zeros(1, 49152)

@@ -49,13 +49,13 @@ def test_long_prompt_is_chunked_while_others_decode():
     s = make(prefill=8)
     chat = Seq("chat", 6)
     s.add(chat)
-    run_step(s)                                      # chat prefilled whole (idle budget = 8 too)
+    run_step(s)  # chat prefilled whole (idle budget = 8 too)
     doc = Seq("doc", 30, base=1000)
     s.add(doc)
     chunks = []
     while doc.computed < len(doc.prompt):
         plan = run_step(s)
-        assert chat in plan.decode                   # the chat decodes every step meanwhile
+        assert chat in plan.decode  # the chat decodes every step meanwhile
         chunks += [e - b for q, b, e in plan.prefill if q is doc]
     assert chunks == [8, 8, 8, 6] and max(chunks) <= 8
 
@@ -65,7 +65,12 @@ def test_burst_of_newcomers_share_one_budget():
     for i in range(4):
         s.add(Seq(f"r{i}", 4, base=100 * i))
     plan = s.schedule()
-    assert [(q.request_id, b, e) for q, b, e in plan.prefill] == [("r0", 0, 4), ("r1", 0, 4), ("r2", 0, 4), ("r3", 0, 4)]
+    assert [(q.request_id, b, e) for q, b, e in plan.prefill] == [
+        ("r0", 0, 4),
+        ("r1", 0, 4),
+        ("r2", 0, 4),
+        ("r3", 0, 4),
+    ]
 
 
 def test_idle_budget_applies_only_when_nothing_decodes():
@@ -97,12 +102,12 @@ def test_preempts_newest_when_blocks_run_out_and_recomputes():
             break
         plan = run_step(s)
         preempted += [q.request_id for q in plan.preempted]
-        assert sum(len(q.table.blocks) for q in s.running) <= 4      # never past the cache
+        assert sum(len(q.table.blocks) for q in s.running) <= 4  # never past the cache
         for q in list(s.running):
             if len(q.output) >= q.max_output:
                 s.retire({q.request_id})
-    assert preempted and preempted[0] == "b"                        # the newest goes first
-    assert len(a.output) == 9 and len(b.output) == 9                # nobody lost
+    assert preempted and preempted[0] == "b"  # the newest goes first
+    assert len(a.output) == 9 and len(b.output) == 9  # nobody lost
     assert b.preemptions >= 1
 
 
@@ -118,10 +123,10 @@ def test_too_large_names_both_numbers_and_queue_full():
 
 def test_head_of_queue_is_never_overtaken():
     s = make(blocks=6, bs=4, prefill=64, idle=64)
-    s.add(Seq("a", 12, max_output=4))                # 3 blocks
+    s.add(Seq("a", 12, max_output=4))  # 3 blocks
     run_step(s)
-    s.add(Seq("big", 14, max_output=2, base=100))    # 4 blocks: does not fit beside a (+1 reserve)
-    s.add(Seq("small", 2, base=200))                 # would fit, but must wait behind big
+    s.add(Seq("big", 14, max_output=2, base=100))  # 4 blocks: does not fit beside a (+1 reserve)
+    s.add(Seq("small", 2, base=200))  # would fit, but must wait behind big
     run_step(s)
     assert [q.request_id for q in s.running] == ["a"]
 

@@ -26,64 +26,80 @@ def bad(model, body) -> ApiError:
     return e.value
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"messages": HI, "max_tokens": "5"}, "max_tokens"),
-    ({"messages": HI, "max_tokens": 1.5}, "max_tokens"),
-    ({"messages": HI, "max_tokens": True}, "max_tokens"),
-    ({"messages": HI, "max_tokens": 0}, "max_tokens"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
-    ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages.0.content"),
-    ({"messages": HI, "stop": ["ok", "\ud800"]}, "stop"),
-    ({"messages": HI, "stop": [1]}, "stop"),
-    ({"messages": HI, "seed": 2**63}, "seed"),
-    ({"messages": HI, "seed": -(2**63) - 1}, "seed"),
-    ({"messages": HI, "top_k": 2**31}, "top_k"),
-    ({"messages": HI, "temperature": "hot"}, "temperature"),
-    ({"messages": HI, "temperature": 2.5}, "temperature"),
-    ({"messages": HI, "top_p": 0}, "top_p"),
-    ({"messages": HI, "n": 17}, "n"),
-    ({"messages": HI, "logprobs": 1}, "logprobs"),
-    ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
-    ({"messages": HI, "top_logprobs": 2}, "top_logprobs"),
-    ({"messages": HI, "tools": [{"type": "function"}]}, "tools.0.function"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name"),
-    ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
-    ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty"),
-    ({"messages": HI, "frequency_penalty": -3}, "frequency_penalty"),
-    ({"messages": HI, "repetition_penalty": 0}, "repetition_penalty"),
-    ({"messages": HI, "logit_bias": {"x": 1}}, "logit_bias"),
-    ({"messages": HI, "logit_bias": {"5": -101}}, "logit_bias"),
-    ({"messages": HI, "min_tokens": -1}, "min_tokens"),
-    ({"messages": HI, "response_format": {"type": "xml"}}, "response_format"),
-    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
-    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}, "response_format"),
-    ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
-    ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages.0"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages.0"),
-    ({"messages": HI, "audio": {"voice": "x"}}, "audio"),
-    ({"messages": HI, "modalities": ["text", "audio"]}, "modalities.1"),
-    ({"messages": []}, "messages"),
-    ({"model": "x"}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": HI, "max_tokens": "5"}, "max_tokens"),
+        ({"messages": HI, "max_tokens": 1.5}, "max_tokens"),
+        ({"messages": HI, "max_tokens": True}, "max_tokens"),
+        ({"messages": HI, "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": "a\ud800b"}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages.0.content"),
+        ({"messages": HI, "stop": ["ok", "\ud800"]}, "stop"),
+        ({"messages": HI, "stop": [1]}, "stop"),
+        ({"messages": HI, "seed": 2**63}, "seed"),
+        ({"messages": HI, "seed": -(2**63) - 1}, "seed"),
+        ({"messages": HI, "top_k": 2**31}, "top_k"),
+        ({"messages": HI, "temperature": "hot"}, "temperature"),
+        ({"messages": HI, "temperature": 2.5}, "temperature"),
+        ({"messages": HI, "top_p": 0}, "top_p"),
+        ({"messages": HI, "n": 17}, "n"),
+        ({"messages": HI, "logprobs": 1}, "logprobs"),
+        ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"messages": HI, "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": HI, "tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"messages": HI, "tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools.0.function.name"),
+        ({"messages": HI, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": HI, "presence_penalty": 2.5}, "presence_penalty"),
+        ({"messages": HI, "frequency_penalty": -3}, "frequency_penalty"),
+        ({"messages": HI, "repetition_penalty": 0}, "repetition_penalty"),
+        ({"messages": HI, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"messages": HI, "logit_bias": {"5": -101}}, "logit_bias"),
+        ({"messages": HI, "min_tokens": -1}, "min_tokens"),
+        ({"messages": HI, "response_format": {"type": "xml"}}, "response_format"),
+        ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+        ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}, "response_format"),
+        ({"messages": HI, "functions": [{"name": "f"}]}, "functions"),
+        ({"messages": [{"role": "tool", "content": "18 C"}]}, "messages.0"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "x",
+                        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                    }
+                ]
+            },
+            "messages.0",
+        ),
+        ({"messages": HI, "audio": {"voice": "x"}}, "audio"),
+        ({"messages": HI, "modalities": ["text", "audio"]}, "modalities.1"),
+        ({"messages": []}, "messages"),
+        ({"model": "x"}, "messages"),
+    ],
+)
 def test_chat_rejects_with_the_field_named(body, param):
     err = bad(ChatRequest, body)
     assert err.param == param and err.message.startswith(param)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "logprobs": 6}, "logprobs"),
-    ({"prompt": "x", "logprobs": True}, "logprobs"),
-    ({"prompt": "x", "suffix": "y"}, "suffix"),
-    ({"prompt": "x", "best_of": 2}, "best_of"),
-    ({"prompt": "\udc00"}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "logprobs": 6}, "logprobs"),
+        ({"prompt": "x", "logprobs": True}, "logprobs"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+        ({"prompt": "\udc00"}, "prompt"),
+    ],
+)
 def test_completion_rejects_with_the_field_named(body, param):
     assert bad(CompletionRequest, body).param == param
 
@@ -94,20 +110,54 @@ def test_body_must_be_an_object(data):
 
 
 def test_valid_requests_parse():
-    req = parse(ChatRequest, {"messages": [{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
-                                           {"role": "user", "content": "😀 " + json.loads('"\\ud83d\\ude00"')}],
-                              "max_tokens": 5, "stop": "x", "seed": -1, "temperature": 0, "unknown_field": {"a": 1}})
+    req = parse(
+        ChatRequest,
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                {"role": "user", "content": "😀 " + json.loads('"\\ud83d\\ude00"')},
+            ],
+            "max_tokens": 5,
+            "stop": "x",
+            "seed": -1,
+            "temperature": 0,
+            "unknown_field": {"a": 1},
+        },
+    )
     assert req.stop_list() == ["x"] and req.messages[0].text() == "be brief"
     assert parse(CompletionRequest, {"prompt": ["one"]}).prompt == "one"
     assert parse(CompletionRequest, {"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-                    max_leaves=20)
-CHAT_KEYS = st.sampled_from(["messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-                             "n", "logprobs", "tools", "model", "user", "stream_options", "max_completion_tokens",
-                             "response_format", "tool_choice", "logit_bias", "top_logprobs", "presence_penalty"])
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+CHAT_KEYS = st.sampled_from(
+    [
+        "messages",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+        "n",
+        "logprobs",
+        "tools",
+        "model",
+        "user",
+        "stream_options",
+        "max_completion_tokens",
+        "response_format",
+        "tool_choice",
+        "logit_bias",
+        "top_logprobs",
+        "presence_penalty",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -125,14 +175,17 @@ def test_error_types():
     assert error_type(401) == "authentication_error" and error_type(405) == "invalid_request_error"
     assert error_type(413) == "invalid_request_error" and error_type(503) == "service_unavailable"
     assert error_type(599) == "server_error"
-    assert ApiError(404, "nope", code="x").body() == {"error": {"message": "nope", "type": "not_found_error",
-                                                                "param": None, "code": "x"}}
+    assert ApiError(404, "nope", code="x").body() == {
+        "error": {"message": "nope", "type": "not_found_error", "param": None, "code": "x"}
+    }
 
 
 def test_openapi_document_is_loadable_and_covers_the_routes():
     doc = build_openapi(DeployConfig())
     assert doc["openapi"].startswith("3.1")
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"} <= set(doc["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"} <= set(
+        doc["paths"]
+    )
     refs = {m for m in json.dumps(doc).split('"#/components/schemas/')[1:]}
     assert {r.split('"')[0] for r in refs} <= set(doc["components"]["schemas"])
     schema = schemathesis.openapi.from_dict(doc)

@@ -18,8 +18,12 @@ STALL_S = 30.0
 
 
 def beat(pool: RecordingPool, wid: int, steps: int | None, running: int = 1, age: float | None = None) -> None:
-    pool.frame(wid, Heartbeat(worker_id=wid, running=running, waiting=0, kv_used_tokens=0, mem_bytes=0, steps=steps,
-                              last_step_age_s=age))
+    pool.frame(
+        wid,
+        Heartbeat(
+            worker_id=wid, running=running, waiting=0, kv_used_tokens=0, mem_bytes=0, steps=steps, last_step_age_s=age
+        ),
+    )
 
 
 def watched() -> RecordingPool:
@@ -33,8 +37,9 @@ def test_a_busy_worker_without_engine_steps_is_declared_dead_and_its_request_mig
     async def scenario():
         pool = watched()
         moves: list[str] = []
-        task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=0, max_migrations=1,
-                                                         on_migration=moves.append)))
+        task = asyncio.create_task(
+            collect(stream_tokens(pool, [1], PARAMS, max_retries=0, max_migrations=1, on_migration=moves.append))
+        )
         await step()
         wid = pool.generates()[0][0]
         beat(pool, wid, steps=40)

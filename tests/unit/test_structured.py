@@ -40,8 +40,9 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("schema", HOSTILE, ids=["not-a-schema", "minItems", "pattern", "deep", "megabyte",
-                                                 "pattern-key", "list"])
+@pytest.mark.parametrize(
+    "schema", HOSTILE, ids=["not-a-schema", "minItems", "pattern", "deep", "megabyte", "pattern-key", "list"]
+)
 def test_hostile_schemas_are_400_response_format(schema):
     with pytest.raises(ApiError) as e:
         check_schema(schema)
@@ -70,7 +71,9 @@ def test_compile_check_refuses_what_xgrammar_cannot_compile_and_caches(tokenizer
         with pytest.raises(ApiError) as e:
             await checker.check(Grammar(kind="json_schema", source='{"$ref":"#"}'), "response_format")
         assert e.value.status == 400 and e.value.param == "response_format" and "[" not in e.value.message[:3]
-        good = Grammar(kind="json_schema", source=check_schema({"type": "object", "properties": {"a": {"type": "integer"}}}))
+        good = Grammar(
+            kind="json_schema", source=check_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+        )
         first = await checker.check(good, "response_format")
         again = await checker.check(good, "response_format")
         return first, again
@@ -79,11 +82,31 @@ def test_compile_check_refuses_what_xgrammar_cannot_compile_and_caches(tokenizer
     assert first > 0 and again == 0.0
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                           "parameters": {"type": "object", "properties": {
-                                               "city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}},
-         {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
-             "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 20}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+]
 
 
 def chat(**kw) -> ChatRequest:
@@ -91,18 +114,36 @@ def chat(**kw) -> ChatRequest:
 
 
 def test_tools_render_into_the_system_turn_and_history_round_trips():
-    req = parse(ChatRequest, {"tools": TOOLS, "messages": [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]})
+    req = parse(
+        ChatRequest,
+        {
+            "tools": TOOLS,
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+            ],
+        },
+    )
     messages, extra = chat_messages(req, native=False)
     assert extra == {}
     assert messages[0]["role"] == "system" and messages[0]["content"].startswith("Be brief.\n\n# Tools")
     assert '"name": "get_weather"' in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
-    assert messages[2] == {"role": "assistant",
-                           "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'}
+    assert messages[2] == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    }
     assert messages[3] == {"role": "user", "content": "<tool_response>\n18 C, sunny\n</tool_response>"}
     native, extra = chat_messages(req, native=True)
     assert extra["tools"][0]["function"]["name"] == "get_weather"
@@ -120,8 +161,14 @@ def test_forced_tool_grammar_compiles_and_names_the_function(tokenizer):
     required = chat(tool_choice="required")
     assert len(json.loads(tool_grammar(required, tool_mode(required)).source)["anyOf"]) == 2
     asyncio.run(GrammarChecker(tokenizer).check(g, "tools"))
-    bad = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required", "tools": [
-        {"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": "b"}}}}]})
+    bad = parse(
+        ChatRequest,
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"a": "b"}}}}],
+        },
+    )
     with pytest.raises(ApiError) as e:
         tool_grammar(bad, tool_mode(bad))
     assert e.value.param == "tools"
@@ -129,13 +176,24 @@ def test_forced_tool_grammar_compiles_and_names_the_function(tokenizer):
 
 def test_parse_calls_auto_forced_and_no_call():
     auto = tool_mode(chat())
-    content, calls = parse_calls('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
-                                 '\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', auto)
+    content, calls = parse_calls(
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+        '\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+        auto,
+    )
     assert content == "Sure." and [c.name for c in calls] == ["get_weather", "add"]
     assert json.loads(calls[0].arguments) == {"city": "Rome"} and calls[0].id.startswith("call_")
     single = tool_mode(chat(parallel_tool_calls=False))
-    assert len(parse_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call><tool_call>{"name": "add", '
-                           '"arguments": {}}</tool_call>', single)[1]) == 1
+    assert (
+        len(
+            parse_calls(
+                '<tool_call>{"name": "add", "arguments": {}}</tool_call><tool_call>{"name": "add", '
+                '"arguments": {}}</tool_call>',
+                single,
+            )[1]
+        )
+        == 1
+    )
     assert parse_calls("It is sunny.", auto) == ("It is sunny.", [])
     assert parse_calls('<tool_call>{"name": "unknown", "arguments": {}}</tool_call>', auto)[1] == []
     forced = tool_mode(chat(tool_choice="required"))
@@ -149,7 +207,7 @@ def test_call_streamer_forced_sends_name_first_then_fragments():
     s = CallStreamer(mode)
     deltas = []
     for i in range(0, len(text), 5):
-        content, d = s.feed(text[i:i + 5])
+        content, d = s.feed(text[i : i + 5])
         assert content == ""
         deltas += d
     _, tail, calls = s.finish()
@@ -161,10 +219,18 @@ def test_call_streamer_forced_sends_name_first_then_fragments():
 
 def test_call_streamer_auto_passes_content_and_holds_a_tag():
     s = CallStreamer(tool_mode(chat()))
-    out = [s.feed("Let me check. <tool"), s.feed('_call>{"name": "add", "arguments": {"a": 1, "b": 2}}'), s.feed("</tool_call>")]
+    out = [
+        s.feed("Let me check. <tool"),
+        s.feed('_call>{"name": "add", "arguments": {"a": 1, "b": 2}}'),
+        s.feed("</tool_call>"),
+    ]
     assert "".join(c for c, _ in out) == "Let me check. " and all(not d for _, d in out)
     rest, deltas, _calls = s.finish()
-    assert rest == "" and deltas[0]["function"]["name"] == "add" and json.loads(deltas[1]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert (
+        rest == ""
+        and deltas[0]["function"]["name"] == "add"
+        and json.loads(deltas[1]["function"]["arguments"]) == {"a": 1, "b": 2}
+    )
     plain = CallStreamer(tool_mode(chat()))
     assert plain.feed("No tools <t")[0] == "No tools " and plain.finish()[0] == "<t"
 
@@ -179,9 +245,17 @@ def lp(t):
 
 
 def test_chat_shapes_validate_with_the_sdk_types():
-    events = [Tokens(request_id="r", text_delta="a b", token_ids=[1], logprobs=[lp(0), lp(1)]),
-              Tokens(request_id="r", text_delta="€", token_ids=[3], logprobs=[lp(2), lp(3)], finish_reason="stop",
-                     usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7))]
+    events = [
+        Tokens(request_id="r", text_delta="a b", token_ids=[1], logprobs=[lp(0), lp(1)]),
+        Tokens(
+            request_id="r",
+            text_delta="€",
+            token_ids=[3],
+            logprobs=[lp(2), lp(3)],
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7),
+        ),
+    ]
     shaper = Shaper("abc", "m", chat=True, include_usage=True)
     choices = [Choice(i, True, None, Texts(), 2) for i in range(2)]
     chunks = []
@@ -205,8 +279,15 @@ def test_tool_call_choice_and_completion_logprobs_shapes():
     mode = tool_mode(chat(tool_choice="required"))
     c = Choice(0, True, mode, None, None)
     shaper = Shaper("x", "m", chat=True)
-    parts = c.feed(Tokens(request_id="r", text_delta='{"name": "add", "arguments": {"a": 1, "b": 2}}', token_ids=[1],
-                          finish_reason="stop", usage=Usage(prompt_tokens=1, completion_tokens=5, total_tokens=6)))
+    parts = c.feed(
+        Tokens(
+            request_id="r",
+            text_delta='{"name": "add", "arguments": {"a": 1, "b": 2}}',
+            token_ids=[1],
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=1, completion_tokens=5, total_tokens=6),
+        )
+    )
     for p in parts:
         ChatCompletionChunk.model_validate(shaper.chunk([p]))
     assert parts[-1]["finish_reason"] == "tool_calls"
@@ -215,8 +296,19 @@ def test_tool_call_choice_and_completion_logprobs_shapes():
     assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "add"
     assert json.loads(call.function.arguments) == {"a": 1, "b": 2} and whole.choices[0].message.content is None
     comp = Choice(0, False, None, Texts(), 1)
-    comp.feed(Tokens(request_id="r", text_delta="a b", token_ids=[1], logprobs=[lp(0), lp(1)], finish_reason="length",
-                     usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3)))
+    comp.feed(
+        Tokens(
+            request_id="r",
+            text_delta="a b",
+            token_ids=[1],
+            logprobs=[lp(0), lp(1)],
+            finish_reason="length",
+            usage=Usage(prompt_tokens=1, completion_tokens=2, total_tokens=3),
+        )
+    )
     body = Shaper("y", "m", chat=False).whole([comp.whole()], total_usage(1, [comp]))
     parsed = Completion.model_validate(body)
-    assert parsed.choices[0].logprobs.text_offset == [0, 1] and parsed.choices[0].logprobs.top_logprobs == [{"a": -0.25}, {" b": -0.25}]
+    assert parsed.choices[0].logprobs.text_offset == [0, 1] and parsed.choices[0].logprobs.top_logprobs == [
+        {"a": -0.25},
+        {" b": -0.25},
+    ]

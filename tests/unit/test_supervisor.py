@@ -55,15 +55,31 @@ def test_zero_backoff_restarts_at_once():
     assert [v.delay_s for v in crash_loop(3, gap=1.0, backoff=0.0)] == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("code,text", [(-signal.SIGKILL, "killed by SIGKILL"), (-signal.SIGSEGV, "killed by SIGSEGV"),
-                                       (1, "exit code 1"), (0, "exit code 0"), (-200, "killed by signal 200")])
+@pytest.mark.parametrize(
+    "code,text",
+    [
+        (-signal.SIGKILL, "killed by SIGKILL"),
+        (-signal.SIGSEGV, "killed by SIGSEGV"),
+        (1, "exit code 1"),
+        (0, "exit code 0"),
+        (-200, "killed by signal 200"),
+    ],
+)
 def test_describe_exit(code, text):
     assert describe_exit(code) == text
 
 
-@pytest.mark.parametrize("value,worker,expected", [
-    ("", 0, False), ("1", 1, True), ("1", 0, False), ("0, 2", 2, True), ("all", 7, True), ("10", 1, False),
-])
+@pytest.mark.parametrize(
+    "value,worker,expected",
+    [
+        ("", 0, False),
+        ("1", 1, True),
+        ("1", 0, False),
+        ("0, 2", 2, True),
+        ("all", 7, True),
+        ("10", 1, False),
+    ],
+)
 def test_fault_crash_at_start(value, worker, expected):
     assert fault_crash_at_start(worker, {"LLAMADEPLOY_FAULT_CRASH_AT_START": value}) is expected
     assert fault_crash_at_start(worker, {}) is False

@@ -11,8 +11,20 @@ import pytest
 from router.errors import ApiError
 from router.generation import stream_tokens
 from router.workers import NoWorker, State, WorkerPool
-from worker.protocol import (PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, SamplingParams, Tokens,
-                             Usage, encode, worker_identity)
+from worker.protocol import (
+    PROTOCOL_VERSION,
+    Bye,
+    Cancel,
+    Failed,
+    Generate,
+    Hello,
+    Ready,
+    SamplingParams,
+    Tokens,
+    Usage,
+    encode,
+    worker_identity,
+)
 
 
 class RecordingPool(WorkerPool):
@@ -29,8 +41,18 @@ class RecordingPool(WorkerPool):
     def boot(self, wid: int, pid: int, restarts: int = 0) -> None:
         """What a (re)start looks like to the router: the supervisor's report, Hello, Ready."""
         self.on_started(wid, pid, restarts, f"cpu[{wid}]")
-        self.frame(wid, Hello(protocol=PROTOCOL_VERSION, worker_id=wid, pid=pid, device=f"cpu[{wid}]", model="m",
-                              max_num_seqs=8, max_waiting=8))
+        self.frame(
+            wid,
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                worker_id=wid,
+                pid=pid,
+                device=f"cpu[{wid}]",
+                model="m",
+                max_num_seqs=8,
+                max_waiting=8,
+            ),
+        )
         assert self.workers[wid].state == State.STARTING  # loading: never ready before Ready
         self.frame(wid, Ready(worker_id=wid, load_seconds=1.0, kv_budget_tokens=1000))
 
@@ -40,8 +62,9 @@ class RecordingPool(WorkerPool):
     def tokens(self, text: str, finish: str | None = None) -> None:
         wid, gen = self.generates()[-1]
         usage = Usage(prompt_tokens=1, completion_tokens=len(text), total_tokens=1 + len(text)) if finish else None
-        self.frame(wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=[1], finish_reason=finish,
-                               usage=usage))
+        self.frame(
+            wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=[1], finish_reason=finish, usage=usage)
+        )
 
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self.workers.values())

@@ -93,8 +93,10 @@ class PoolAdmin:
 
 class Harness(Supervisor):
     def __init__(self, tmp_path, config: dict | None = None, workers: int = 2):
-        base = {"workers": {"devices": "cpu", "startup_timeout_s": 60},
-                "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2}}
+        base = {
+            "workers": {"devices": "cpu", "startup_timeout_s": 60},
+            "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2},
+        }
         for section, keys in (config or {}).items():
             base[section] = {**base.get(section, {}), **keys}
         cfg = DeployConfig.model_validate(base)
@@ -122,8 +124,18 @@ class Harness(Supervisor):
     def ready(self, wid: int) -> None:
         """The worker's process says Hello, then Ready."""
         pid = self.proc_of(wid).pid
-        self.admin.say(wid, Hello(protocol=PROTOCOL_VERSION, worker_id=wid, pid=pid, device="cpu", model="m",
-                                  max_num_seqs=8, max_waiting=8))
+        self.admin.say(
+            wid,
+            Hello(
+                protocol=PROTOCOL_VERSION,
+                worker_id=wid,
+                pid=pid,
+                device="cpu",
+                model="m",
+                max_num_seqs=8,
+                max_waiting=8,
+            ),
+        )
         self.admin.say(wid, Ready(worker_id=wid, load_seconds=1.0, kv_budget_tokens=100))
 
     def crash(self, wid: int, code: int) -> None:
@@ -147,7 +159,9 @@ def started(tmp_path, **kw) -> Harness:
 def test_start_reports_every_process_to_the_router(tmp_path):
     sup = started(tmp_path)
     assert [(r.id, r.pid, r.state) for r in (sup.row(0), sup.row(1))] == [
-        (0, sup.proc_of(0).pid, WorkerState.READY), (1, sup.proc_of(1).pid, WorkerState.READY)]
+        (0, sup.proc_of(0).pid, WorkerState.READY),
+        (1, sup.proc_of(1).pid, WorkerState.READY),
+    ]
 
 
 def test_a_crash_is_reported_at_once_and_restarted_after_the_backoff(tmp_path):
@@ -229,7 +243,9 @@ def test_a_failed_report_is_a_warning(tmp_path, caplog):
     assert "could not report worker 0 exited to the router" in caplog.text
 
 
-@pytest.mark.parametrize("msg", [Started(pid=1, restarts=2, device="cpu[0]"), Exited(reason="exit code 1", failed=True)])
+@pytest.mark.parametrize(
+    "msg", [Started(pid=1, restarts=2, device="cpu[0]"), Exited(reason="exit code 1", failed=True)]
+)
 def test_reports_refuse_unknown_keys(msg):
     body = msgspec.to_builtins(msg) | {"surprise": 1}
     with pytest.raises(msgspec.ValidationError):
@@ -274,7 +290,8 @@ def test_a_dead_router_is_restarted_and_told_about_the_running_workers_which_are
     sup.admin.down = False
     sup.tick()
     assert [(r.id, r.pid, r.state) for r in map(sup.row, workers)] == [
-        (wid, p.pid, WorkerState.STARTING) for wid, p in workers.items()]
+        (wid, p.pid, WorkerState.STARTING) for wid, p in workers.items()
+    ]
     sup.tick(1.0)
     assert all(p.signals == [] for p in workers.values())  # kept, not killed as slow loaders
     for wid in workers:
