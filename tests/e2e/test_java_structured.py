@@ -10,12 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_structured import needs_engine
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/java/StructuredOutput.java"
 
 
-@needs_engine
 @pytest.mark.skipif(shutil.which("java") is None, reason="java is not on PATH")
 def test_java_structured_output_example_parses_the_answer(deployment):
     env = {**os.environ, "LLAMADEPLOY_URL": deployment.base_url}

@@ -4,21 +4,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from tests.deployment import MODEL
-
-
-def _engine_wired() -> bool:
-    """The engine builds samplers with ``RowSampler.from_params`` (penalties, grammar, logprobs)."""
-    worker = Path(__file__).resolve().parents[2] / "worker"
-    return any("RowSampler.from_params(" in p.read_text() for p in worker.glob("*.py") if p.name != "sampling.py")
-
-
-needs_engine = pytest.mark.skipif(not _engine_wired(), reason="the engine does not call RowSampler.from_params yet")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +28,6 @@ def tokenizer():
 Q = [{"role": "user", "content": "Name three colours."}]
 
 
-@needs_engine
 def test_chat_logprobs_top1_is_the_emitted_token_at_temperature_0(client):
     for stream in (False, True):
         kw = {"model": MODEL, "messages": Q, "temperature": 0, "max_tokens": 20, "logprobs": True, "top_logprobs": 3}
@@ -60,7 +49,6 @@ def test_chat_logprobs_top1_is_the_emitted_token_at_temperature_0(client):
         assert b"".join(bytes(e.bytes) for e in entries).decode("utf-8", errors="replace").startswith(text[:10])
 
 
-@needs_engine
 def test_completion_logprobs_shape(client):
     r = client.completions.create(
         model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=8, logprobs=2
@@ -72,7 +60,6 @@ def test_completion_logprobs_shape(client):
     assert all(max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True))
 
 
-@needs_engine
 def test_frequency_penalty_lowers_repeats(client):
     msgs = [{"role": "user", "content": "Say 'la' 30 times."}]
 
@@ -86,7 +73,6 @@ def test_frequency_penalty_lowers_repeats(client):
     assert penalised < plain, (plain, penalised)
 
 
-@needs_engine
 def test_logit_bias_minus_100_removes_a_token(client, tokenizer):
     kw = {
         "model": MODEL,
@@ -102,7 +88,6 @@ def test_logit_bias_minus_100_removes_a_token(client, tokenizer):
     assert all(first not in t for t in tokens)
 
 
-@needs_engine
 def test_min_tokens_and_repetition_penalty_are_honoured(client):
     r = client.chat.completions.create(
         model=MODEL,
