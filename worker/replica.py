@@ -83,7 +83,7 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not on_gpu:
-        chunk = calibrate_prefill_tokens(engine.runner, min(idle, cfg.model.max_model_len))
+        chunk = calibrate_prefill_tokens(engine.runner, idle, cfg.model.max_model_len)
         scheduler.max_prefill_tokens = chunk
         scheduler.idle_prefill_tokens = min(idle, IDLE_CHUNKS * chunk)
         log.info(
@@ -126,16 +126,19 @@ IDLE_CHUNKS = 4
 CALIBRATION_CONTEXT = 256  # their context, tokens
 
 
-def calibrate_prefill_tokens(runner: ModelRunner, most: int) -> int:
+def calibrate_prefill_tokens(runner: ModelRunner, most: int, max_model_len: int) -> int:
     """The CPU's ``max_prefill_tokens: auto``: the largest chunk of 16, 32, … ``most`` tokens for
     which a step decoding a few sequences plus that chunk takes at most ``STEP_RATIO`` times the
     decode step alone (best of two timed passes each). On CPU a prefill is compute-bound, so this
-    depends on the model, its dtype and the cores; measured, not guessed."""
+    depends on the model, its dtype and the cores; measured, not guessed. Positions stay below
+    ``max_model_len`` (the RoPE tables' length)."""
     bs = runner.cache.block_size
-    per_seq = -(-(CALIBRATION_CONTEXT + most) // bs)
-    if (CALIBRATION_ROWS + 1) * per_seq > runner.cache.num_blocks:
+    context = min(CALIBRATION_CONTEXT, max_model_len // 2)
+    most = min(most, max_model_len - context)
+    per_seq = -(-(context + most) // bs)
+    if (CALIBRATION_ROWS + 1) * per_seq > runner.cache.num_blocks or most < 16:
         return 16
-    decode = [_Scratch(CALIBRATION_CONTEXT, CALIBRATION_CONTEXT - 1, i * per_seq, bs) for i in range(CALIBRATION_ROWS)]
+    decode = [_Scratch(context, context - 1, i * per_seq, bs) for i in range(CALIBRATION_ROWS)]
 
     def timed(prefill: list) -> float:
         best = float("inf")
@@ -148,8 +151,8 @@ def calibrate_prefill_tokens(runner: ModelRunner, most: int) -> int:
     base = timed([])
     chosen, chunk = 16, 16
     while chunk <= most:
-        doc = _Scratch(CALIBRATION_CONTEXT + chunk, CALIBRATION_CONTEXT, CALIBRATION_ROWS * per_seq, bs)
-        if timed([(doc, CALIBRATION_CONTEXT, CALIBRATION_CONTEXT + chunk)]) > STEP_RATIO * base:
+        doc = _Scratch(context + chunk, context, CALIBRATION_ROWS * per_seq, bs)
+        if timed([(doc, context, context + chunk)]) > STEP_RATIO * base:
             break
         chosen, chunk = chunk, chunk * 2
     return chosen
