@@ -154,6 +154,13 @@ class Sampling(Body):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=MAX_N, description=f"choices, at most {MAX_N}")
+
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, v, info):
+        """An explicit ``null`` means the default, as in OpenAI's API (Jackson-serialised Java clients send it)."""
+        return cls.model_fields[info.field_name].default if v is None else v
+
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, le=100.0, description="HF semantics; 1 = off")
@@ -214,6 +221,12 @@ class ChatRequest(Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
+
+    @field_validator("parallel_tool_calls", mode="before")
+    @classmethod
+    def _null_is_true(cls, v):
+        return True if v is None else v
+
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     functions: Any = Field(None, description="not supported: use tools")

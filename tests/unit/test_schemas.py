@@ -235,3 +235,11 @@ def test_api_keys_from_the_environment(monkeypatch):
     monkeypatch.setenv("LLAMADEPLOY_ADMIN_TOKEN", "adm")
     cfg = load_config(None)
     assert cfg.router.api_keys == ["k1", "k2"] and cfg.router.admin_token == "adm"
+
+
+def test_explicit_null_means_the_default_for_n_stream_and_parallel_tool_calls():
+    """Jackson-serialised Java clients send ``null`` for unset fields; OpenAI takes it as the default."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "n": None, "stream": None, "parallel_tool_calls": None}
+    req = parse(ChatRequest, body)
+    assert (req.n, req.stream, req.parallel_tool_calls) == (1, False, True)
+    assert parse(CompletionRequest, {"prompt": "hi", "n": None, "stream": None}).n == 1
