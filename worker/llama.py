@@ -79,7 +79,7 @@ class LlamaModel:
         make = linear or _plain_linear
         p = "model."
         self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden]
-        self.norm = weights[p + "norm.weight"]
+        self.norm = weights[p + "norm.weight"].float()
         head = weights.get("lm_head.weight", self.embed)  # tied: SmolLM2
         self.lm_head = make(head)
         self.layers: list[Layer] = []
@@ -87,8 +87,8 @@ class LlamaModel:
             q = f"{p}layers.{i}."
             a = q + "self_attn."
             layer = Layer()
-            layer.attn_norm = weights[q + "input_layernorm.weight"]
-            layer.mlp_norm = weights[q + "post_attention_layernorm.weight"]
+            layer.attn_norm = weights[q + "input_layernorm.weight"].float()
+            layer.mlp_norm = weights[q + "post_attention_layernorm.weight"].float()
             layer.qkv = make(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"]))
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
@@ -112,12 +112,13 @@ class LlamaModel:
         sequence and where their keys/values go; ``logit_rows``: [N] row indices whose next-token
         logits are wanted. Returns logits [N, V] in float32."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        dt = self.dtype
+        x = F.embedding(input_ids, self.embed).float()  # [T, hidden]: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
         hidden = x.shape[-1]
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)
+            h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps).to(dt)
             qkv = layer.qkv(h)  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
@@ -127,10 +128,10 @@ class LlamaModel:
             v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
             o = attend(q, k, v, cache, i, batch, self.scale)  # [T, H * D]
             x = x + layer.o(o)
-            h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps)
+            h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps).to(dt)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
-        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps)  # [N, hidden]
+        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps).to(dt)  # [N, hidden]
         return self.lm_head(x).float()  # [N, V]
 
 
