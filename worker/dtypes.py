@@ -80,6 +80,8 @@ def warning(dtype: str, device: str, capabilities: Sequence[Capability] = (), fl
         )
     if dtype == "bfloat16" and device == "cpu" and not CPU_BF16_FLAGS & set(flags):
         return "bfloat16 on a CPU without avx512_bf16 or AMX is emulated and slower than float32; use dtype: auto"
+    if dtype == "float16" and device == "cpu" and "amx_fp16" not in set(flags):
+        return "float16 on a CPU without AMX-FP16 is emulated and several times slower; use dtype: auto"
     return ""
 
 

@@ -42,7 +42,10 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     from worker.gpus import capabilities
 
     caps = capabilities() if device.type == "cuda" else ()
-    return DTYPES[dtypes.resolve(dtype, device.type, caps, dtypes.cpu_flags())]
+    name = dtypes.resolve(dtype, device.type, caps, dtypes.cpu_flags())
+    if why := dtypes.warning(name, device.type, caps, dtypes.cpu_flags()):
+        log.warning("model.dtype %s: %s", name, why)
+    return DTYPES[name]
 
 
 def load_config(model_path: str):

@@ -59,3 +59,11 @@ def test_describe_says_why_and_warns_on_a_poor_explicit_choice():
     line = describe("bfloat16", "cuda", [(7, 0)])
     assert line.startswith("bfloat16 (set in model.dtype)") and "no bf16 tensor cores" in line
     assert warning("bfloat16", "cpu", flags={"avx2"}) and not warning("float16", "cuda", [(7, 5)])
+
+
+def test_float16_on_a_cpu_without_amx_fp16_is_warned():
+    from worker.dtypes import warning
+
+    assert "emulated" in warning("float16", "cpu", flags={"avx512_bf16", "amx_bf16"})
+    assert warning("float16", "cpu", flags={"amx_fp16"}) == ""
+    assert warning("float32", "cpu", flags=set()) == ""
