@@ -156,7 +156,7 @@ class Engine:
         """Sample every sequence whose tokens are all computed (``logits`` [N, V]); a row the sampler
         cannot sample (non-finite logits, a grammar with no allowed token) fails that request alone."""
         result = sample_batch_ex(logits, [s.sampler for s in seqs])
-        for i, (seq, token) in enumerate(zip(seqs, result.token_ids)):
+        for i, (seq, token) in enumerate(zip(seqs, result.token_ids, strict=True)):
             if seq.cancelled:
                 continue
             if i in result.bad_rows:
