@@ -291,9 +291,8 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
 def test_a_stalled_engine_is_declared_dead_its_request_moves_and_it_is_restarted(tmp_path):
     d = Deployment(tmp_path, {"workers": {"stall_timeout_s": 3}}, env={STALL: "1"}).start()
     try:
-        victim = d.worker(1)
-        if victim["steps"] is None:
-            pytest.skip("the engine does not report its steps yet (engine.stats()['steps'])")
+        # the first heartbeats after Ready carry the engine's step counter
+        victim = wait_for(lambda: (w := d.worker(1))["steps"] is not None and w, 15, "worker 1 to report its steps")
         with ThreadPoolExecutor(2) as pool:  # least_loaded: one request on each worker
             results = list(pool.map(lambda i: long_chat(d, i, 24), range(2)))
         assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
