@@ -154,8 +154,9 @@ class Scheduler:
             seq.computed = end
             if end == seq.num_tokens:
                 ready.append(seq)
-        for seq in ready + [s for s, _, _ in plan.prefill]:
-            self.blocks.register(seq.table, seq.token_ids, seq.computed)
+        for seq in [*plan.decode, *(s for s, _, _ in plan.prefill)]:  # each scheduled sequence once
+            if seq.computed // self.blocks.block_size > len(seq.table.hashes):  # it filled a block this step
+                self.blocks.register(seq.table, seq.token_ids, seq.computed)
         return ready
 
     def retire(self, done: set[str]) -> list:
