@@ -45,6 +45,11 @@ SYNC_INTERVAL_S = 1.0  # how often the supervisor reads the router's worker tabl
 TERM_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 
 
+class WorkerStartError(Exception):
+    """A worker slot cannot be started at all (no node has room for it, say): the slot is marked
+    ``failed`` with this message as the reason instead of being retried."""
+
+
 @dataclass(frozen=True)
 class CrashVerdict:
     recent: tuple[float, ...]  # crash times inside the window, this one included
@@ -131,8 +136,10 @@ class Supervisor:
         address: str,
         clock: Callable[[], float] = time.monotonic,
         child_env: dict[str, str] | None = None,
+        backend=None,
     ):
         self.cfg = cfg
+        self.backend = backend  # None: local processes; else an object with spawn_worker(spec, args, env)
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_path = model_path
         self.run_dir = run_dir
@@ -183,6 +190,14 @@ class Supervisor:
 
     def _spawn(self, args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
         return spawn(args, env, stdin_pipe)
+
+    def _spawn_worker(self, spec: WorkerSpec, args: list[str], env: dict[str, str]):
+        """Start one worker slot and return its handle: a Popen, or anything with Popen's ``pid``,
+        ``returncode``, ``poll()``, ``wait(timeout)``, ``send_signal(sig)`` and ``kill()`` (a group
+        of ranks, a Ray actor). Raises :class:`WorkerStartError` when the slot cannot be started."""
+        if self.backend is not None:
+            return self.backend.spawn_worker(spec, args, env)
+        return self._spawn(args, env)
 
     def _router_args(self) -> list[str]:
         return [
@@ -253,9 +268,15 @@ class Supervisor:
         ]
         if spec.cpus:
             args += ["--cpus", ",".join(map(str, spec.cpus))]
-        # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
-        slot.proc = self._spawn(args, {**spec.env, **self.child_env})
         slot.restart_at, slot.kill_reason = None, ""
+        try:
+            # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
+            slot.proc = self._spawn_worker(spec, args, {**spec.env, **self.child_env})
+        except WorkerStartError as exc:
+            slot.failed, slot.last_exit = True, str(exc)
+            log.error("worker %d cannot be started: %s; marked failed", wid, exc)
+            self._report(wid, Exited(reason=str(exc), failed=True))
+            return
         slot.starts += 1
         slot.started_at = self.clock()
         log.info(
