@@ -212,6 +212,7 @@ def status(
     table = Table(title=f"llamadeploy workers (policy {info['policy']})")
     for col in (
         "id",
+        "node",
         "device",
         "pid",
         "state",
@@ -223,13 +224,14 @@ def status(
         "uptime",
         "memory",
     ):
-        table.add_column(col, justify="right" if col not in ("device", "state") else "left")
+        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
     colors = {"ready": "green", "draining": "yellow", "starting": "cyan", "dead": "red", "failed": "bold red"}
     for w in info["workers"]:
         state = f"[{colors.get(w['state'], 'white')}]{w['state']}[/]"
         kv = w.get("kv_used_tokens", 0) / w["kv_budget_tokens"] if w.get("kv_budget_tokens") else 0.0
         table.add_row(
             str(w["id"]),
+            w.get("node_ip") or "local",
             w["device"],
             str(w["pid"]),
             state,

@@ -64,6 +64,10 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     heartbeats: int = 0
     steps: int | None = None
     last_step_age_s: float | None = None
+    node_id: str = ""  # the cluster node it runs on ("" when local)
+    node_ip: str = ""
+    gpu_ids: str = ""  # GPU ids the cluster scheduler assigned ("" when local)
+    gpu_uuids: list[str] = []  # the GPUs the worker's torch sees
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):

@@ -95,6 +95,10 @@ class Worker:
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
     registered: bool = False  # this router process has had a Hello from the slot
+    node_id: str = ""  # from its Hello: the cluster node ("" when local)
+    node_ip: str = ""
+    gpu_ids: str = ""
+    gpu_uuids: list[str] = field(default_factory=list)  # from its Ready
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
 
     @property
@@ -147,6 +151,10 @@ class Worker:
             heartbeats=self.heartbeats,
             steps=hb.steps if hb else None,
             last_step_age_s=hb.last_step_age_s if hb else None,
+            node_id=self.node_id,
+            node_ip=self.node_ip,
+            gpu_ids=self.gpu_ids,
+            gpu_uuids=list(self.gpu_uuids),
         )
 
     def info(self) -> dict:
@@ -444,6 +452,7 @@ class WorkerPool:
             # processes that crash before saying Hello; a Hello never counts one.
             w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
             w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
+            w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
             w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
             self._set(w, State.STARTING)
             return
@@ -452,6 +461,7 @@ class WorkerPool:
         w.last_seen = time.monotonic()
         if isinstance(msg, Ready):
             w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
+            w.gpu_uuids = list(msg.gpu_uuids)
             if w.state == State.STARTING:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):

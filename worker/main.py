@@ -18,6 +18,7 @@ import time
 from launcher.config import DeployConfig
 from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
+from worker.node import NodeIdentity
 from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
 
 log = logging.getLogger("worker")
@@ -81,6 +82,9 @@ def run_worker_process(
     transport.start()
     out = transport.sender()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    node = NodeIdentity.from_env()
+    if where := node.describe():
+        log.info("placed on %s, CUDA_VISIBLE_DEVICES=%s", where, visible or "<empty>")
     transport.announce(
         Hello(
             protocol=PROTOCOL_VERSION,
@@ -90,6 +94,9 @@ def run_worker_process(
             model=cfg.model.public_name,
             max_num_seqs=cfg.workers.max_num_seqs,
             max_waiting=cfg.workers.max_waiting,
+            node_id=node.node_id,
+            node_ip=node.node_ip,
+            gpu_ids=node.gpu_ids,
         )
     )
     try:
@@ -144,6 +151,7 @@ def run_worker_process(
             load_seconds=time.monotonic() - started,
             visible_devices=visible,
             kv_budget_tokens=budget,
+            gpu_uuids=[g["uuid"] for g in gpus],
         )
     )
     log.info("ready after %.1fs", time.monotonic() - started)

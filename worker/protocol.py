@@ -37,6 +37,9 @@ class Hello(Msg):
     model: str
     max_num_seqs: int
     max_waiting: int
+    node_id: str = ""  # the cluster node it runs on ("" when local), :mod:`worker.node`
+    node_ip: str = ""
+    gpu_ids: str = ""  # GPU ids the cluster scheduler assigned
 
 
 class Ready(Msg):
@@ -47,6 +50,7 @@ class Ready(Msg):
     load_seconds: float
     kv_budget_tokens: int
     visible_devices: str = ""
+    gpu_uuids: list[str] = []  # the GPUs torch sees, in its cuda:N order
 
 
 class Heartbeat(Msg):

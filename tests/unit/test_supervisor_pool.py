@@ -268,3 +268,42 @@ def test_retry_fails_with_502_when_no_worker_can_come_back():
         assert pool.in_flight() == 0
 
     run(scenario())
+
+
+def test_the_table_shows_the_node_and_gpus_a_worker_reports():
+    pool = RecordingPool()
+    pool.on_started(0, 42, 0, "cuda[1]")
+    pool.frame(
+        0,
+        Hello(
+            protocol=PROTOCOL_VERSION,
+            worker_id=0,
+            pid=42,
+            device="cuda[1]",
+            model="m",
+            max_num_seqs=8,
+            max_waiting=8,
+            node_id="ab" * 28,
+            node_ip="10.0.0.7",
+            gpu_ids="1",
+        ),
+    )
+    pool.frame(0, Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=1000, gpu_uuids=["GPU-1234"]))
+    row = pool.workers[0].info()
+    assert (row["node_id"], row["node_ip"], row["gpu_ids"], row["gpu_uuids"]) == (
+        "ab" * 28,
+        "10.0.0.7",
+        "1",
+        ["GPU-1234"],
+    )
+    pool.boot(1, 43)  # a local worker reports no node
+    assert (pool.workers[1].info()["node_id"], pool.workers[1].info()["node_ip"]) == ("", "")
+
+
+def test_node_identity_comes_from_the_actors_environment():
+    from worker.node import NODE_ID_ENV, NODE_IP_ENV, RAY_GPU_IDS_ENV, NodeIdentity
+
+    node = NodeIdentity.from_env({NODE_ID_ENV: "f" * 56, NODE_IP_ENV: "10.0.0.8", RAY_GPU_IDS_ENV: "0,1"})
+    assert node == NodeIdentity("f" * 56, "10.0.0.8", "0,1")
+    assert node.describe() == "node ffffffffffff (10.0.0.8), Ray GPU ids 0,1"
+    assert NodeIdentity.from_env({}).describe() == ""
