@@ -242,8 +242,41 @@ def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
     try:
         return DeployConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(e, DeployConfig) for e in exc.errors()]
+        lines = [_describe(e, DeployConfig) for e in _merge_union_errors(exc.errors(), DeployConfig)]
         raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+
+
+def _union_key(err: dict, model: type[BaseModel]) -> tuple | None:
+    """The config key of an error raised by one member of a union type, else None. Pydantic
+    reports such a value once per member, its location ending in the member's tag
+    (``workers.max_prefill_tokens.constrained-int``, ``....literal['auto']``)."""
+    if err["type"] == "extra_forbidden":
+        return None
+    loc, section = tuple(err["loc"]), model
+    for n, part in enumerate(loc):
+        fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
+        if str(part) not in fields:
+            return loc[:n] if n and isinstance(part, str) and not fields else None
+        section = fields[str(part)].annotation
+    return None
+
+
+def _merge_union_errors(errors: list[dict], model: type[BaseModel]) -> list[dict]:
+    """One error per key: a value that matches no member of a union (``int >= 1 | 'auto'``)
+    becomes one error whose message lists what each member would accept."""
+    out: list[dict] = []
+    by_key: dict[tuple, dict] = {}
+    for err in errors:
+        key = _union_key(err, model)
+        if key is None:
+            out.append(err)
+        elif key in by_key:
+            first = by_key[key]
+            first["msg"] = f"{first['msg']}, or {err['msg'][:1].lower()}{err['msg'][1:]}"
+        else:
+            by_key[key] = {**err, "loc": key}
+            out.append(by_key[key])
+    return out
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:

@@ -59,3 +59,16 @@ def test_port_and_admin_port_must_differ():
     assert "admin_port are both 18600" in str(e.value)
     cfg = parse_config({"router": {"port": 18600, "admin_port": 18601}})
     assert cfg.router.admin_port == 18601
+
+
+def test_a_value_matching_no_member_of_a_union_is_one_line_naming_the_key():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"workers": {"max_prefill_tokens": 0, "devices": [0, "x"]}, "router": {"api_keys": [1]}})
+    lines = str(e.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "router.api_keys.0",
+        "workers.devices",
+        "workers.max_prefill_tokens",
+    ]
+    prefill = next(line for line in lines if "max_prefill_tokens" in line)
+    assert "greater than or equal to 1" in prefill and "'auto'" in prefill and "(got 0)" in prefill
