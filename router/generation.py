@@ -52,19 +52,19 @@ COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves 
 SHUTTING_DOWN = 503  # a worker's Failed code when it leaves with the request in flight
 
 
-async def _choose(pool: WorkerPool, tried: set[int], last_loss: str) -> Worker:
+async def _choose(pool: WorkerPool, tried: set[int], last_loss: str, prompt: list[int]) -> Worker:
     """The worker for this attempt. A retry prefers a worker not tried yet; when no worker is ready
     at all (one replica, just killed) it waits, up to ``RETRY_WAIT_S`` and within the request's
     own timeout, for a restarting one to rejoin. Raises ``UpstreamError`` (502) when none can."""
     try:
-        return pool.pick(exclude=tried, admitting=not tried)
+        return pool.pick(exclude=tried, admitting=not tried, prompt=prompt)
     except NoWorker:
         if not tried:
             raise
     deadline = time.monotonic() + RETRY_WAIT_S
     while True:
         try:
-            return pool.pick(admitting=False)  # a worker already tried may be back (restarted)
+            return pool.pick(admitting=False, prompt=prompt)  # a worker already tried may be back (restarted)
         except NoWorker:
             if time.monotonic() > deadline or not any(w.state in COMING_BACK for w in pool.workers.values()):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
@@ -139,7 +139,7 @@ async def stream_tokens(
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
     while True:
-        worker = await _choose(pool, tried, last_loss)
+        worker = await _choose(pool, tried, last_loss, prompt)
         if moving is not None:
             log.warning(
                 "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",

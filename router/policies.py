@@ -2,13 +2,20 @@
 
 * ``round_robin``: strict rotation over the ready workers, in worker-id order.
 * ``least_loaded``: the fewest in-flight requests (counted by the router the moment it dispatches,
-  not at the next heartbeat); ties are broken by the same rotation, so idle workers share evenly.
+  not at the next heartbeat). Among the least loaded, a worker whose prefix cache likely holds most
+  of the prompt (:mod:`router.prefix_affinity`: at least ``AFFINITY_MIN_SHARE`` of its full blocks
+  and ``AFFINITY_MIN_BLOCKS`` of them) gets it: a repeated document or the next turn of a long
+  chat is prefilled from that cache instead of from scratch elsewhere. Otherwise ties are broken
+  by the same rotation, so idle workers share short requests evenly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+AFFINITY_MIN_SHARE = 0.5  # of the prompt's full blocks: more than a shared chat template or system prompt
+AFFINITY_MIN_BLOCKS = 8  # 128 tokens at the workers' 16-token blocks: below that a prefill costs little
 
 
 class Candidate(Protocol):
@@ -35,8 +42,9 @@ class Rotation:
 class RoundRobin(Rotation):
     name = "round_robin"
 
-    def pick(self, candidates: Sequence[Candidate]) -> Candidate | None:
-        """The next worker in id order after the previous pick; ``None`` when there is none."""
+    def pick(self, candidates: Sequence[Candidate], cached: Callable[[Candidate], tuple[float, int]] | None = None):
+        """The next worker in id order after the previous pick (``cached`` is not consulted: strict
+        rotation is what this policy promises); ``None`` when there is none."""
         ordered = self.order(candidates)
         return self.took(ordered[0]) if ordered else None
 
@@ -44,10 +52,24 @@ class RoundRobin(Rotation):
 class LeastLoaded(Rotation):
     name = "least_loaded"
 
-    def pick(self, candidates: Sequence[Candidate]) -> Candidate | None:
-        """The worker with the fewest in-flight requests; ties go to the next in rotation."""
+    def pick(
+        self, candidates: Sequence[Candidate], cached: Callable[[Candidate], tuple[float, int]] | None = None
+    ) -> Candidate | None:
+        """The worker with the fewest in-flight requests; among those, the one ``cached`` says holds
+        the most of the prompt (``(share of its full blocks, blocks)``) when that clears both
+        affinity thresholds, else the next in rotation. ``None`` when there is no candidate."""
         ordered = self.order(candidates)
-        return self.took(min(ordered, key=lambda c: c.in_flight)) if ordered else None
+        if not ordered:
+            return None
+        least = min(c.in_flight for c in ordered)
+        tied = [c for c in ordered if c.in_flight == least]
+        if cached is not None and len(tied) > 1:
+            held = {c.worker_id: cached(c) for c in tied}
+            best = max(tied, key=lambda c: held[c.worker_id][1])  # first of the longest, in rotation order
+            share, blocks = held[best.worker_id]
+            if share >= AFFINITY_MIN_SHARE and blocks >= AFFINITY_MIN_BLOCKS:
+                return self.took(best)
+        return self.took(tied[0])
 
 
 POLICIES = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}

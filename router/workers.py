@@ -37,6 +37,7 @@ from launcher.keys import ServerKeys
 from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
+from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
 from worker.protocol import (
     PROTOCOL_VERSION,
@@ -189,6 +190,7 @@ class WorkerPool:
     ):
         self.address = address
         self.policy = make_policy(policy)
+        self.affinity = PrefixAffinity()  # which worker's prefix cache likely holds a prompt
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.router = RouterInfo(pid=os.getpid(), restarts=restarts)  # this router process
@@ -224,11 +226,12 @@ class WorkerPool:
     def ready_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.state == State.READY]
 
-    def pick(self, exclude: set[int] = frozenset(), admitting: bool = True) -> Worker:
+    def pick(self, exclude: set[int] = frozenset(), admitting: bool = True, prompt: list[int] | None = None) -> Worker:
         """Choose a ready worker with room by policy. Raises ``NoWorker`` (503) or ``Overloaded`` (429).
 
         ``admitting`` is false for the retry of a request already accepted, which is served even
-        while the server shuts down."""
+        while the server shuts down; ``prompt`` (token ids) lets the policy prefer a worker whose
+        prefix cache likely holds it."""
         if admitting and not self.accepting:
             raise NoWorker("the server is shutting down")
         ready = [w for w in self.ready_workers() if w.worker_id not in exclude]
@@ -237,7 +240,9 @@ class WorkerPool:
         room = [w for w in ready if w.in_flight < w.capacity]
         if not room:
             raise Overloaded()
-        return self.policy.pick(room)
+        if prompt is None:
+            return self.policy.pick(room)
+        return self.policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
 
     def register(self, worker: Worker, request_id: str) -> asyncio.Queue:
         """Count ``request_id`` against ``worker`` at once; returns its event queue. The caller
@@ -251,6 +256,7 @@ class WorkerPool:
 
     async def send_generate(self, worker: Worker, gen: Generate) -> None:
         """Send a registered request; an unreachable worker puts :class:`WorkerLost` on its queue."""
+        self.affinity.record(worker.worker_id, gen.prompt_token_ids)
         try:
             await self._send(worker.worker_id, gen)
         except zmq.ZMQError:
@@ -347,6 +353,7 @@ class WorkerPool:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.heartbeat = pid, None
+            self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
     async def shutdown_worker(self, worker_id: int, reason: str) -> None:
@@ -462,6 +469,7 @@ class WorkerPool:
         if isinstance(msg, Ready):
             w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
             w.gpu_uuids = list(msg.gpu_uuids)
+            self.affinity.configure(wid, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
             if w.state == State.STARTING:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):

@@ -152,6 +152,7 @@ def run_worker_process(
             visible_devices=visible,
             kv_budget_tokens=budget,
             gpu_uuids=[g["uuid"] for g in gpus],
+            block_size=engine.scheduler.blocks.block_size,
         )
     )
     log.info("ready after %.1fs", time.monotonic() - started)

@@ -51,6 +51,7 @@ class Ready(Msg):
     kv_budget_tokens: int
     visible_devices: str = ""
     gpu_uuids: list[str] = []  # the GPUs torch sees, in its cuda:N order
+    block_size: int = 0  # tokens per KV block of its prefix cache (0: none); the router's cache-aware routing
 
 
 class Heartbeat(Msg):

@@ -1,6 +1,8 @@
-"""Issue 5: ``GET /metrics`` covers the router and every worker of the shared deployment."""
+"""`GET /metrics` covers the router and every worker of the shared deployment."""
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,20 +103,25 @@ def test_unmatched_paths_share_one_label(deployment):
     assert "unmatched" in endpoints and not any(e.startswith("/no/") for e in endpoints)
 
 
-def test_repeated_document_is_a_prefix_cache_hit(deployment):
-    """The second time the same document is sent, the worker that serves it finds its prompt's
-    blocks cached; ``/metrics`` counts the hit tokens (heartbeat, so wait for the next one)."""
+def test_repeated_document_goes_back_to_its_worker_and_is_a_prefix_cache_hit(deployment):
+    """The second time the same document is sent, least_loaded (cache-aware among idle workers)
+    sends it to the worker that prefilled it, which finds its prompt's blocks cached; ``/metrics``
+    counts the hit tokens (heartbeat, so wait for the next one)."""
     document = " ".join(f"Clause {i}: the supplier delivers lot {i * 3} by week {i % 52}." for i in range(30))
     ask = f"Summarise in five words.\n\n{document}"
 
     def hits() -> float:
         return total(scrape(deployment), "llamadeploy_prefix_cache_hit_tokens_total")
 
-    before = hits()
-    for _ in range(2):  # least_loaded over idle workers rotates: send it to both, then to both again
+    def served() -> dict[int, int]:
+        return {w["id"]: w["served"] for w in deployment.workers()}
+
+    before, counts = hits(), [served()]
+    for _ in range(3):
         assert deployment.chat(ask, max_tokens=3).status_code == 200
-    for _ in range(2):
-        assert deployment.chat(ask, max_tokens=3).status_code == 200
-    wait_for(lambda: hits() >= before + 200, timeout=10, what="prefix-cache hits in /metrics")
+        counts.append(served())
+    took = [next(wid for wid in now if now[wid] > then[wid]) for then, now in pairwise(counts)]
+    assert len(set(took)) == 1, f"the document went to workers {took}"
+    wait_for(lambda: hits() >= before + 2 * 200, timeout=10, what="prefix-cache hits in /metrics")
     queried = total(scrape(deployment), "llamadeploy_prefix_cache_queried_tokens_total")
     assert queried >= hits()

@@ -1,6 +1,7 @@
 from dataclasses import dataclass
 
 from router.policies import LeastLoaded, RoundRobin, make_policy
+from router.prefix_affinity import PrefixAffinity, block_hashes
 
 
 @dataclass
@@ -36,3 +37,71 @@ def test_least_loaded_breaks_ties_by_rotation():
 def test_no_candidates():
     assert RoundRobin().pick([]) is None and LeastLoaded().pick([]) is None
     assert make_policy("least_loaded").name == "least_loaded"
+
+
+# ---- cache-aware tie-breaking ------------------------------------------------------------------
+
+DOC = list(range(1000, 1000 + 16 * 40))  # a 640-token document: 40 full blocks
+
+
+def affinity_for(*workers: int, capacity: int = 1000) -> PrefixAffinity:
+    aff = PrefixAffinity()
+    for wid in workers:
+        aff.configure(wid, 16, capacity)
+    return aff
+
+
+def test_block_hashes_chain_over_full_blocks_only():
+    a = block_hashes(list(range(40)), 16)
+    assert len(a) == 2  # 8 trailing tokens make no block
+    assert block_hashes(list(range(32)), 16) == a
+    # the same second block after a different first one is a different prefix
+    assert block_hashes([7, *list(range(1, 32))], 16)[1] != a[1]
+
+
+def test_a_repeated_document_goes_back_to_the_idle_worker_that_prefilled_it():
+    aff, ll = affinity_for(0, 1), LeastLoaded()
+    ws = [W(0), W(1)]
+    first = ll.pick(ws, lambda w: aff.cached(w.worker_id, [*DOC, 1, 2, 3]))
+    aff.record(first.worker_id, [*DOC, 1, 2, 3])
+    # rotation alone would now pick the other worker; the cache says this one holds the document
+    again = [ll.pick(ws, lambda w: aff.cached(w.worker_id, [*DOC, 9, 9])).worker_id for _ in range(3)]
+    assert again == [first.worker_id] * 3
+    assert aff.cached(first.worker_id, DOC) == (1.0, 40)
+
+
+def test_affinity_never_outweighs_load():
+    aff, ll = affinity_for(0, 1), LeastLoaded()
+    aff.record(0, DOC)
+    assert ll.pick([W(0, 1), W(1, 0)], lambda w: aff.cached(w.worker_id, DOC)).worker_id == 1
+
+
+def test_short_or_mostly_new_prompts_keep_the_rotation():
+    aff, ll = affinity_for(0, 1), LeastLoaded()
+    template = DOC[: 16 * 7]  # a shared 7-block system prompt: under AFFINITY_MIN_BLOCKS
+    aff.record(0, template + [5] * 40)
+    picks = [ll.pick([W(0), W(1)], lambda w: aff.cached(w.worker_id, template + [6] * 40)).worker_id for _ in range(4)]
+    assert picks == [0, 1, 0, 1]
+    # 10 blocks held of a 40-block prompt: under AFFINITY_MIN_SHARE
+    aff.record(0, DOC[:160])
+    mostly_new = DOC[:160] + [8] * 480
+    assert [ll.pick([W(0), W(1)], lambda w: aff.cached(w.worker_id, mostly_new)).worker_id for _ in range(2)] == [0, 1]
+
+
+def test_a_workers_record_is_bounded_by_its_cache_and_forgotten_on_restart():
+    aff = affinity_for(0, capacity=10)
+    aff.record(0, DOC)
+    assert aff.cached(0, DOC) == (0.0, 0)  # the first blocks were pushed out, as the worker's LRU would
+    aff.record(0, DOC[:160])
+    assert aff.cached(0, DOC[:160]) == (1.0, 10)
+    aff.forget(0)
+    assert aff.cached(0, DOC[:160]) == (0.0, 0)
+    unconfigured = PrefixAffinity()
+    unconfigured.record(3, DOC)  # a worker that reported no block size: nothing recorded
+    assert unconfigured.cached(3, DOC) == (0.0, 0)
+
+
+def test_round_robin_is_not_cache_aware():
+    aff, rr = affinity_for(0, 1), RoundRobin()
+    aff.record(0, DOC)
+    assert [rr.pick([W(0), W(1)], lambda w: aff.cached(w.worker_id, DOC)).worker_id for _ in range(2)] == [0, 1]
