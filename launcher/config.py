@@ -135,6 +135,12 @@ class WorkersConfig(Section):
     gpus_per_replica: int = Field(
         1, ge=1, le=64, description="GPUs per replica; >1 splits layers across them (not tensor parallel)"
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="ranks per replica, one per GPU (or CPU core set), each holding 1/N of every layer",
+    )
     workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
     max_waiting: int = Field(
@@ -163,6 +169,20 @@ class WorkersConfig(Section):
         if isinstance(v, int) and v < 1:
             raise ValueError("replicas must be >= 1 or 'auto'")
         return v
+
+    @model_validator(mode="after")
+    def _one_split(self) -> WorkersConfig:
+        if self.tensor_parallel_size > 1 and self.gpus_per_replica > 1:
+            raise ValueError(
+                f"workers.tensor_parallel_size={self.tensor_parallel_size} and workers.gpus_per_replica="
+                f"{self.gpus_per_replica} are exclusive (tensor parallel or a layer split): set one of them to 1"
+            )
+        return self
+
+    @property
+    def gpus_per_slot(self) -> int:
+        """GPUs one replica takes: ``tensor_parallel_size`` ranks or a ``gpus_per_replica`` layer split."""
+        return max(self.tensor_parallel_size, self.gpus_per_replica)
 
     def prefill_budgets(self, on_gpu: bool) -> tuple[int, int]:
         """Prompt tokens one engine step computes while others decode, and when nothing decodes.
@@ -200,6 +220,33 @@ class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class ClusterConfig(Section):
+    """Where workers run: this machine's processes (``local``) or actors on a Ray cluster (``ray``)."""
+
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: worker processes on this machine; ray: one Ray actor per worker slot"
+    )
+    address: str = Field(
+        "auto",
+        description="the Ray cluster: auto (RAY_ADDRESS, else this machine's head), host:6379 or ray://host:10001",
+    )
+    router_host: str = Field(
+        "auto",
+        description="the address the router's ZeroMQ socket binds and workers on other nodes connect to; "
+        "auto = this machine's address on the Ray cluster",
+    )
+    zmq_port: int = Field(8002, ge=1, le=65535, description="the router's ZeroMQ port with ray (open it to the nodes)")
+    gpu_memory_gib: float | None = Field(
+        None, gt=0, description="memory per GPU where a node's NVML cannot be read (plan and up size with it)"
+    )
+    cpus_per_worker: int = Field(
+        1, ge=1, le=1024, description="CPU cores Ray reserves per worker (a CPU replica computes on them)"
+    )
+    placement_timeout_s: float = Field(
+        60.0, gt=0, description="a worker's Ray placement must be granted within this, else it is failed"
+    )
+
+
 class DeployConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
@@ -207,6 +254,33 @@ class DeployConfig(Section):
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+    @model_validator(mode="after")
+    def _ray_layout(self) -> DeployConfig:
+        if self.cluster.backend != "ray":
+            return self
+        if self.router.zmq_address and self.router.zmq_address.startswith("ipc://"):
+            raise ValueError(
+                "router.zmq_address is ipc://, which workers on other nodes cannot reach: with cluster.backend: ray "
+                "leave it unset (tcp:// on cluster.router_host:cluster.zmq_port) or give a tcp:// address"
+            )
+        if isinstance(self.workers.devices, list):
+            raise ValueError(
+                "workers.devices lists GPU indices, which name one machine's GPUs: with cluster.backend: ray "
+                "use devices: auto (every GPU Ray offers) or cpu"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tp_is_local(self) -> DeployConfig:
+        backend = getattr(getattr(self, "cluster", None), "backend", "local")
+        if self.workers.tensor_parallel_size > 1 and backend == "ray":
+            raise ValueError(
+                "workers.tensor_parallel_size > 1 is not supported with cluster.backend: ray yet; "
+                "set workers.tensor_parallel_size: 1 or cluster.backend: local"
+            )
+        return self
 
 
 class ConfigError(Exception):

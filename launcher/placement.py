@@ -103,7 +103,9 @@ class WorkerSpec:
     """Where worker ``worker_id`` runs: ``gpus`` are physical indices, ``cpus`` its core set.
 
     ``gpu_info`` describes those GPUs (for the worker's start-up check); ``share`` is the fraction
-    of each of its GPUs this worker may use (``1/k`` when k replicas share the GPUs).
+    of each of its GPUs this worker may use (``1/k`` when k replicas share the GPUs). ``tp`` is the
+    tensor-parallel size: the slot is ``tp`` rank processes, rank ``r`` on GPU ``gpus[r]`` alone
+    (:meth:`rank_env`) or on the CPU cores :meth:`rank_cpus`.
     """
 
     worker_id: int
@@ -112,6 +114,7 @@ class WorkerSpec:
     cpus: tuple[int, ...] = ()
     gpu_info: tuple[GpuInfo, ...] = field(default=(), compare=False)
     share: float = 1.0
+    tp: int = 1
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -123,11 +126,31 @@ class WorkerSpec:
 
     @property
     def label(self) -> str:
+        """How ``status`` and ``GET /workers`` name the slot's devices: ``cpu[0,1]``, ``cuda[0,1]``,
+        with `` (TP N)`` for a tensor-parallel slot."""
         if self.device == "cpu":
-            return f"cpu[{','.join(map(str, self.cpus))}]"
-        if any(g.is_mig for g in self.gpu_info):
-            return f"cuda[{','.join(f'{g.index}:{g.uuid[:12]}' for g in self.gpu_info)}]"
-        return f"cuda[{self.cuda_visible_devices}]"
+            where = f"cpu[{','.join(map(str, self.cpus))}]"
+        elif any(g.is_mig for g in self.gpu_info):
+            where = f"cuda[{','.join(f'{g.index}:{g.uuid[:12]}' for g in self.gpu_info)}]"
+        else:
+            where = f"cuda[{self.cuda_visible_devices}]"
+        return where + (f" (TP {self.tp})" if self.tp > 1 else "")
+
+    def rank_cpus(self, rank: int) -> tuple[int, ...]:
+        """Rank ``rank``'s cores: a disjoint ``1/tp`` of the slot's cores when there is at least one
+        per rank (a remainder goes to the last rank), else all of them, shared by every rank."""
+        if self.tp <= 1 or len(self.cpus) < self.tp:
+            return self.cpus
+        per = len(self.cpus) // self.tp
+        return self.cpus[rank * per : (rank + 1) * per if rank < self.tp - 1 else len(self.cpus)]
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """:attr:`env` for rank ``rank`` of a tensor-parallel slot: only its own GPU is visible."""
+        if self.device != "cuda" or self.tp <= 1:
+            return self.env
+        return WorkerSpec(
+            self.worker_id, self.device, self.gpus[rank : rank + 1], (), self.gpu_info[rank : rank + 1], self.share
+        ).env
 
     @property
     def env(self) -> dict[str, str]:
@@ -355,12 +378,13 @@ def nvml_missing_error(inv: Inventory) -> str:
 def place(cfg: WorkersConfig, inv: Inventory) -> list[WorkerSpec]:
     """Plan one :class:`WorkerSpec` per replica. Raises :class:`PlacementError`.
 
-    GPU groups of ``gpus_per_replica`` consecutive GPUs (in ``devices`` order) each hold
-    ``workers_per_gpu`` replica slots; replicas fill the slots round-robin over the groups, so
-    ``replicas: 2`` with two groups uses both before doubling up. GPUs left over when the count
-    does not divide by ``gpus_per_replica`` stay idle (logged). A GPU in MIG mode contributes
-    its MIG instances, each one group (``gpus_per_replica`` must then be 1). ``devices: auto``
-    refuses when NVML is missing but CUDA sees GPUs, or when a GPU could not be queried.
+    GPU groups of ``gpus_per_replica`` (or ``tensor_parallel_size``: one rank per GPU)
+    consecutive GPUs (in ``devices`` order) each hold ``workers_per_gpu`` replica slots; replicas
+    fill the slots round-robin over the groups, so ``replicas: 2`` with two groups uses both
+    before doubling up. GPUs left over when the count does not divide by the group size stay idle
+    (logged). A GPU in MIG mode contributes its MIG instances, each one group (the group size
+    must then be 1). ``devices: auto`` refuses when NVML is missing but CUDA sees GPUs, or when a
+    GPU could not be queried.
     """
     if cfg.devices == "cpu":
         return _place_cpu(cfg, inv.cpus)
@@ -374,7 +398,14 @@ def place(cfg: WorkersConfig, inv: Inventory) -> list[WorkerSpec]:
         wanted = allowed
     else:
         wanted = _chosen_gpus(list(cfg.devices), allowed, inv)
-    per = cfg.gpus_per_replica
+    tp = cfg.tensor_parallel_size
+    per = cfg.gpus_per_slot
+    key = "tensor_parallel_size" if tp > 1 else "gpus_per_replica"
+    if tp > 1 and (mig := sorted({g.index for g in wanted if g.is_mig})):
+        raise PlacementError(
+            f"GPU(s) {mig} are in MIG mode, and NCCL cannot run tensor parallelism across MIG instances; "
+            "use workers.tensor_parallel_size: 1 (one replica per MIG instance), or disable MIG (nvidia-smi -i N -mig 0)"
+        )
     if per > 1 and (mig := sorted({g.index for g in wanted if g.is_mig})):
         raise PlacementError(
             f"GPU(s) {mig} are in MIG mode and CUDA gives a process only one MIG instance, so "
@@ -386,24 +417,22 @@ def place(cfg: WorkersConfig, inv: Inventory) -> list[WorkerSpec]:
     names = [g.index for g in wanted]
     if not groups:
         raise PlacementError(
-            f"workers.gpus_per_replica={per} but only {len(wanted)} GPU(s) {names} are available; "
-            f"lower gpus_per_replica or list more GPUs in workers.devices"
+            f"workers.{key}={per} but only {len(wanted)} GPU(s) {names} are available; "
+            f"lower {key} or list more GPUs in workers.devices"
         )
     if idle := names[len(groups) * per :]:
-        log.warning(
-            "GPU(s) %s stay idle: %d GPUs do not divide into groups of gpus_per_replica=%d", idle, len(wanted), per
-        )
+        log.warning("GPU(s) %s stay idle: %d GPUs do not divide into groups of %s=%d", idle, len(wanted), key, per)
     slots = [g for _ in range(cfg.workers_per_gpu) for g in groups]
     replicas = len(slots) if cfg.replicas == "auto" else cfg.replicas
     if replicas > len(slots):
         raise PlacementError(
             f"workers.replicas={replicas} but GPUs {names} give only {len(slots)} replica slot(s) "
-            f"({len(groups)} group(s) of gpus_per_replica={per} × workers_per_gpu={cfg.workers_per_gpu}); "
+            f"({len(groups)} group(s) of {key}={per} × workers_per_gpu={cfg.workers_per_gpu}); "
             f"lower replicas, add GPUs to workers.devices, or raise workers_per_gpu to share GPUs"
         )
     used = Counter(slots[:replicas])
     return [
-        WorkerSpec(i, "cuda", gpus=tuple(g.index for g in slots[i]), gpu_info=slots[i], share=1 / used[slots[i]])
+        WorkerSpec(i, "cuda", gpus=tuple(g.index for g in slots[i]), gpu_info=slots[i], share=1 / used[slots[i]], tp=tp)
         for i in range(replicas)
     ]
 
@@ -467,4 +496,9 @@ def _place_cpu(cfg: WorkersConfig, cpus: list[int]) -> list[WorkerSpec]:
             f"but only {len(cpus)} cores are available; lower replicas"
         )
     per = len(cpus) // replicas
-    return [WorkerSpec(i, "cpu", cpus=tuple(cpus[i * per : (i + 1) * per])) for i in range(replicas)]
+    tp = cfg.tensor_parallel_size
+    if tp > 1 and per < tp:
+        log.warning(
+            "%d core(s) per replica for tensor_parallel_size=%d: the ranks of a replica share their cores", per, tp
+        )
+    return [WorkerSpec(i, "cpu", cpus=tuple(cpus[i * per : (i + 1) * per]), tp=tp) for i in range(replicas)]

@@ -197,6 +197,10 @@ class Supervisor:
         of ranks, a Ray actor). Raises :class:`WorkerStartError` when the slot cannot be started."""
         if self.backend is not None:
             return self.backend.spawn_worker(spec, args, env)
+        if spec.tp > 1:
+            from launcher.ranks import RankGroup
+
+            return RankGroup.start(spec, args, env, self._spawn)
         return self._spawn(args, env)
 
     def _router_args(self) -> list[str]:
@@ -436,9 +440,12 @@ class Supervisor:
             if slot.proc is None or slot.proc.poll() is None:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
+            rank = getattr(slot.proc, "exited_rank", None)  # a tensor-parallel slot: which rank took it down
             slot.proc = None
             now = self.clock()
             reason = describe_exit(code) + (f" ({slot.kill_reason})" if slot.kill_reason else "")
+            if rank is not None and slot.spec.tp > 1:
+                reason = f"rank {rank} {reason}"
             slot.last_exit = reason
             failed = False
             if self.stopping:
