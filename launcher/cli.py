@@ -88,10 +88,13 @@ def up(
         if problem:
             fail(problem)
 
+    from launcher.layouts import tp_refusal
     from launcher.models import ModelNotFound, resolve_model
     from launcher.placement import PlacementError, discover, place
     from launcher.plan import preflight
 
+    if problem := tp_refusal(cfg):
+        fail(problem)
     inventory = discover()
     try:
         specs = place(cfg.workers, inventory)
@@ -324,6 +327,7 @@ def plan(
     max_model_len: int | None = typer.Option(None, help="model.max_model_len"),
     max_num_seqs: int | None = typer.Option(None, help="workers.max_num_seqs"),
     gpus_per_replica: int | None = typer.Option(None, help="workers.gpus_per_replica"),
+    tensor_parallel_size: int | None = typer.Option(None, help="workers.tensor_parallel_size"),
     workers_per_gpu: int | None = typer.Option(None, help="workers.workers_per_gpu"),
 ) -> None:
     """Do the memory arithmetic (weights + KV cache + overhead vs each GPU) and recommend a layout.
@@ -351,6 +355,7 @@ def plan(
             "model.max_model_len": max_model_len,
             "workers.max_num_seqs": max_num_seqs,
             "workers.gpus_per_replica": gpus_per_replica,
+            "workers.tensor_parallel_size": tensor_parallel_size,
             "workers.workers_per_gpu": workers_per_gpu,
             "workers.devices": "auto" if gpus else None,
         },

@@ -17,6 +17,11 @@ after warm-up (with measured weights and activation peak where this module estim
 smaller of ``total × gpu_memory_utilization × share − weights − activations − allowance`` and
 what free memory allows once other processes are counted, per GPU, the tightest GPU of a layer
 split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
+
+A tensor-parallel rank (``tensor_parallel_size: N``) holds 1/N of every attention and MLP
+matrix plus the replicated embeddings, norms and LM head (:mod:`worker.tp_rules`), 1/N of the KV
+heads (so 1/N of a token's KV bytes), and a prefill step's activations with the MLP's channels
+split N ways.
 """
 
 from __future__ import annotations
@@ -88,12 +93,37 @@ class Sizing:
         return self.weights + self.overhead(gpus) + seqs * self.kv_per_seq
 
 
-def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
-    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
+def activation_bytes(
+    shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int, tp: int = 1
+) -> int:
+    """One prefill step's activation peak on one GPU: ``min(max_prefill_tokens, S × L) × (2 ×
+    intermediate / tp + 4 × hidden)`` elements, plus a full batch's float32 last-position logits."""
     act_bytes = 4 if dtype == "float32" else 2
     prefill = min(max_prefill_tokens, max_model_len * max_num_seqs)
-    activations = prefill * (2 * shape.intermediate_size + 4 * shape.hidden_size) * act_bytes
-    logits = max_num_seqs * shape.vocab_size * 4
+    activations = prefill * (2 * shape.intermediate_size // tp + 4 * shape.hidden_size) * act_bytes
+    return activations + max_num_seqs * shape.vocab_size * 4
+
+
+def replicated_params(shape: ModelShape) -> int:
+    """Parameters every tensor-parallel rank holds whole: embeddings, LM head (unless tied), norms."""
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    return embeddings + shape.hidden_size * (2 * shape.num_layers + 1)
+
+
+def tp_rank_weights(sizing: Sizing, tp: int) -> int:
+    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica."""
+    replicated = replicated_params(sizing.shape)
+    return int(((sizing.shape.params - replicated) / tp + replicated) * DTYPE_BYTES[sizing.dtype])
+
+
+def tp_rank_activations(sizing: Sizing, tp: int) -> int:
+    """One rank's activation peak (:func:`activation_bytes` with the MLP split ``tp`` ways)."""
+    s = sizing
+    return activation_bytes(s.shape, s.dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, tp)
+
+
+def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
+    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
     return Sizing(
         shape,
         dtype,
@@ -102,7 +132,7 @@ def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, m
         max_prefill_tokens,
         weight_bytes(shape, dtype),
         kv_bytes_per_token(shape, dtype),
-        activations + logits,
+        activation_bytes(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens),
     )
 
 
@@ -117,22 +147,27 @@ def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
 
 
 def planned_facts(
-    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0
+    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0, tp: int = 1
 ) -> list[GpuFacts]:
     """The facts :func:`worker.budget.kv_budget` needs, as planned before loading: NVML's free
-    memory, the weights and layers split evenly over the GPUs, the activation estimate on each.
+    memory, the weights and layers split evenly over the GPUs (with ``tp`` > 1: one
+    tensor-parallel rank's weights and 1/tp of the KV heads on each), the activation estimate on each.
 
     Co-tenant replicas (``share < 1``) are assumed to hold their whole share already, so the
     figure is what the last of them to start gets.
     """
     k = len(gpus)
     co_tenants = round(1 / share) - 1
+    if tp > 1:
+        weights, activations = tp_rank_weights(sizing, tp), tp_rank_activations(sizing, tp)
+    else:
+        weights, activations = sizing.weights // k, sizing.activations
     return [
         GpuFacts(
             g.total_bytes,
             g.free_bytes - co_tenants * int(g.total_bytes * utilization * share),
-            sizing.weights // k,
-            sizing.activations,
+            weights,
+            activations,
             1 / k,
         )
         for g in gpus
@@ -140,10 +175,10 @@ def planned_facts(
 
 
 def planned_budget(
-    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0
+    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0, tp: int = 1
 ) -> KvBudget:
     """:func:`worker.budget.kv_budget` over :func:`planned_facts`."""
-    return kv_budget(planned_facts(gpus, sizing, utilization, share), sizing.kv_per_token, utilization, share)
+    return kv_budget(planned_facts(gpus, sizing, utilization, share, tp), sizing.kv_per_token, utilization, share)
 
 
 def min_gpus(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> int | None:
@@ -181,41 +216,50 @@ def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit
     room is ``kv_cache_gib`` (RAM is checked across workers by :func:`make_plan`)."""
     if spec.device == "cuda":
         util = cfg.workers.gpu_memory_utilization
-        facts = planned_facts(spec.gpu_info, sizing, util, spec.share)
+        facts = planned_facts(spec.gpu_info, sizing, util, spec.share, spec.tp)
         budget = sum(
             max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
             for f in facts
         )
         kv = kv_budget(facts, sizing.kv_per_token, util, spec.share)
-        overhead = sizing.overhead(len(spec.gpus))
+        overhead = sum(GPU_CONTEXT_BYTES + f.activation_peak_bytes for f in facts)
         room = kv.tokens * sizing.kv_per_token
         return WorkerFit(spec, budget, overhead, room, kv.tokens // sizing.max_model_len)
     room = int(cfg.workers.kv_cache_gib * GiB)
-    overhead = sizing.overhead(0)
-    return WorkerFit(spec, sizing.weights + overhead + room, overhead, room, room // sizing.kv_per_seq)
+    if spec.tp > 1:  # each rank is a process with its part of the weights and its own activations
+        weights = tp_rank_weights(sizing, spec.tp) * spec.tp
+        overhead = (CPU_PROCESS_BYTES + tp_rank_activations(sizing, spec.tp)) * spec.tp
+    else:
+        weights, overhead = sizing.weights, sizing.overhead(0)
+    return WorkerFit(spec, weights + overhead + room, overhead, room, room // sizing.kv_per_seq)
 
 
 @dataclass(frozen=True)
 class Recommendation:
-    """What to configure on these GPUs (or CPU); ``note`` explains when nothing fits."""
+    """What to configure on these GPUs (or CPU); ``note`` explains when nothing fits.
+    ``tensor_parallel_size`` > 1 means replicas of that many ranks (``gpus_per_replica`` is then 1)."""
 
     device: str
     replicas: int
     gpus_per_replica: int
     max_num_seqs: int
     note: str = ""
+    tensor_parallel_size: int = 1
 
     def describe(self) -> str:
         if self.replicas == 0:
             return self.note
         gpus = f"gpus_per_replica: {self.gpus_per_replica}, " if self.device == "cuda" else "devices: cpu, "
+        if self.tensor_parallel_size > 1:
+            gpus = f"tensor_parallel_size: {self.tensor_parallel_size}, "
         return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (
             f" ({self.note})" if self.note else ""
         )
 
 
 def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
-    """Data parallel when one replica fits a GPU, else the fewest GPUs per replica (layer split);
+    """Data parallel when one replica fits a GPU, else tensor parallel over the fewest GPUs that
+    hold it and divide the model, else a layer split (:func:`launcher.layouts.choose`);
     ``max_num_seqs`` = full-length sequences that fit the KV room (at most 256)."""
     if not gpus:
         seqs = int(cfg.workers.kv_cache_gib * GiB) // sizing.kv_per_seq
@@ -228,14 +272,21 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
                 f"raise workers.kv_cache_gib to at least {sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len",
             )
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
+    from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare
+
     util = cfg.workers.gpu_memory_utilization
-    gpus = sorted(gpus, key=lambda g: gpu_budget(g, util))  # plan for the tightest GPUs
-    k = min_gpus(sizing, gpus[:1] if any(g.is_mig for g in gpus) else gpus, util)  # no split over MIG
-    if k is None:
+    chosen = choose(compare(sizing, gpus, util))
+    if chosen is None:
         return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
-    seqs = planned_budget(gpus[:k], sizing, util).tokens // sizing.max_model_len
-    note = "layer split across GPUs, not tensor parallel" if k > 1 else ""
-    return Recommendation("cuda", len(gpus) // k, k, min(seqs, MAX_RECOMMENDED_SEQS), note)
+    seqs, n = min(chosen.seqs, MAX_RECOMMENDED_SEQS), chosen.gpus_per_replica
+    if chosen.kind == TENSOR_PARALLEL:
+        return Recommendation("cuda", chosen.replicas, 1, seqs, tensor_parallel_size=n)
+    note = (
+        "layer split: tensor_parallel_size cannot divide the model over these GPUs"
+        if chosen.kind == LAYER_SPLIT
+        else ""
+    )
+    return Recommendation("cuda", chosen.replicas, n, seqs, note)
 
 
 def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
@@ -319,6 +370,10 @@ def make_plan(
     )  # the largest step
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
+    if w.tensor_parallel_size > 1:
+        from worker.tp_rules import tp_problems
+
+        errors.extend(tp_problems(shape, w.tensor_parallel_size))
     plan = Plan(sizing, gpus, specs, fits, rec, errors)
     _check(plan, cfg, inv)
     return plan

@@ -1,5 +1,6 @@
-"""Rich tables for a :class:`launcher.plan.Plan`: the sizing table (per dtype, like the article's)
-and the placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
+"""Rich tables for a :class:`launcher.plan.Plan`: the sizing table (per dtype, like the article's),
+the layouts table (data parallel, tensor parallel and layer split side by side) and the
+placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
-from launcher.plan import GB, GiB, Plan, min_gpus, resize
+from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare
+from launcher.plan import GB, GiB, Plan, resize
 
 ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
 
 
 def render(plan: Plan, cfg: DeployConfig) -> Group:
     """Everything ``llamadeploy plan`` prints, as one renderable."""
-    parts = [sizing_table(plan, cfg), placement_table(plan)]
+    parts = [sizing_table(plan, cfg)]
+    if plan.gpus:
+        parts.append(layouts_table(compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization), plan))
+    parts.append(placement_table(plan))
     for e in plan.errors:
         parts.append(Text.assemble(("error: ", "bold red"), e))
     for w in plan.warnings:
@@ -72,10 +77,46 @@ def _gpus_cell(row, plan: Plan, utilization: float) -> str:
     n = len(plan.gpus)
     if not n:
         return "no GPU"
-    k = min_gpus(row, plan.gpus, utilization)
-    if k is None:
+    chosen = choose(compare(row, plan.gpus, utilization))
+    if chosen is None:
         return f"no (> {n})"
-    return "1" if k == 1 else f"{k} (layer split)"
+    k = chosen.gpus_per_replica
+    return {TENSOR_PARALLEL: f"{k} (TP)", LAYER_SPLIT: f"{k} (layer split)"}.get(chosen.kind, "1")
+
+
+def layouts_table(layouts: list[Layout], plan: Plan) -> Table:
+    """One row per layout on these GPUs: the GPUs one replica takes, the replicas they give, each
+    replica's KV room and full-length sequences; the recommended one marked."""
+    s = plan.sizing
+    chosen = choose(layouts)
+    table = Table(
+        title=f"layouts on {len(plan.gpus)} GPU(s) ({s.dtype})",
+        caption="data parallel when a replica fits one GPU; else tensor parallel (every GPU works on every "
+        "token); a layer split (one GPU at a time) only where tensor parallel cannot divide the model. "
+        "* = recommended.",
+    )
+    for col in (
+        "layout",
+        "setting",
+        "fits",
+        "GPUs/replica",
+        "replicas",
+        "KV room/replica GiB",
+        f"seqs × {s.max_model_len} tok",
+    ):
+        table.add_column(col, justify="left" if col in ("layout", "setting", "fits") else "right")
+    for lay in layouts:
+        usable = lay.gpus_per_replica > 0
+        table.add_row(
+            lay.kind + (" *" if lay is chosen else ""),
+            lay.setting if usable else "-",
+            "[green]yes[/]" if lay.fits else f"[red]no[/]: {lay.why_not}",
+            str(lay.gpus_per_replica) if usable else "-",
+            str(lay.replicas) if usable else "-",
+            f"{lay.kv_room / GiB:.2f}" if usable else "-",
+            str(lay.seqs) if usable else "-",
+        )
+    return table
 
 
 def placement_table(plan: Plan) -> Table:

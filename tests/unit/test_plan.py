@@ -155,11 +155,18 @@ def test_recommendation_is_data_parallel_when_one_gpu_fits():
     assert rec.max_num_seqs == room // s.kv_per_seq
 
 
-def test_recommendation_splits_when_one_gpu_is_too_small():
+def test_recommendation_is_tensor_parallel_when_one_gpu_is_too_small():
     s = size(llama2("70B"), "bfloat16", 4096, 8, 4096)
     rec = recommend(s, gpus(8), cfg())
-    assert (rec.replicas, rec.gpus_per_replica) == (4, 2)
-    assert "not tensor parallel" in rec.describe()
+    assert (rec.replicas, rec.tensor_parallel_size, rec.gpus_per_replica) == (4, 2, 1)
+    assert rec.describe().startswith("replicas: 4, tensor_parallel_size: 2, max_num_seqs:")
+
+
+def test_recommendation_splits_layers_only_where_tensor_parallel_cannot_divide_the_model():
+    s = size(llama2("13B", num_key_value_heads=5), "float16", 2048, 8, 8192)  # 5 KV heads: no TP 2
+    rec = recommend(s, parse_gpus("2x24GB"), cfg())
+    assert (rec.replicas, rec.tensor_parallel_size, rec.gpus_per_replica) == (1, 1, 2)
+    assert "tensor_parallel_size cannot divide the model" in rec.describe()
 
 
 def test_partly_used_gpu_shrinks_its_budget_and_is_named():
@@ -218,7 +225,7 @@ def test_plan_command_for_a_70b_config(tmp_path):
     fits = runner.invoke(cli.app, ["plan", "--model", str(tmp_path), "--gpus", "8x80GB", "--gpus-per-replica", "2"])
     assert fits.exit_code == 0, fits.output
     assert "137.95" in fits.output and "128.48" in fits.output  # weights GB and GiB
-    assert "replicas: 4, gpus_per_replica: 2" in fits.output
+    assert "replicas: 2, tensor_parallel_size: 4" in fits.output  # TP 2 would hold one sequence
     too_small = runner.invoke(cli.app, ["plan", "--model", str(tmp_path), "--gpus", "1x80GB"])
     assert too_small.exit_code == 1 and "error:" in too_small.output
 
