@@ -2,7 +2,8 @@
 
 Python, torch and the CUDA it was built for, whether CUDA works, the driver and the CUDA version
 it supports (NVML), whether the torch wheel has kernels for each GPU's compute capability, each
-GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), ``CUDA_VISIBLE_DEVICES``,
+GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), the GPUs' interconnect
+(NVLink or PCIe, for tensor parallelism), ``CUDA_VISIBLE_DEVICES``,
 transformers/accelerate, the model's files, what ``model.dtype`` means here, placement and the
 memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
 checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
@@ -293,6 +294,44 @@ def gpu_checks(inv: Inventory) -> list[Check]:
     return rows
 
 
+def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
+    """How the GPUs this deployment may use are connected (:func:`launcher.interconnect.gpu_links`).
+    PCIe between them is a warning when ``tensor_parallel_size`` > 1: its per-layer all-reduces
+    over PCIe make tensor parallelism gain little over one card (data parallel is unaffected)."""
+    from launcher.interconnect import PCIE, gpu_links
+
+    name = "GPU interconnect"
+    try:
+        indices = sorted({g.index for g in visible_gpus(inv) if not g.is_mig})
+    except PlacementError:
+        indices = sorted({g.index for g in inv.gpus if not g.is_mig})
+    if len(indices) < 2:
+        return Check(name, "skip", f"{len(indices)} GPU(s): no link between GPUs to check (tensor parallel needs 2+)")
+    links, error = gpu_links(indices, nvml)
+    if error:
+        return Check(name, "skip", error)
+    pcie = [lk for lk in links if lk.kind == PCIE]
+    if not pcie:
+        return Check(
+            name, "ok", f"NVLink between every pair of GPUs {indices}: tensor parallel gains (×1.7 in the article)"
+        )
+    detail = (
+        "; ".join(lk.describe() for lk in links)
+        + ". Tensor parallelism over PCIe gains little over one card (its all-reduce per layer crosses PCIe: "
+        "×1.3 in the article, ×1.7 over NVLink); data parallel is unaffected"
+    )
+    tp = cfg.workers.tensor_parallel_size
+    if tp > 1:
+        return Check(
+            name,
+            "warn",
+            detail,
+            f"with tensor_parallel_size: {tp} prefer NVLink-connected GPUs, or data parallel "
+            "(tensor_parallel_size: 1) where a replica fits one GPU",
+        )
+    return Check(name, "ok", detail)
+
+
 def library_checks() -> list[Check]:
     rows = []
     for dist, why in (("transformers", "loads the model"), ("accelerate", "needed for gpus_per_replica > 1")):
@@ -385,6 +424,7 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
         *arch_checks(inv.gpus, torch_arch_list()),
         visibility_check(inv),
         *gpu_checks(inv),
+        interconnect_check(cfg, inv),
     ]
     rows += library_checks()
     model, shape = model_check(cfg.model.name)

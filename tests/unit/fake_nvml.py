@@ -67,3 +67,36 @@ class FakeNvml:
         if j >= len(h["mig"]):
             raise NVMLError("Not Found")
         return h["mig"][j]
+
+
+class FakeTopology(FakeNvml):
+    """:class:`FakeNvml` plus the topology queries of ``launcher.interconnect``: ``nvlink`` holds
+    the pairs ``(a, b)`` joined by NVLink, ``level`` the PCIe common-ancestor level of the others;
+    ``p2p_unsupported`` makes the P2P status query raise (older drivers), leaving NvLinkState."""
+
+    NVML_P2P_CAPS_INDEX_NVLINK = 3
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
+    NVML_FEATURE_ENABLED = 1
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def __init__(self, count: int, nvlink=(), level: int = 30, p2p_unsupported: bool = False):
+        super().__init__([{"name": "GPU", "uuid": f"GPU-{i}", "total_gib": 80, "index": i} for i in range(count)])
+        self.nvlink = {frozenset(p) for p in nvlink}
+        self.level, self.p2p_unsupported = level, p2p_unsupported
+
+    def nvmlDeviceGetP2PStatus(self, a, b, index):
+        if self.p2p_unsupported:
+            raise NVMLError("Not Supported")
+        assert index == self.NVML_P2P_CAPS_INDEX_NVLINK
+        linked = frozenset((a["index"], b["index"])) in self.nvlink
+        return self.NVML_P2P_STATUS_OK if linked else self.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        links = sum(h["index"] in p for p in self.nvlink)
+        if link >= max(links, 1):
+            raise NVMLError("Not Supported")
+        return self.NVML_FEATURE_ENABLED if links else 0
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        return self.level

@@ -116,3 +116,46 @@ def test_nvml_missing_while_cuda_works_and_unqueried_gpus_fail():
     assert rows[0].status == "fail" and "NVIDIA_DRIVER_CAPABILITIES" in rows[0].detail
     rows = gpu_checks(Inventory([gpu(0)], [0], gpu_problems=(GpuProblem(1, "NVML cannot query GPU 1: lost"),)))
     assert [(r.name, r.status) for r in rows] == [("GPU 0", "ok"), ("GPU 1", "fail")]
+
+
+# ---- the GPUs' interconnect ------------------------------------------------------------------
+
+
+def interconnect(n: int, tp: int = 1, **topology):
+    from launcher.doctor import interconnect_check
+    from tests.unit.fake_nvml import FakeTopology
+
+    cfg = DeployConfig.model_validate({"workers": {"tensor_parallel_size": tp}})
+    return interconnect_check(cfg, Inventory([gpu(i) for i in range(n)], [0]), FakeTopology(n, **topology))
+
+
+def test_nvlink_between_every_pair_is_ok():
+    row = interconnect(2, tp=2, nvlink=[(0, 1)])
+    assert row.status == "ok" and "NVLink between every pair of GPUs [0, 1]" in row.detail
+
+
+def test_tensor_parallel_over_pcie_is_a_warning_naming_the_path():
+    row = interconnect(2, tp=2, level=30)
+    assert row.status == "warn" and "GPU 0-1: PCIe (through a PCIe host bridge)" in row.detail
+    assert "gains little" in row.detail and "tensor_parallel_size: 2" in row.fix
+
+
+def test_pcie_without_tensor_parallel_is_reported_not_warned():
+    row = interconnect(3, nvlink=[(0, 1)], level=50)
+    assert row.status == "ok"
+    assert "GPU 0-1: NVLink; GPU 0-2: PCIe (across CPU sockets); GPU 1-2: PCIe (across CPU sockets)" in row.detail
+    assert "gains little" in row.detail
+
+
+def test_nvlink_state_answers_where_the_p2p_query_is_not_supported():
+    assert interconnect(2, tp=2, nvlink=[(0, 1)], p2p_unsupported=True).status == "ok"
+    assert interconnect(2, tp=2, p2p_unsupported=True, level=10).detail.startswith("GPU 0-1: PCIe (through one PCIe")
+
+
+def test_one_gpu_or_no_nvml_skips_the_interconnect():
+    assert interconnect(1).status == "skip"
+    from launcher.doctor import interconnect_check
+    from tests.unit.fake_nvml import FakeNvml
+
+    row = interconnect_check(DeployConfig(), Inventory([gpu(0), gpu(1)], [0]), FakeNvml([], init_error="no driver"))
+    assert row.status == "skip" and "NVML unavailable: no driver" in row.detail
