@@ -139,6 +139,8 @@ class Engine:
         try:
             logits = self.runner.run(plan)
         except torch.OutOfMemoryError as exc:
+            if not self.runner.oom_recoverable:
+                raise  # tensor parallel: the other ranks cannot retry in step; the replica restarts
             self._on_oom(plan, exc)
             return
         self.steps += 1

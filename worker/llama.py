@@ -11,6 +11,13 @@ more than by reading the weights, that is most of the step (README "The engine")
 
 Weights are read from the model folder's safetensors files by their transformers names
 (``model.layers.N.self_attn.q_proj.weight`` ...), straight onto the target device.
+
+Tensor parallel (``tp``, a :class:`worker.tp.TPGroup` of N ranks): each rank loads only its part
+of each weight (:func:`worker.tp_rules.shard_range`) — H/N query heads and KVH/N KV heads of the
+fused qkv, I/N channels of gate/up, the matching input columns of o_proj and down_proj — and
+attends over its own KV heads; the partial outputs of o_proj and down_proj are summed over the
+ranks in float32 (one all-reduce each per layer) before joining the float32 residual stream.
+Embeddings, norms and the LM head are replicated. With one rank none of this runs.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
+from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +64,9 @@ class LlamaModel:
 
     ``linear`` turns a weight [out, in] into a callable ``x [T, in] -> [T, out]``: plain
     ``F.linear`` by default; on CPU the engine passes oneDNN-prepacked kernels
-    (:func:`worker.cpu_kernels.packed_linear`).
+    (:func:`worker.cpu_kernels.packed_linear`). ``tp``: this rank's tensor-parallel group, with
+    ``weights`` already this rank's shards (:func:`load_weights`); ``heads`` and ``kv_heads`` are
+    then this rank's counts.
     """
 
     def __init__(
@@ -67,6 +77,7 @@ class LlamaModel:
         dtype: torch.dtype,
         max_positions: int,
         linear=None,
+        tp=None,
     ):
         self.config = config
         self.device, self.dtype = device, dtype
@@ -74,6 +85,10 @@ class LlamaModel:
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.reduce = None  # sums a row-parallel layer's partial outputs over the ranks
+        if tp is not None and tp.world > 1:
+            self.heads, self.kv_heads = self.heads // tp.world, self.kv_heads // tp.world
+            self.reduce = tp.all_reduce
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         make = linear or _plain_linear
@@ -106,13 +121,14 @@ class LlamaModel:
         positions: torch.Tensor,
         batch: AttentionBatch,
         cache: KVCache,
-        logit_rows: torch.Tensor,
-    ) -> torch.Tensor:
+        logit_rows: torch.Tensor | None,
+    ) -> torch.Tensor | None:
         """One step. ``input_ids``, ``positions``: [T] (long); ``batch`` says which rows belong to which
         sequence and where their keys/values go; ``logit_rows``: [N] row indices whose next-token
-        logits are wanted. Returns logits [N, V] in float32."""
+        logits are wanted. Returns logits [N, V] in float32; ``None`` for ``logit_rows=None`` (a
+        tensor-parallel rank other than 0, which fills its KV share and takes part in the sums)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
-        dt = self.dtype
+        dt, reduce = self.dtype, self.reduce
         x = F.embedding(input_ids, self.embed).float()  # [T, hidden]: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
@@ -127,10 +143,18 @@ class LlamaModel:
             q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, KVH, D]
             v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
             o = attend(q, k, v, cache, i, batch, self.scale)  # [T, H * D]
-            x = x + layer.o(o)
+            if reduce is None:
+                x = x + layer.o(o)
+            else:
+                x = x + reduce(layer.o(o))
             h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps).to(dt)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
-            x = x + layer.down(F.silu(gate) * up)
+            if reduce is None:
+                x = x + layer.down(F.silu(gate) * up)
+            else:
+                x = x + reduce(layer.down(F.silu(gate) * up))
+        if logit_rows is None:
+            return None
         x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps).to(dt)  # [N, hidden]
         return self.lm_head(x).float()  # [N, V]
 
@@ -155,9 +179,12 @@ def rope_tables(config, positions: int, device: torch.device) -> tuple[torch.Ten
     return cos[0].float(), sin[0].float()
 
 
-def load_weights(model_path: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def load_weights(
+    model_path: str, device: torch.device, dtype: torch.dtype, rank: int = 0, world: int = 1
+) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (sharded or not), cast to ``dtype`` on ``device``.
-    Loads straight to ``device``: no host copy of a GPU model."""
+    Loads straight to ``device``: no host copy of a GPU model. With ``world`` > 1 only rank
+    ``rank``'s part of each split weight is read (:func:`worker.tp_rules.shard_range`)."""
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
     files = (
@@ -167,39 +194,54 @@ def load_weights(model_path: str, device: torch.device, dtype: torch.dtype) -> d
     for name in files:
         with safe_open(folder / name, framework="pt", device=str(device)) as f:
             for key in f.keys():
-                weights[key] = f.get_tensor(key).to(dtype)
+                part = f.get_slice(key)
+                where = shard_range(key, tuple(part.get_shape()), rank, world)
+                if where is None:
+                    weights[key] = f.get_tensor(key).to(dtype)
+                else:
+                    dim, start, stop = where
+                    weights[key] = (part[start:stop] if dim == 0 else part[:, start:stop]).to(dtype)
     return weights
 
 
-def random_weights(config, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_weights(
+    config, device: torch.device, dtype: torch.dtype, seed: int = 0, rank: int = 0, world: int = 1
+) -> dict[str, torch.Tensor]:
     """Random weights with transformers' names and Llama's shapes, for benchmarks without a checkpoint
-    (``model.random_init``): normal(0, 0.02) matrices, unit norms."""
+    (``model.random_init``): normal(0, 0.02) matrices, unit norms. With ``world`` > 1, rank
+    ``rank``'s shards of the same weights (each drawn whole, then cut)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     d = getattr(config, "head_dim", None) or config.hidden_size // heads
     hid, inter = config.hidden_size, config.intermediate_size
 
-    def mat(*shape):
-        return (torch.randn(*shape, generator=g) * 0.02).to(device=device, dtype=dtype)
+    def mat(name: str, *shape: int) -> tuple[str, torch.Tensor]:
+        t = torch.randn(*shape, generator=g) * 0.02  # drawn whole on every rank: the same weights
+        if (where := shard_range(name, shape, rank, world)) is not None:
+            t = t.narrow(where[0], where[1], where[2] - where[1]).contiguous()
+        return name, t.to(device=device, dtype=dtype)
 
-    w = {
-        "model.embed_tokens.weight": mat(config.vocab_size, hid),
-        "model.norm.weight": torch.ones(hid, device=device, dtype=dtype),
-    }
+    def ones(name: str) -> tuple[str, torch.Tensor]:
+        return name, torch.ones(hid, device=device, dtype=dtype)
+
+    w = dict([mat("model.embed_tokens.weight", config.vocab_size, hid), ones("model.norm.weight")])
     if not getattr(config, "tie_word_embeddings", False):
-        w["lm_head.weight"] = mat(config.vocab_size, hid)
+        w.update([mat("lm_head.weight", config.vocab_size, hid)])
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        w |= {
-            p + "input_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
-            p + "post_attention_layernorm.weight": torch.ones(hid, device=device, dtype=dtype),
-            p + "self_attn.q_proj.weight": mat(heads * d, hid),
-            p + "self_attn.k_proj.weight": mat(kv_heads * d, hid),
-            p + "self_attn.v_proj.weight": mat(kv_heads * d, hid),
-            p + "self_attn.o_proj.weight": mat(hid, heads * d),
-            p + "mlp.gate_proj.weight": mat(inter, hid),
-            p + "mlp.up_proj.weight": mat(inter, hid),
-            p + "mlp.down_proj.weight": mat(hid, inter),
-        }
+        a, m = p + "self_attn.", p + "mlp."
+        w.update(
+            [
+                ones(p + "input_layernorm.weight"),
+                ones(p + "post_attention_layernorm.weight"),
+                mat(a + "q_proj.weight", heads * d, hid),
+                mat(a + "k_proj.weight", kv_heads * d, hid),
+                mat(a + "v_proj.weight", kv_heads * d, hid),
+                mat(a + "o_proj.weight", hid, heads * d),
+                mat(m + "gate_proj.weight", inter, hid),
+                mat(m + "up_proj.weight", inter, hid),
+                mat(m + "down_proj.weight", hid, inter),
+            ]
+        )
     return w

@@ -2,6 +2,13 @@
 
 Only the launcher starts this. It has already put ``CUDA_VISIBLE_DEVICES`` in the environment;
 CPU affinity and thread counts are set here before torch is imported.
+
+Tensor parallel: ``--rank R --world-size N --dist-init tcp://127.0.0.1:PORT`` on each of the N
+processes of one replica (same ``--worker-id``). Rank 0 listens at ``--dist-init``, is the only one
+that talks ZeroMQ (Hello, Ready, heartbeats, tokens) and runs the engine; ranks 1..N-1 load their
+shard and run rank 0's steps (:mod:`worker.tp`). A rank whose peer dies or goes silent for
+``workers.stall_timeout_s`` exits with :data:`worker.tp.PEER_LOST_EXIT_CODE` (4); ranks 1..N-1
+exit 0 when rank 0 stops cleanly, and ignore SIGTERM once loaded (rank 0 decides when they stop).
 """
 
 from __future__ import annotations
@@ -52,7 +59,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cpus", default="", help="comma-separated core ids (CPU workers)")
     ap.add_argument("--model-path", required=True)
     ap.add_argument("--address", required=True, help="the router's ZeroMQ endpoint")
-    return ap.parse_args(argv)
+    ap.add_argument("--rank", type=int, default=0, help="tensor-parallel rank of this process")
+    ap.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks of this replica")
+    ap.add_argument("--dist-init", default=None, help="tcp://HOST:PORT where the ranks meet (rank 0 listens)")
+    args = ap.parse_args(argv)
+    if args.world_size > 1 and not args.dist_init:
+        ap.error("--world-size > 1 needs --dist-init tcp://HOST:PORT")
+    if not 0 <= args.rank < args.world_size:
+        ap.error(f"--rank {args.rank} is not in 0..{args.world_size - 1}")
+    return args
 
 
 def pin_cpus(cpus: list[int]) -> None:
@@ -63,9 +78,17 @@ def pin_cpus(cpus: list[int]) -> None:
 
 
 def run_worker_process(
-    cfg: DeployConfig, worker_id: int, device_kind: str, cpus: list[int], model_path: str, address: str
+    cfg: DeployConfig,
+    worker_id: int,
+    device_kind: str,
+    cpus: list[int],
+    model_path: str,
+    address: str,
+    world: int = 1,
+    dist_init: str | None = None,
 ) -> int:
-    """Load the replica, serve until told to stop. Returns the process exit code."""
+    """Load the replica (rank 0 of ``world`` tensor-parallel ranks meeting at ``dist_init``), serve
+    until told to stop. Returns the process exit code."""
     started = time.monotonic()
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     engine_ref: dict = {}
@@ -124,7 +147,8 @@ def run_worker_process(
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
     from worker.replica import build_engine, warm_up
 
-    engine, budget = build_engine(cfg, model_path, device_kind, share, out.send)
+    group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
+    engine, budget = build_engine(cfg, model_path, device_kind, share, out.send, group=group)
     log.info(
         "loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)",
         cfg.model.public_name,
@@ -158,6 +182,8 @@ def run_worker_process(
     log.info("ready after %.1fs", time.monotonic() - started)
 
     reason = serve(engine, inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
+    if group is not None:
+        group.send_stop()
     for seq in list(engine.by_id.values()):
         out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {worker_id} is shutting down"))
     out.send(Bye(worker_id=worker_id, reason=reason))
@@ -203,7 +229,67 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_requ
                 msg = None
         if engine.has_work:
             engine.step()
+        else:
+            engine.runner.idle()
     return "SIGTERM"
+
+
+def join_group(cfg: DeployConfig, rank: int, world: int, dist_init: str, device_kind: str):
+    """This process's :class:`worker.tp.TPGroup`: start-up collectives bounded by
+    ``workers.startup_timeout_s``, serving ones by ``workers.stall_timeout_s``."""
+    import torch
+
+    from worker.tp import TPGroup
+
+    device = torch.device("cuda:0" if device_kind == "cuda" else "cpu")
+    w = cfg.workers
+    return TPGroup.init(rank, world, dist_init, device, w.startup_timeout_s, w.stall_timeout_s)
+
+
+def run_follower_process(
+    cfg: DeployConfig,
+    worker_id: int,
+    rank: int,
+    world: int,
+    dist_init: str,
+    device_kind: str,
+    cpus: list[int],
+    model_path: str,
+) -> int:
+    """Rank ``rank`` > 0 of a tensor-parallel replica: join the ranks, load this rank's shard and KV
+    share, run rank 0's steps until it says stop (exit 0). Raises :class:`worker.tp.PeerLost`."""
+    loaded = threading.Event()
+
+    def on_sigterm(*_) -> None:
+        if not loaded.is_set():
+            raise SystemExit(0)  # still loading: stop now
+        log.info("SIGTERM: rank 0 decides when this rank stops")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    import torch
+
+    from worker import gpus as worker_gpus
+    from worker.replica import build_follower
+    from worker.tp import follow
+
+    if cpus:
+        torch.set_num_threads(len(cpus))
+    _, share = worker_gpus.start_check(device_kind)
+    group = join_group(cfg, rank, world, dist_init, device_kind)
+    runner = build_follower(cfg, model_path, device_kind, share, group)
+    loaded.set()
+    log.info(
+        "rank %d of %d loaded: KV cache %d blocks (%.2f GiB); following rank 0",
+        rank,
+        world,
+        runner.cache.num_blocks,
+        runner.cache.nbytes / 2**30,
+    )
+    steps = follow(runner, group)
+    log.info("rank 0 stopped after %d steps; stopping", steps)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,12 +300,25 @@ def main(argv: list[str] | None = None) -> None:
         pin_cpus(cpus)
     with open(args.config) as f:
         cfg = DeployConfig.model_validate_json(f.read())
-    setup_logging(f"worker-{args.worker_id} {args.device}", cfg.logging.format, cfg.logging.level)
+    role = f"worker-{args.worker_id}" + (f" rank {args.rank}" if args.world_size > 1 else "")
+    setup_logging(f"{role} {args.device}", cfg.logging.format, cfg.logging.level)
     if fault_crash_at_start(args.worker_id):
         log.error("%s names this worker: exiting with code %d (fault injection)", FAULT_CRASH_AT_START, FAULT_EXIT_CODE)
         sys.exit(FAULT_EXIT_CODE)
+    from worker.tp import PEER_LOST_EXIT_CODE, PeerLost
+
     try:
-        code = run_worker_process(cfg, args.worker_id, args.device, cpus, args.model_path, args.address)
+        if args.rank > 0:
+            code = run_follower_process(
+                cfg, args.worker_id, args.rank, args.world_size, args.dist_init, args.device, cpus, args.model_path
+            )
+        else:
+            code = run_worker_process(
+                cfg, args.worker_id, args.device, cpus, args.model_path, args.address, args.world_size, args.dist_init
+            )
+    except PeerLost as exc:
+        log.error("%s; exiting with code %d", exc, PEER_LOST_EXIT_CODE)
+        code = PEER_LOST_EXIT_CODE
     except Exception:
         log.exception("worker failed")
         code = 1

@@ -13,7 +13,7 @@ import logging
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from worker import llama
+from worker import llama, tp_rules
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +75,28 @@ def load_model(
     max_positions: int,
     random_init: bool = False,
     max_memory: dict | None = None,
+    tp=None,
 ):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
     which is also how a replica split by layers over several GPUs (``max_memory``) runs.
-    ``random_init`` (benchmarks) needs the compact path. Raises ``ValueError``."""
+    ``random_init`` (benchmarks) needs the compact path; so does tensor parallelism (``tp``, this
+    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded). Raises ``ValueError``."""
     why = llama.supports(config)
+    rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
+    if world > 1:
+        if why or max_memory:
+            raise ValueError(
+                f"workers.tensor_parallel_size: {world} needs a Llama-family model on one GPU per rank "
+                f"({why or 'not with workers.gpus_per_replica > 1'}); use workers.tensor_parallel_size: 1"
+            )
+        if problems := tp_rules.tp_problems(config, world):
+            raise ValueError("; ".join(problems))
     if why is None and not max_memory:
         weights = (
-            llama.random_weights(config, device, dtype)
+            llama.random_weights(config, device, dtype, rank=rank, world=world)
             if random_init
-            else llama.load_weights(model_path, device, dtype)
+            else llama.load_weights(model_path, device, dtype, rank=rank, world=world)
         )
         linear = None
         if device.type == "cpu":
@@ -96,7 +107,7 @@ def load_model(
             weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
             two_copies = dtype == torch.float32 and weight_bytes <= SMALL_MODEL_BYTES
             linear = partial(packed_linear, plain_below=3 if two_copies else 0)
-        return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear)
+        return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear, tp=tp)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
     from worker.hf_model import HFModel
@@ -110,17 +121,19 @@ def layer_devices(model, device: torch.device) -> list[torch.device]:
     return model.layer_devices() if hasattr(model, "layer_devices") else [device] * model.num_layers
 
 
-def kv_shape(config) -> tuple[int, int, int]:
+def kv_shape(config, world: int = 1) -> tuple[int, int, int]:
     """``(layers, kv_heads, head_dim)`` of a decoder config: kv_heads defaults to the attention
-    heads (no GQA), head_dim to ``hidden_size // num_attention_heads``."""
+    heads (no GQA), head_dim to ``hidden_size // num_attention_heads``. ``world``: tensor-parallel
+    ranks, each of which holds ``kv_heads / world`` of the heads."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return config.num_hidden_layers, kv_heads, head_dim
+    return config.num_hidden_layers, kv_heads // world, head_dim
 
 
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """KV-cache bytes one token costs in ``dtype`` (:func:`launcher.shapes.kv_bytes_per_token`)."""
+def kv_bytes_per_token(config, dtype: torch.dtype, world: int = 1) -> int:
+    """KV-cache bytes one token costs in ``dtype`` (:func:`launcher.shapes.kv_bytes_per_token`), on
+    one of ``world`` tensor-parallel ranks."""
     from launcher.shapes import kv_bytes_per_token as formula
 
-    return formula(*kv_shape(config), torch.empty((), dtype=dtype).element_size())
+    return formula(*kv_shape(config, world), torch.empty((), dtype=dtype).element_size())

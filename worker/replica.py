@@ -4,6 +4,12 @@ the prefill budget, warm it up.
 On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
 peak the budget rule (:mod:`worker.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
 ``max_prefill_tokens: auto`` is measured here (:func:`calibrate_prefill_tokens`).
+
+A tensor-parallel replica runs :func:`load_shard` on every rank (each sizes its KV share from its
+own GPU, or ``kv_cache_gib`` per rank on CPU; all take the smallest block count), then rank 0
+builds the engine (:func:`build_engine`) and the others a follower (:func:`build_follower`).
+Calibration and warm-up run on rank 0 through its runner, which announces each step to the other
+ranks, so they follow without being told what the steps are for.
 """
 
 from __future__ import annotations
@@ -29,32 +35,56 @@ log = logging.getLogger(__name__)
 BLOCK_SIZE = 16  # tokens per KV block: the prefix cache's granularity (vLLM's default)
 
 
-def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit):
-    """Load the replica, size its KV cache (after measuring a prefill's activation peak on GPU),
-    allocate it once, and assemble the engine. Returns ``(engine, kv_budget_tokens)``.
-    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
+class Shard:
+    """What every rank of a replica holds alike (all of it, with one rank): the model (its shard),
+    its KV cache (its KV heads), and the facts the engine is assembled from."""
 
+    def __init__(self, config, device, dtype, model, cache: KVCache, num_blocks: int, budgets: tuple[int, int]):
+        self.config, self.device, self.dtype, self.model, self.cache = config, device, dtype, model, cache
+        self.num_blocks = num_blocks
+        self.prefill_tokens, self.idle_prefill_tokens = budgets
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def load_shard(cfg: DeployConfig, model_path: str, device_kind: str, share: float, group=None) -> Shard:
+    """Load the model (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
+    (after measuring a prefill's activation peak on GPU) and allocate it once. Every rank runs this
+    in the same order: the peak measurement's forward is collective, and the block count is the
+    minimum over the ranks (each sizes its own from its own GPU, or from ``kv_cache_gib`` for its
+    KV share on CPU). Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
+    world = group.world if group is not None else 1
     device = model_mod.pick_device(device_kind)
     on_gpu = device.type == "cuda"
     if on_gpu:
         worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
     dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
     config = model_mod.load_config(model_path)
-    tokenizer = model_mod.load_tokenizer(model_path)
     split = (
         worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
     )
     model = model_mod.load_model(
-        model_path, config, device, dtype, cfg.model.max_model_len, random_init=cfg.model.random_init, max_memory=split
+        model_path,
+        config,
+        device,
+        dtype,
+        cfg.model.max_model_len,
+        random_init=cfg.model.random_init,
+        max_memory=split,
+        tp=group,
     )
-    per_token = model_mod.kv_bytes_per_token(config, dtype)
-    layers, kv_heads, head_dim = model_mod.kv_shape(config)
+    per_token = model_mod.kv_bytes_per_token(config, dtype, world)
+    layers, kv_heads, head_dim = model_mod.kv_shape(config, world)
     devices = model_mod.layer_devices(model, device)
     prefill, idle = w.prefill_budgets(on_gpu)
     if on_gpu:
+        if group is not None:
+            group.barrier()  # every rank loaded: the collective forward below starts together
         worker_gpus.reset_peaks()
-        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device)
+        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device, world)
         fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
         budget = worker_gpus.kv_budget_after_warmup(
             per_token, fractions, w.gpu_memory_utilization, share, cfg.model.max_model_len, block_tokens=BLOCK_SIZE
@@ -62,17 +92,32 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
         num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
+    if group is not None:
+        num_blocks = group.min_int(num_blocks)
     cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
+    return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
+
+
+def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit, group=None):
+    """Load the replica (:func:`load_shard`) and assemble the engine; with a tensor-parallel
+    ``group`` this is rank 0, whose runner announces every step (calibration included) to the
+    other ranks. Returns ``(engine, kv_budget_tokens)``.
+    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
+    w = cfg.workers
+    shard = load_shard(cfg, model_path, device_kind, share, group)
+    config, device, num_blocks = shard.config, shard.device, shard.num_blocks
+    tokenizer = model_mod.load_tokenizer(model_path)
+    idle = shard.idle_prefill_tokens
     scheduler = Scheduler(
         BlockManager(num_blocks, BLOCK_SIZE),
         w.max_num_seqs,
         w.max_waiting,
-        prefill,
+        shard.prefill_tokens,
         idle_prefill_tokens=idle,
         max_queue_wait_s=w.max_queue_wait_s,
     )
     engine = Engine(
-        ModelRunner(model, cache, device),
+        ModelRunner(shard.model, shard.cache, device, group=group),
         tokenizer,
         scheduler,
         cfg.model.max_model_len,
@@ -82,7 +127,7 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
         model_mod.eos_ids(model_path, config, tokenizer),
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
-    if w.max_prefill_tokens == "auto" and not on_gpu:
+    if w.max_prefill_tokens == "auto" and not shard.on_gpu:
         chunk = calibrate_prefill_tokens(engine.runner, idle, cfg.model.max_model_len)
         scheduler.max_prefill_tokens = chunk
         scheduler.idle_prefill_tokens = min(idle, IDLE_CHUNKS * chunk)
@@ -93,6 +138,13 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
             scheduler.idle_prefill_tokens,
         )
     return engine, num_blocks * BLOCK_SIZE
+
+
+def build_follower(cfg: DeployConfig, model_path: str, device_kind: str, share: float, group) -> ModelRunner:
+    """A tensor-parallel rank other than 0: its shard and KV share (:func:`load_shard`), as a runner
+    for :func:`worker.tp.follow`. No tokenizer, scheduler or sampler: rank 0 has those."""
+    shard = load_shard(cfg, model_path, device_kind, share, group)
+    return ModelRunner(shard.model, shard.cache, shard.device)
 
 
 class _Scratch:
@@ -107,11 +159,12 @@ class _Scratch:
         return [0] * (end - start)
 
 
-def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device) -> None:
+def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device, world: int = 1) -> None:
     """One forward pass of ``tokens`` prompt tokens over a scratch cache, so the allocator's peak
     (read by ``worker.gpus.kv_budget_after_warmup``) includes the largest step's activations
-    (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed."""
-    layers, kv_heads, head_dim = model_mod.kv_shape(model.config)
+    (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed.
+    With ``world`` tensor-parallel ranks every rank runs it at once (its sums are collective)."""
+    layers, kv_heads, head_dim = model_mod.kv_shape(model.config, world)
     scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
     ModelRunner(model, scratch, device).run(Plan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
     del scratch

@@ -4,6 +4,9 @@ metadata and which rows' logits are wanted.
 Rows are laid out decode sequences first (one token each), then each prefill chunk's tokens. The
 logits come back in the order :meth:`worker.scheduler.Scheduler.finish_step` returns the sequences
 to sample: the decode rows, then the last row of every chunk that completes its sequence's tokens.
+
+In a tensor-parallel replica rank 0's runner has the ranks' ``group`` and announces every step
+to the other ranks before running it (:mod:`worker.tp`); they run the same :meth:`forward`.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from worker.scheduler import Plan
 
 class ModelRunner:
     """Runs :class:`~worker.llama.LlamaModel` (or anything with its ``forward`` signature) over the
-    block cache ``cache``."""
+    block cache ``cache``; with ``group`` (a :class:`worker.tp.TPGroup`, rank 0) every step is
+    broadcast to the other ranks first."""
 
-    def __init__(self, model, cache: KVCache, device: torch.device):
+    def __init__(self, model, cache: KVCache, device: torch.device, group=None):
         self.model = model
         self.cache = cache
         self.device = device
+        self.group = group
+        # An OOM in a tensor-parallel forward leaves the ranks at different collectives: not retried.
+        self.oom_recoverable = group is None
 
     def run(self, plan: Plan) -> torch.Tensor:
         """One forward pass for ``plan``. Returns float32 logits [N, V] for the sequences to sample."""
@@ -40,12 +47,33 @@ class ModelRunner:
             prefill.append((seq.table.blocks, start, end))
             if end == seq.num_tokens:
                 logit_rows.append(len(ids) - 1)
-        batch = build_batch(self.cache.block_size, self.device, decode, prefill)
         as_long = {"dtype": torch.long, "device": self.device}
-        return self.model.forward(
+        if self.group is not None:
+            self.group.send_step(ids, positions, decode, prefill, self.cache.block_size)
+        return self.forward(
             torch.tensor(ids, **as_long),
             torch.tensor(positions, **as_long),
-            batch,
-            self.cache,
+            decode,
+            prefill,
             torch.tensor(logit_rows, **as_long),
         )
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        decode: list[tuple[list[int], int]],
+        prefill: list[tuple[list[int], int, int]],
+        logit_rows: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The forward pass of one step given its rows (``ids``, ``positions`` [T]) and
+        :func:`~worker.attention.build_batch`'s ``decode``/``prefill``; ``logit_rows`` None (the
+        other ranks of a tensor-parallel replica) computes no logits and returns None."""
+        batch = build_batch(self.cache.block_size, self.device, decode, prefill)
+        return self.model.forward(ids, positions, batch, self.cache, logit_rows)
+
+    def idle(self) -> None:
+        """Called by the serving loop when there is nothing to run: keeps the other ranks'
+        wait for the next step alive (:meth:`worker.tp.TPGroup.send_idle`)."""
+        if self.group is not None:
+            self.group.send_idle()
