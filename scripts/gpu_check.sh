@@ -8,7 +8,9 @@
 #      by plan's rule): a deliberate OOM (a hog takes the GPU's free memory while a batch of long
 #      prompts arrives) that the worker survives, then requests that together overrun the KV
 #      budget (admission holds one back; no OOM, all answered);
-#   4. with two or more GPUs, a gpus_per_replica: 2 replica (layer split);
+#   4. with two or more GPUs, a gpus_per_replica: 2 replica (layer split), then `bench --layouts`:
+#      the same random-weight Llama-3-8B shape as data parallel ×2, tensor parallel 2 and layer
+#      split 2 in turn (latency, 8-way throughput, peak memory per GPU; 6 more minutes);
 #   5. an engine bench on a random-weight Llama-3-8B-shaped model in bfloat16 (model.random_init)
 #      at concurrency 1/8/32/64: tok/s, TTFT p50, ms per decode step against the bandwidth floor
 #      (weights bytes / the device-to-device copy bandwidth measured here).
@@ -119,6 +121,7 @@ command -v curl >/dev/null || die "curl not found"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,compute_cap --format=csv \
   || die "nvidia-smi cannot talk to the driver"
 GPUS=$(nvidia-smi -L | grep -c '^GPU ' || true)
+if [ "$GPUS" -ge 2 ]; then DEADLINE=$((DEADLINE + 360)); fi  # bench --layouts: three deployments
 
 # ---- 1. doctor and plan ---------------------------------------------------------------------
 cat > "$WORK/shared.yaml" <<EOF
@@ -217,8 +220,27 @@ EOF
   greedy 1
   "$PY" "$HELPER" concurrent "$URL" "$ADMIN" "$MODEL" || die "the split replica failed concurrent sampling"
   CURRENT="shutdown"; down
+
+  CURRENT="bench --layouts"; need 300
+  LAYOUT_MODEL="$WORK/llama3-8b-random-layouts"
+  "$PY" "$HELPER" make-model "$LAYOUT_MODEL" > /dev/null || die "could not write the random-weight model folder"
+  cat > "$WORK/layouts.yaml" <<EOF
+model: {name: "$LAYOUT_MODEL", served_name: llama3-8b-random, dtype: bfloat16, random_init: true, max_model_len: 1024}
+workers: {max_num_seqs: 16, startup_timeout_s: 180}
+logging: {format: text, level: info}
+EOF
+  step "bench --layouts: data parallel ×2, tensor parallel 2, layer split 2 (random-weight Llama-3-8B shape)"
+  timeout "$(left)" "$LD" bench --layouts --config "$WORK/layouts.yaml" --gpus 2 --output-tokens 64 \
+    --output "$WORK/layouts" || die "bench --layouts failed"
+  "$PY" - "$WORK/layouts.json" <<'EOF' || die "a layout did not run or failed (see the table's notes)"
+import json, sys
+missing = [r for r in json.load(open(sys.argv[1])) if r["latency_s"] is None or r["throughput"] is None]
+for r in missing:
+    print(f"{r['name']}: {r['note']}")
+sys.exit(1 if missing else 0)
+EOF
 else
-  step "gpus_per_replica: 2 skipped: this host has $GPUS GPU"
+  step "gpus_per_replica: 2 and bench --layouts skipped: this host has $GPUS GPU"
 fi
 
 # ---- 5. engine bench: random-weight Llama-3-8B shape, bfloat16 ------------------------------
@@ -241,4 +263,4 @@ EOF
 fi
 
 printf '\nPASS: doctor, plan, shared GPU, concurrent sampling, OOM survived, KV budget held%s%s in %ds\n' \
-  "$( [ "$GPUS" -ge 2 ] && echo ', layer split' )" "$( [ -z "${SKIP_BENCH:-}" ] && echo ', bench' )" "$SECONDS"
+  "$( [ "$GPUS" -ge 2 ] && echo ', layer split, bench --layouts' )" "$( [ -z "${SKIP_BENCH:-}" ] && echo ', bench' )" "$SECONDS"

@@ -69,8 +69,17 @@ def bench_command(
     output: Path = typer.Option(Path("bench"), help="writes OUTPUT.json and OUTPUT.png"),
     api_key: str | None = typer.Option(None, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1"),
     timeout: float = typer.Option(600.0, help="per-request timeout, seconds"),
+    layouts: bool = typer.Option(
+        False,
+        "--layouts",
+        help="GPU hosts: deploy --config as data parallel ×N, tensor parallel N and layer split N in turn "
+        "(each its own `up`) and print latency, 8-way throughput and peak memory per GPU side by side",
+    ),
+    config: Path | None = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from"),
+    gpus: int | None = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)"),
 ) -> None:
-    """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency."""
+    """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
+    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn."""
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     unknown = [s for s in scenario if s not in LOAD_SCENARIOS]
@@ -113,6 +122,11 @@ def bench_command(
             err=True,
         )
         raise typer.Exit(2)
+    if layouts:
+        from launcher.bench.layout_runner import run_layouts
+
+        run_layouts(config, gpus, output_tokens or 64, output)
+        return
     from launcher.bench.runner import run_bench
 
     run_bench(opts, tokenizer)
