@@ -32,6 +32,7 @@ from launcher.config import WorkersConfig
 log = logging.getLogger(__name__)
 
 EXPECTED_GPUS_ENV = "LLAMADEPLOY_EXPECTED_GPUS"
+SLOT_DEVICE_ENV = "LLAMADEPLOY_SLOT_DEVICE"  # a tensor-parallel rank: the whole slot's label, for its Hello
 
 
 class PlacementError(Exception):
@@ -145,12 +146,16 @@ class WorkerSpec:
         return self.cpus[rank * per : (rank + 1) * per if rank < self.tp - 1 else len(self.cpus)]
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """:attr:`env` for rank ``rank`` of a tensor-parallel slot: only its own GPU is visible."""
-        if self.device != "cuda" or self.tp <= 1:
+        """:attr:`env` for rank ``rank`` of a tensor-parallel slot: only its own GPU is visible, and
+        :data:`SLOT_DEVICE_ENV` names the whole slot (rank 0 reports it as its device)."""
+        if self.tp <= 1:
             return self.env
-        return WorkerSpec(
+        if self.device != "cuda":
+            return {**self.env, SLOT_DEVICE_ENV: self.label}
+        one = WorkerSpec(
             self.worker_id, self.device, self.gpus[rank : rank + 1], (), self.gpu_info[rank : rank + 1], self.share
-        ).env
+        )
+        return {**one.env, SLOT_DEVICE_ENV: self.label}
 
     @property
     def env(self) -> dict[str, str]:

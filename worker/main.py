@@ -25,6 +25,7 @@ import time
 from launcher.config import DeployConfig
 from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
+from launcher.placement import SLOT_DEVICE_ENV
 from worker.node import NodeIdentity
 from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
 
@@ -113,7 +114,8 @@ def run_worker_process(
             protocol=PROTOCOL_VERSION,
             worker_id=worker_id,
             pid=os.getpid(),
-            device=f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+            device=os.environ.get(SLOT_DEVICE_ENV)  # a tensor-parallel slot: all its ranks' devices
+            or f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
             model=cfg.model.public_name,
             max_num_seqs=cfg.workers.max_num_seqs,
             max_waiting=cfg.workers.max_waiting,

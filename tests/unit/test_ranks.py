@@ -108,6 +108,7 @@ def test_rank_env_shows_one_gpu_and_the_label_names_the_slot():
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert [g["index"] for g in json.loads(env["LLAMADEPLOY_EXPECTED_GPUS"])["gpus"]] == [3]
     assert spec.label == "cuda[2,3] (TP 2)" and spec.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["LLAMADEPLOY_SLOT_DEVICE"] == "cuda[2,3] (TP 2)"  # what rank 0 says in its Hello
     assert WorkerSpec(0, "cpu", cpus=(0, 1), tp=2).label == "cpu[0,1] (TP 2)"
     assert WorkerSpec(0, "cpu", cpus=(0, 1)).label == "cpu[0,1]"
 
