@@ -52,10 +52,13 @@ class Rank0:
         warm_up(self.engine)
         self.first: dict[str, int] = {}
         self.last: dict[str, int] = {}
+        self.step_s: list[float] = []  # the script's steps (not warm-up): for a look, not asserted
 
     def step(self) -> None:
         seen = len(self.events)
+        start = time.perf_counter()
         self.engine.step()
+        self.step_s.append(time.perf_counter() - start)
         for e in self.events[seen:]:
             if isinstance(e, Tokens):
                 self.first.setdefault(e.request_id, self.engine.steps)
@@ -104,6 +107,7 @@ class Rank0:
             "kv_budget_tokens": self.budget,
             "max_prefill_tokens": self.engine.scheduler.max_prefill_tokens,
             "kv_heads_per_rank": self.engine.runner.cache.layers[0].shape[2],
+            "median_step_s": sorted(self.step_s)[len(self.step_s) // 2] if self.step_s else None,
         }
 
 
