@@ -95,6 +95,14 @@ def up(
 
     if problem := tp_refusal(cfg):
         fail(problem)
+    if cfg.cluster.backend == "ray":
+        from launcher.ray_up import ClusterError, prepare_ray
+
+        try:
+            ray_launch = prepare_ray(cfg, force)
+        except ClusterError as exc:
+            fail(str(exc))
+        sys.exit(serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address))
     inventory = discover()
     try:
         specs = place(cfg.workers, inventory)
@@ -111,14 +119,16 @@ def up(
     sys.exit(serve(cfg, specs, model_path))
 
 
-def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
-    """Run one deployment in the foreground; returns the process exit code."""
+def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str | None = None) -> int:
+    """Run one deployment in the foreground; returns the process exit code. ``backend`` starts the
+    worker slots (None: local processes; :class:`launcher.ray_backend.RayBackend`), ``address`` is
+    the router's ZeroMQ endpoint (default ``router.zmq_address``, else ``ipc://`` in the run dir)."""
     from launcher.keys import make_keys, uses_curve
     from launcher.progress import loading_progress
     from launcher.supervisor import Supervisor
 
     run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))  # mode 0700
-    address = cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
+    address = address or cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
     child_env = make_keys(run_dir, [s.worker_id for s in specs]) if uses_curve(address) else {}
     stop = {"requested": False}
 
@@ -130,7 +140,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env)
+    sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env, backend=backend)
     try:
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
@@ -165,6 +175,8 @@ def serve(cfg: DeployConfig, specs, model_path: Path) -> int:
         return 1
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+        if backend is not None:
+            backend.close()
 
 
 def _admin_client(config: Path | None, admin_url: str | None):
@@ -360,11 +372,19 @@ def plan(
             "workers.devices": "auto" if gpus else None,
         },
     )
+    specs = None
+    if cfg.cluster.backend == "ray" and not gpus:
+        from launcher.ray_up import ClusterError, cluster_layout
+
+        try:
+            inventory, specs, _known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
+        except ClusterError as exc:
+            fail(str(exc))
     try:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
         fail(str(exc))
-    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype)
+    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype, specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
 

@@ -283,14 +283,15 @@ class Supervisor:
             return
         slot.starts += 1
         slot.started_at = self.clock()
+        label = getattr(slot.proc, "label", "") or spec.label  # a backend's handle says where it really runs
         log.info(
             "worker %d started on %s (pid %d)%s",
             wid,
-            spec.label,
+            label,
             slot.proc.pid,
             f", restart {slot.starts - 1}" if slot.starts > 1 else "",
         )
-        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=spec.label))
+        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=label))
 
     def start(self) -> None:
         self.start_router()
@@ -424,7 +425,8 @@ class Supervisor:
         for wid, slot in self.slots.items():
             if slot.alive():
                 running += 1
-                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.spec.label))
+                device = getattr(slot.proc, "label", "") or slot.spec.label
+                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=device))
             elif slot.last_exit:
                 self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
         log.info(
@@ -441,9 +443,12 @@ class Supervisor:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
             rank = getattr(slot.proc, "exited_rank", None)  # a tensor-parallel slot: which rank took it down
+            why = getattr(slot.proc, "exit_reason", "")  # a backend's handle may know more (a node that left)
             slot.proc = None
             now = self.clock()
-            reason = describe_exit(code) + (f" ({slot.kill_reason})" if slot.kill_reason else "")
+            reason = describe_exit(code) + (
+                f" ({slot.kill_reason})" if slot.kill_reason else f" ({why})" if why else ""
+            )
             if rank is not None and slot.spec.tp > 1:
                 reason = f"rank {rank} {reason}"
             slot.last_exit = reason

