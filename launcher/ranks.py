@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 Spawn = Callable[[list[str], dict[str, str]], subprocess.Popen]
 REAP_TIMEOUT_S = 5.0  # SIGKILLed ranks are gone within milliseconds; this bounds a process stuck in the kernel
+CLEAN_STOP_GRACE_S = 5.0  # followers stopped cleanly: rank 0 is stopping too, and gets this long to finish
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -57,6 +58,7 @@ class RankGroup:
         self.dist_init = dist_init
         self.returncode: int | None = None
         self.exited_rank: int | None = None
+        self._clean_stop_at: float | None = None
 
     @classmethod
     def start(cls, spec: WorkerSpec, args: list[str], env: dict[str, str], spawn: Spawn) -> RankGroup:
@@ -89,13 +91,20 @@ class RankGroup:
 
     def poll(self) -> int | None:
         """``None`` while every rank runs. Once one has exited: its exit code, after the other
-        ranks were killed and reaped (the slot is then entirely gone)."""
+        ranks were killed and reaped (the slot is then entirely gone). Followers that exited 0
+        were told to stop by rank 0, which is stopping as well: it gets :data:`CLEAN_STOP_GRACE_S`
+        to finish (say Bye) before it is killed, and its code is the slot's."""
         if self.returncode is not None:
             return self.returncode
         codes = [p.poll() for p in self.procs]
         exited = [r for r, c in enumerate(codes) if c is not None]
         if not exited:
             return None
+        if codes[0] is None and all(codes[r] == 0 for r in exited):
+            now = time.monotonic()
+            self._clean_stop_at = self._clean_stop_at or now
+            if now - self._clean_stop_at < CLEAN_STOP_GRACE_S:
+                return None
         self.exited_rank = exited[0]  # rank 0 first when it is among them: its exit says why
         code = codes[self.exited_rank]
         alive = [p for p in self.procs if p.poll() is None]

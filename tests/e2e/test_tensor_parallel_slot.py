@@ -113,3 +113,19 @@ def test_kill_9_of_a_rank_restarts_the_slot_and_its_requests_complete_elsewhere(
     assert w1["served"] > before1["served"]
     r = tp.chat("Still there?", max_tokens=4, ignore_eos=True)
     assert r.status_code == 200, r.text
+
+
+def test_restart_worker_with_drain_restarts_both_ranks_of_the_slot(tp):
+    wait_for(lambda: all(w["state"] == "ready" for w in tp.workers()), 60, what="both slots ready")
+    before, ranks = tp.worker(1), rank_pids(tp, 1)
+    with ThreadPoolExecutor(2) as pool:
+        busy = pool.submit(tp.chat, "One more story", max_tokens=60, ignore_eos=True, timeout=120)
+        wait_for(lambda: tp.worker(1)["in_flight"] + tp.worker(0)["in_flight"] >= 1, 30, what="a request in flight")
+        out = tp.admin("POST", "/admin/workers/1/restart?drain=1&timeout=60")
+        assert out.status_code == 200 and out.json()["drained"], out.text
+        assert busy.result().status_code == 200
+    w1 = wait_for(
+        lambda: (w := tp.worker(1))["state"] == "ready" and w["pid"] != before["pid"] and w, 60, what="slot 1 back"
+    )
+    assert w1["restarts"] == before["restarts"] + 1 and w1["exit_reason"] == "rank 0 exit code 0"  # asked, not crashed
+    assert set(rank_pids(tp, 1).values()).isdisjoint(ranks.values()) and not any(alive(p) for p in ranks.values())
