@@ -73,7 +73,8 @@ class ModelRunner:
         return self.model.forward(ids, positions, batch, self.cache, logit_rows)
 
     def idle(self) -> None:
-        """Called by the serving loop when there is nothing to run: keeps the other ranks'
-        wait for the next step alive (:meth:`worker.tp.TPGroup.send_idle`)."""
+        """Called by the serving loop on every turn: when no step went to the other ranks for a
+        while, a keep-alive does (:meth:`worker.tp.TPGroup.send_idle`), so their wait for the next
+        step does not time out while this rank has nothing to run."""
         if self.group is not None:
             self.group.send_idle()

@@ -119,7 +119,7 @@ class TPGroup:
         self._send(STEP, payload)
 
     def send_idle(self) -> None:
-        """Keep-alive while there is no work, at most every :data:`KEEPALIVE_S`."""
+        """A keep-alive, when nothing went to the other ranks for :data:`KEEPALIVE_S`."""
         if time.monotonic() - self.last_sent >= KEEPALIVE_S:
             self._send(IDLE, [])
 

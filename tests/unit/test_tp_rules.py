@@ -97,7 +97,7 @@ class ThreadGroup:
     """``world`` ranks as threads of one process: ``all_reduce`` sums their tensors in rank order."""
 
     def __init__(self, world: int):
-        self.world, self.slots, self.barrier = world, [None] * world, threading.Barrier(world)
+        self.world, self.slots, self.barrier = world, [None] * world, threading.Barrier(world, timeout=30)
 
     def rank_view(self, rank: int):
         group = self
@@ -145,7 +145,7 @@ def test_sharded_forward_over_threads_matches_the_whole_model():
         )
         assert (shard.heads, shard.kv_heads) == (2, 1)
         cache = KVCache(2, 4, 16, 1, 8, torch.float32, cpu)
-        threads.append(threading.Thread(target=step, args=(shard, cache, outputs[r])))
+        threads.append(threading.Thread(target=step, args=(shard, cache, outputs[r]), daemon=True))
     for t in threads:
         t.start()
     for t in threads:
