@@ -274,8 +274,7 @@ class DeployConfig(Section):
 
     @model_validator(mode="after")
     def _tp_is_local(self) -> DeployConfig:
-        backend = getattr(getattr(self, "cluster", None), "backend", "local")
-        if self.workers.tensor_parallel_size > 1 and backend == "ray":
+        if self.workers.tensor_parallel_size > 1 and self.cluster.backend == "ray":
             raise ValueError(
                 "workers.tensor_parallel_size > 1 is not supported with cluster.backend: ray yet; "
                 "set workers.tensor_parallel_size: 1 or cluster.backend: local"
