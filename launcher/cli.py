@@ -374,12 +374,14 @@ def plan(
     )
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
-        from launcher.ray_up import ClusterError, cluster_layout
+        from launcher.ray_up import UNKNOWN_MEMORY, ClusterError, cluster_layout
 
         try:
-            inventory, specs, _known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
+            inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
         except ClusterError as exc:
             fail(str(exc))
+        if not known:
+            fail(UNKNOWN_MEMORY)
     try:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:

@@ -19,7 +19,7 @@ from launcher.placement import Inventory, PlacementError
 from launcher.ray_cluster import ClusterError, cluster_inventory, connect, local_ip, nodes
 from launcher.ray_placement import RaySpec, place_on_cluster
 
-__all__ = ["ClusterError", "RayLaunch", "cluster_layout", "prepare_ray", "zmq_address"]
+__all__ = ["UNKNOWN_MEMORY", "ClusterError", "RayLaunch", "cluster_layout", "prepare_ray", "zmq_address"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,12 @@ def cluster_layout(cfg: DeployConfig) -> tuple[Inventory, list[RaySpec], bool]:
         raise ClusterError(f"workers: {exc}") from None
     known = all(n.memory_known for n in found if any(s.node_id == n.node_id and s.device == "cuda" for s in specs))
     return cluster_inventory(found), specs, known
+
+
+UNKNOWN_MEMORY = (
+    "the GPU memory of a Ray node cannot be read through NVML there; set cluster.gpu_memory_gib "
+    "(GiB per GPU) to size the deployment"
+)
 
 
 def zmq_address(cfg: DeployConfig) -> str:
@@ -72,10 +78,7 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
 
     inventory, specs, known = cluster_layout(cfg)
     if not known:
-        log.warning(
-            "the memory plan is skipped: a node's GPU memory cannot be read through NVML there; set "
-            "cluster.gpu_memory_gib to check it"
-        )
+        log.warning("the memory plan is skipped: %s", UNKNOWN_MEMORY)
     elif problem := preflight(cfg, inventory, specs):
         if not force:
             raise ClusterError(problem + "\n  (or pass --force to start anyway)")

@@ -102,6 +102,21 @@ def test_each_worker_gets_its_own_node_and_gpu_and_answers(deployment, nodes):
     assert sum(served.values()) >= 3
 
 
+def test_restart_worker_with_drain_comes_back_in_its_bundle(deployment):
+    before = deployment.worker(0)
+    cli = [sys.executable, "-m", "launcher.cli", "restart-worker", "0", "--drain", "--config", str(deployment.path)]
+    out = subprocess.run(
+        [*cli, "--admin-url", deployment.admin_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    after = deployment.worker(0)
+    assert after["state"] == "ready" and after["pid"] != before["pid"]
+    assert (after["node_id"], after["gpu_ids"]) == (before["node_id"], before["gpu_ids"])
+
+
 def test_kill_9_of_a_worker_actor_restarts_it_on_its_node(deployment):
     target = deployment.worker(2)
     old_pid, node = target["pid"], target["node_id"]
