@@ -8,8 +8,11 @@ numbers here (the trap: under ``CUDA_VISIBLE_DEVICES=2,3`` a process calls them 
 Each worker gets ``CUDA_VISIBLE_DEVICES`` set to its own physical indices (with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers GPUs as NVML does), so inside the worker its GPUs
 are ``cuda:0..n-1``. ``gpus_per_replica: N`` gives a replica N GPUs (the model is split layer-wise
-across them); ``workers_per_gpu: N`` puts N replicas on each GPU group, each allowed ``1/N`` of it.
-On CPU, the cores are split into disjoint sets, one per replica.
+across them); ``tensor_parallel_size: N`` gives a replica N GPUs too, one rank process per GPU,
+each rank seeing only its own (:meth:`WorkerSpec.rank_env`); ``workers_per_gpu: N`` puts N
+replicas on each GPU group, each allowed ``1/N`` of it. On CPU, the cores are split into disjoint
+sets, one per replica, and a tensor-parallel replica's set again between its ranks when it has
+one core per rank at least (:meth:`WorkerSpec.rank_cpus`).
 
 A GPU in MIG mode is placed by its MIG instances instead (``MIG-…`` UUIDs in the worker's
 ``CUDA_VISIBLE_DEVICES``, each with its own memory), one instance per replica, since CUDA gives a
