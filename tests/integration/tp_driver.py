@@ -31,7 +31,7 @@ def config(args) -> DeployConfig:
     prefill = args.max_prefill_tokens if args.max_prefill_tokens == "auto" else int(args.max_prefill_tokens)
     return DeployConfig.model_validate(
         {
-            "model": {"dtype": "float32", "max_model_len": 512, "random_init": args.random_init},
+            "model": {"dtype": args.dtype, "max_model_len": 512, "random_init": args.random_init},
             "workers": {
                 "devices": "cpu",
                 "kv_cache_gib": 0.05,
@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--random-init", action="store_true")
     ap.add_argument("--max-prefill-tokens", default="32")
     ap.add_argument("--stall-timeout-s", type=float, default=30.0)
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = config(args)
