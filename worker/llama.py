@@ -31,25 +31,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
+from worker.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
 from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
-
-ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM"}
-
-
-def supports(config) -> str | None:
-    """``None`` when this forward can run ``config``, else why not (the engine then uses transformers)."""
-    archs = set(getattr(config, "architectures", None) or [])
-    if not archs & ARCHITECTURES:
-        return f"architecture {sorted(archs)} is not Llama-family"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r}"
-    if getattr(config, "sliding_window", None):
-        return "sliding-window attention"
-    if getattr(config, "mlp_bias", False):
-        return "MLP bias"
-    return None
 
 
 class Layer:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from worker.llama_family import supports
+
 KEY = "workers.tensor_parallel_size"
 
 
@@ -25,6 +27,10 @@ def _get(config, *names: str) -> int | None:
         if value is not None:
             return int(value)
     return None
+
+
+def _has(config, name: str) -> bool:
+    return (config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)) is not None
 
 
 def split_sizes(config) -> dict[str, int]:
@@ -50,11 +56,15 @@ def valid_sizes(config, most: int = 64) -> list[int]:
 def tp_problems(config, n: int) -> list[str]:
     """Why ``config`` cannot be split over ``n`` tensor-parallel ranks: one line per problem, each
     naming ``workers.tensor_parallel_size`` and the fix; empty when it can. ``config``: an HF config
-    object, a config.json dict or a ``ModelShape``. Pure (no torch, no files)."""
+    object, a config.json dict or a ``ModelShape``; where it names its ``architectures`` (not a
+    ``ModelShape``), a model the Llama-family forward cannot run is refused too. Pure (no torch,
+    no files)."""
     if n < 1:
         return [f"{KEY}: {n} must be at least 1"]
     if n == 1:
         return []
+    if _has(config, "architectures") and (why := supports(config)):
+        return [f"{KEY}: {n} needs a Llama-family model, the only forward that is split ({why}); use 1"]
     sizes = split_sizes(config)
     bad = [f"{count} {what}" for what, count in sizes.items() if count % n]
     if not bad:

@@ -42,6 +42,18 @@ def test_a_size_that_does_not_divide_is_one_line_naming_the_key_and_the_fix():
     assert tp_problems(SMOLLM2, 0) == ["workers.tensor_parallel_size: 0 must be at least 1"]
 
 
+def test_a_model_the_llama_forward_cannot_run_is_refused_where_the_config_names_it():
+    qwen = {**SMOLLM2, "architectures": ["Qwen2ForCausalLM"]}
+    assert tp_problems(qwen, 3) == [
+        "workers.tensor_parallel_size: 3 needs a Llama-family model, the only forward that is split "
+        "(architecture ['Qwen2ForCausalLM'] is not Llama-family); use 1"
+    ]
+    assert tp_problems(qwen, 1) == []
+    mistral = {**LLAMA2_7B, "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    assert "sliding-window attention" in tp_problems(mistral, 2)[0]
+    assert tp_problems({**LLAMA2_7B, "architectures": ["LlamaForCausalLM"]}, 2) == []
+
+
 def test_config_objects_dicts_and_model_shapes_alike():
     shape = ModelShape("x", 4096, 32, 32, 8, 128, 14336, 128256)
     assert tp_problems(shape, 8) == [] and "8 KV heads" in tp_problems(shape, 16)[0]
