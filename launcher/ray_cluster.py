@@ -94,6 +94,9 @@ def connect(cluster: ClusterConfig) -> str:
     """Connect this process to the Ray cluster of ``cluster.address`` (namespace
     :data:`NAMESPACE`); returns the address used. Raises :class:`ClusterError` when Ray is missing
     or no cluster answers there (within :data:`CONNECT_CHECK_S`), before anything is started."""
+    # Every worker's log lines reach the launcher's output as they are (Ray would fold similar
+    # lines from different workers into one "[repeated Nx across cluster]"); read at Ray's import.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         import ray
     except ImportError:
@@ -108,9 +111,6 @@ def connect(cluster: ClusterConfig) -> str:
             f"cluster.address {shown}: no Ray cluster answers at {host}:{port} ({exc}); start it "
             "(`ray start --head --port=6379` on the head node) or fix cluster.address"
         ) from None
-    # Every worker's log lines reach the launcher's output as they are (Ray would fold similar
-    # lines from different workers into one "[repeated Nx across cluster]").
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:
