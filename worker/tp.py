@@ -5,18 +5,19 @@ Rank 0 owns the ZeroMQ socket, the scheduler and the sampler; ranks 1..N-1 hold 
 KV share and run whatever step rank 0 announces (:func:`follow`). Each step rank 0 broadcasts one
 int64 message over a gloo group: a two-int header (op, payload length) and the payload in a
 fixed-size first tensor, the rest (long block tables) in a second one only when it does not fit.
-The payload: token ids, positions, each decode row's context length, each prefill chunk's start
-and end, then the block tables (their lengths, then their entries). Every rank builds the same
-attention batch from it (:func:`worker.attention.build_batch`). Plain tensors only, nothing
-pickled.
+The payload: the counts (rows, decode rows, chunks), token ids, positions, each decode row's
+context length, each prefill chunk's start and end, then the block tables (their lengths, then
+their entries). Every rank builds the same attention batch from it
+(:func:`worker.attention.build_batch`). Plain tensors only, nothing pickled.
 
-Groups: the default one (gloo, ``start_timeout_s``) carries the start-up collectives (the KV-block
-minimum, a barrier before the first collective forward) while ranks may still be loading at
-different speeds; a serving group with ``step_timeout_s`` (``workers.stall_timeout_s``) carries
-the step messages (gloo) and the model's all-reduces (gloo on CPU, NCCL on GPU). While idle rank 0
-sends a keep-alive every :data:`KEEPALIVE_S`, so a follower that hears nothing for the step
-timeout knows rank 0 is gone. A peer that dies closes its sockets: gloo fails the next collective
-at once, and every survivor raises :class:`PeerLost` and exits with :data:`PEER_LOST_EXIT_CODE`.
+Groups: the ranks meet within :data:`JOIN_TIMEOUT_S` (they are started together); a start-up
+group (gloo, ``start_timeout_s``) carries the collectives after loading (the KV-block minimum, a
+barrier before the first collective forward), which ranks reach at their own loading speed; a
+serving group with ``step_timeout_s`` (``workers.stall_timeout_s``) carries the step messages
+(gloo) and the model's all-reduces (gloo on CPU, NCCL on GPU). While idle rank 0 sends a
+keep-alive every :data:`KEEPALIVE_S`, so a follower that hears nothing for the step timeout knows
+rank 0 is gone. A peer that dies closes its sockets: gloo fails the next collective at once, and
+every survivor raises :class:`PeerLost` and exits with :data:`PEER_LOST_EXIT_CODE`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 STOP, STEP, IDLE = 0, 1, 2
 FIRST = 1024  # int64s in a step's first tensor: header + payload of a typical step
 KEEPALIVE_S = 1.0
+JOIN_TIMEOUT_S = 60.0  # all ranks of a slot start at once; one that has not joined by then is lost
 PEER_LOST_EXIT_CODE = 4  # a rank whose peer died or went silent exits with this
 
 
@@ -46,9 +48,9 @@ class TPGroup:
     Built by :meth:`init`. ``all_reduce`` is the model's (sum over ranks, in place, float32);
     rank 0 calls ``send_step``/``send_idle``/``send_stop``, the others ``receive``."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, control, compute):
+    def __init__(self, rank: int, world: int, device: torch.device, start, control, compute):
         self.rank, self.world, self.device = rank, world, device
-        self.control, self.compute = control, compute
+        self.start, self.control, self.compute = start, control, compute
         self.last_sent = time.monotonic()
 
     @classmethod
@@ -56,18 +58,19 @@ class TPGroup:
         cls, rank: int, world: int, address: str, device: torch.device, start_timeout_s: float, step_timeout_s: float
     ) -> TPGroup:
         """Join the replica's ranks at ``address`` (``tcp://HOST:PORT``; rank 0 listens there).
-        Raises :class:`PeerLost` when the others do not all arrive within ``start_timeout_s``."""
+        Raises :class:`PeerLost` when the others do not all arrive within :data:`JOIN_TIMEOUT_S`."""
         try:
             dist.init_process_group(
-                "gloo", init_method=address, rank=rank, world_size=world, timeout=timedelta(seconds=start_timeout_s)
+                "gloo", init_method=address, rank=rank, world_size=world, timeout=timedelta(seconds=JOIN_TIMEOUT_S)
             )
+            start = dist.new_group(backend="gloo", timeout=timedelta(seconds=start_timeout_s))
             step = timedelta(seconds=step_timeout_s)
             control = dist.new_group(backend="gloo", timeout=step)
             compute = dist.new_group(backend="nccl", timeout=step) if device.type == "cuda" else control
         except (RuntimeError, ValueError) as exc:
             raise PeerLost(f"rank {rank}: the {world} ranks did not meet at {address}: {exc}") from exc
         log.info("rank %d of %d joined at %s (%s)", rank, world, address, "nccl" if device.type == "cuda" else "gloo")
-        return cls(rank, world, device, control, compute)
+        return cls(rank, world, device, start, control, compute)
 
     def _fail(self, what: str, exc: Exception) -> PeerLost:
         return PeerLost(f"rank {self.rank} of {self.world}: {what} failed, a peer died or hangs: {exc}")
@@ -90,7 +93,7 @@ class TPGroup:
         """The smallest ``value`` over the ranks (the KV block count all of them can hold)."""
         t = torch.tensor([value], dtype=torch.long)
         try:
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.start)
         except RuntimeError as exc:
             raise self._fail("start-up all-reduce", exc) from exc
         return int(t.item())

@@ -153,14 +153,21 @@ def test_tp3_smollm_is_token_identical_to_one_rank(smollm, tmp_path):
 
 
 def test_tp2_random_llama_is_token_identical_to_one_rank(tiny, tmp_path):
-    """Also: max_prefill_tokens auto is calibrated on rank 0 with rank 1 following its steps, and
-    the ranks stay joined through an idle spell longer than their step timeout (keep-alives)."""
-    script = [{"idle": 3.0}, *SCRIPT]
+    """Also: max_prefill_tokens auto is calibrated on rank 0 with rank 1 following its steps; the
+    ranks stay joined through an idle spell longer than their step timeout (keep-alives); a
+    ~700-token document fills steps whose message does not fit the first broadcast tensor."""
+    long_doc = "Summarise: " + " ".join(f"Item {i}: line {i * 7} approved {i * 13} units." for i in range(50))
+    script = [
+        {"idle": 3.0},
+        *SCRIPT,
+        {"submit": "long", "text": long_doc, "params": {"max_tokens": 4, "temperature": 0}},
+    ]
     flags = ("--random-init", "--max-prefill-tokens", "auto", "--stall-timeout-s", "2")
     one = Ranks(tmp_path, "tp1", 1, tiny, script, *flags)
     two = Ranks(tmp_path, "tp2", 2, tiny, script, *flags)
     tp2, tp1 = two.result(), one.result()
     assert tp2["kv_heads_per_rank"] == 1
+    assert len(tp1["tokens"]["long"]) == 4
     assert not tp1["failed"] and not tp2["failed"]
     assert all(len(t) > 0 for t in tp1["tokens"].values())
     assert tp2["tokens"] == tp1["tokens"]

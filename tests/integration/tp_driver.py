@@ -31,7 +31,7 @@ def config(args) -> DeployConfig:
     prefill = args.max_prefill_tokens if args.max_prefill_tokens == "auto" else int(args.max_prefill_tokens)
     return DeployConfig.model_validate(
         {
-            "model": {"dtype": args.dtype, "max_model_len": 512, "random_init": args.random_init},
+            "model": {"dtype": args.dtype, "max_model_len": 1024, "random_init": args.random_init},
             "workers": {
                 "devices": "cpu",
                 "kv_cache_gib": 0.05,
