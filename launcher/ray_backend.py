@@ -170,18 +170,20 @@ class RayBackend:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"its Ray actor died ({first[:200]})"
 
-    def _free_now(self) -> str:
+    def _free_per_node(self) -> dict[str, dict] | None:
+        """Resources not reserved on each alive node (Ray's own figure, as vLLM reads it), or None."""
         try:
             from ray._private.state import available_resources_per_node
 
             free = available_resources_per_node()
         except (ImportError, AttributeError, RuntimeError):
-            return ""
-        parts = [
-            f"{n[:8]}: GPU {r.get('GPU', 0):g}, CPU {r.get('CPU', 0):g}"
-            for n, r in free.items()
-            if n in self.alive_nodes()
-        ]
+            return None
+        alive = self.alive_nodes()
+        return {n: r for n, r in free.items() if n in alive}
+
+    def _free_now(self, free: dict[str, dict] | None = None) -> str:
+        free = self._free_per_node() if free is None else free
+        parts = [f"{n[:8]}: GPU {r.get('GPU', 0):g}, CPU {r.get('CPU', 0):g}" for n, r in (free or {}).items()]
         return "; free now: " + ", ".join(parts) if parts else ""
 
     def _home(self, spec: RaySpec) -> tuple:
@@ -199,12 +201,18 @@ class RayBackend:
         log.warning("worker %d: its Ray node %s left the cluster; placing it on another node", spec.worker_id, node[:8])
         if group is not None and all(h[0] is not group for w, h in self.home.items() if w != spec.worker_id):
             remove_placement_group(group)
+        self.home[spec.worker_id] = (None, 0, node)
+        free = self._free_per_node()
+        if free is not None and not any(all(r.get(k, 0) >= v for k, v in spec.bundle.items()) for r in free.values()):
+            raise WorkerStartError(  # known at once: no need to hold the supervisor for the timeout
+                f"its Ray node {node[:8]} left the cluster and no other node has room for {spec.bundle}"
+                f"{self._free_now(free)}; add a node, then `llamadeploy restart-worker {spec.worker_id}`"
+            )
         moved = placement_group([spec.bundle], strategy="STRICT_PACK")
         if not moved.wait(timeout_seconds=self.timeout):
             remove_placement_group(moved)
-            self.home[spec.worker_id] = (None, 0, node)
             raise WorkerStartError(
-                f"its Ray node {node[:8]} left the cluster and no other node had room for {spec.bundle} within "
+                f"its Ray node {node[:8]} left the cluster and no other node has room for {spec.bundle} within "
                 f"{self.timeout:.0f}s (cluster.placement_timeout_s){self._free_now()}; add a node, then "
                 f"`llamadeploy restart-worker {spec.worker_id}`"
             )
