@@ -52,6 +52,22 @@ def expected_gpus(gpu_ids: list[str], share: float) -> str:
     )
 
 
+FOLDER_PREFIX = "llamadeploy-worker-"
+
+
+def sweep_folders(tmp: Path | None = None) -> list[Path]:
+    """Remove the private folders (config, CURVE keys) of actors on this node that died without
+    cleaning up (``kill -9``, a raylet that went away): each is named after its actor's pid.
+    Returns what was removed."""
+    removed = []
+    for folder in Path(tmp or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def write_files(folder: Path, files: dict[str, bytes]) -> None:
     """``files`` (relative path → content) under ``folder``: folders 0700, files 0600 from the start."""
     for rel, data in files.items():
@@ -80,7 +96,8 @@ class WorkerActor:
         Returns what the worker was given: pid, node id and IP, GPU ids, CUDA_VISIBLE_DEVICES."""
         import ray
 
-        run = Path(tempfile.mkdtemp(prefix="llamadeploy-worker-"))  # mode 0700
+        sweep_folders()
+        run = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))  # mode 0700
         write_files(run, files)
         gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         child = {**os.environ, **{k: v.replace(RUN_DIR, str(run)) for k, v in env.items()}}

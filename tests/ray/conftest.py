@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.ray_actor import sweep_folders
 from tests.ray import netns
 
 OBJECT_STORE_BYTES = 80 * 2**20
@@ -44,6 +45,7 @@ def cluster(namespace):
     )
     yield c
     c.shutdown()
+    sweep_folders()  # the private folders of actors that died with their node
 
 
 def add_node(c, num_gpus: int, num_cpus: int = 2):

@@ -3,13 +3,15 @@ GPU sizing from a node's NVML (or the declared memory), the actor's private file
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 
 import pytest
 
 from launcher.config import ClusterConfig, ConfigError, WorkersConfig, parse_config
 from launcher.placement import PlacementError
-from launcher.ray_actor import write_files
+from launcher.ray_actor import FOLDER_PREFIX, sweep_folders, write_files
 from launcher.ray_cluster import ClusterError, NodeInventory, _host_port, connect, node_gpus
 from launcher.ray_placement import place_on_cluster
 from tests.deployment import free_port
@@ -117,3 +119,14 @@ def test_cluster_address_is_checked_before_ray_connects():
     with pytest.raises(ClusterError) as err:
         connect(ClusterConfig(backend="ray", address=f"127.0.0.1:{port}"))
     assert f"cluster.address 127.0.0.1:{port}: no Ray cluster answers" in str(err.value)
+
+
+def test_folders_of_dead_actors_are_swept(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-abc"
+    gone = tmp_path / f"{FOLDER_PREFIX}{dead.pid}-def"
+    for folder in (mine, gone):
+        write_files(folder, {"curve/worker-0.secret": b"k"})
+    assert sweep_folders(tmp_path) == [gone]
+    assert mine.exists() and not gone.exists()
