@@ -33,6 +33,7 @@ class ModelShape:
     tie_word_embeddings: bool = False
     max_position_embeddings: int | None = None
     source: str = ""
+    architectures: tuple[str, ...] | None = None  # transformers' class names; None when the source has none
 
     @property
     def params(self) -> int:
@@ -84,7 +85,11 @@ def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
         max_position_embeddings=data.get("max_position_embeddings"),
         source=source,
+        architectures=tuple(data["architectures"]) if data.get("architectures") else None,
     )
+
+
+GGUF_ARCHITECTURES = {"llama": ("LlamaForCausalLM",)}  # GGUF's llama covers Llama 2/3, Mistral, SmolLM2
 
 
 def from_gguf(path: Path, name: str = "") -> ModelShape:
@@ -127,6 +132,7 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
         tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
         max_position_embeddings=value(f"{arch}.context_length"),
         source=str(path),
+        architectures=GGUF_ARCHITECTURES.get(arch, (f"gguf:{arch}",)),
     )
 
 
