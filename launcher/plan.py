@@ -213,7 +213,8 @@ class WorkerFit:
 def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit:
     """GPU: budget = Σ over its GPUs of ``min(utilization × share × total, free − (1 −
     utilization) × total)``; KV room from :func:`planned_budget` (the worker's rule). CPU: the KV
-    room is ``kv_cache_gib`` (RAM is checked across workers by :func:`make_plan`)."""
+    room is ``kv_cache_gib``, per rank of a tensor-parallel slot (RAM is checked across workers by
+    :func:`make_plan`)."""
     if spec.device == "cuda":
         util = cfg.workers.gpu_memory_utilization
         facts = planned_facts(spec.gpu_info, sizing, util, spec.share, spec.tp)
@@ -229,6 +230,7 @@ def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit
     if spec.tp > 1:  # each rank is a process with its part of the weights and its own activations
         weights = tp_rank_weights(sizing, spec.tp) * spec.tp
         overhead = (CPU_PROCESS_BYTES + tp_rank_activations(sizing, spec.tp)) * spec.tp
+        room *= spec.tp  # kv_cache_gib per rank, each for its 1/tp of the KV heads (worker.replica.load_shard)
     else:
         weights, overhead = sizing.weights, sizing.overhead(0)
     return WorkerFit(spec, weights + overhead + room, overhead, room, room // sizing.kv_per_seq)

@@ -55,3 +55,34 @@ def test_cpu_ranks_get_disjoint_cores_when_there_are_enough():
     assert [[s.rank_cpus(r) for r in range(2)] for s in specs] == [[(0, 1), (2, 3)], [(4, 5), (6, 7)]]
     shared = place(workers(devices="cpu", replicas=2, tensor_parallel_size=2), Inventory([], [0, 1]))
     assert [[s.rank_cpus(r) for r in range(2)] for s in shared] == [[(0,), (0,)], [(1,), (1,)]]
+
+
+def test_plan_counts_kv_cache_gib_per_rank_on_cpu():
+    """On CPU each rank allocates workers.kv_cache_gib for its 1/N of the KV heads (as the worker
+    does, worker.replica.load_shard), so a TP 3 replica holds three times the tokens of one rank."""
+    from launcher.plan import make_plan
+    from launcher.shapes import from_hf_config
+
+    smollm2 = from_hf_config(
+        {
+            "hidden_size": 576,
+            "num_hidden_layers": 30,
+            "num_attention_heads": 9,
+            "num_key_value_heads": 3,
+            "intermediate_size": 1536,
+            "vocab_size": 49152,
+        },
+        "smollm2",
+    )
+    inv = Inventory([], [0, 1], None, 64 * GiB)
+    deploy = DeployConfig.model_validate(
+        {"model": {"dtype": "float32"}, "workers": {"devices": "cpu", "replicas": 1, "tensor_parallel_size": 3}}
+    )
+    fit = make_plan(deploy, inv, smollm2).fits[0]
+    # the worker: 2^30 // (15 KiB/token/rank × 16) = 4369 blocks of 16 tokens = 34 sequences of 2048
+    assert (fit.kv_room, fit.seqs) == (3 * GiB, 34)
+    # a per-rank kv_cache_gib that holds one sequence only across the three ranks still fits
+    tight = deploy.model_copy(deep=True)
+    tight.workers.kv_cache_gib = 0.04
+    plan = make_plan(tight, inv, smollm2)
+    assert plan.fits[0].seqs == 1 and plan.ok, plan.errors
