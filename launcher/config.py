@@ -301,9 +301,11 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
         hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
         return f"{loc}: unknown key{hint}"
     got = err.get("input")
+    msg = err["msg"].removeprefix("Value error, ")  # our validators' own sentences, as written
+    where = f"{loc}: " if loc else ""  # a check over the whole file names its keys itself
     if isinstance(got, dict) or any(str(p) in SECRET_KEYS for p in err["loc"]):
-        return f"{loc}: {err['msg']}"  # a whole section, or a secret: do not echo it
-    return f"{loc}: {err['msg']} (got {got!r})"
+        return f"{where}{msg}"  # a whole section, or a secret: do not echo it
+    return f"{where}{msg} (got {got!r})"
 
 
 def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:

@@ -72,3 +72,27 @@ def test_a_value_matching_no_member_of_a_union_is_one_line_naming_the_key():
     ]
     prefill = next(line for line in lines if "max_prefill_tokens" in line)
     assert "greater than or equal to 1" in prefill and "'auto'" in prefill and "(got 0)" in prefill
+
+
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (
+            {"cluster": {"backend": "ray"}, "workers": {"tensor_parallel_size": 2}},
+            "workers.tensor_parallel_size > 1 is not supported with cluster.backend: ray yet; "
+            "set workers.tensor_parallel_size: 1 or cluster.backend: local",
+        ),
+        (
+            {"workers": {"tensor_parallel_size": 2, "gpus_per_replica": 2}},
+            "workers: workers.tensor_parallel_size=2 and workers.gpus_per_replica=2 are exclusive "
+            "(tensor parallel or a layer split): set one of them to 1",
+        ),
+        ({"workers": {"replicas": 0}}, "workers.replicas: replicas must be >= 1 or 'auto' (got 0)"),
+    ],
+)
+def test_a_validator_refusal_reads_as_its_own_sentence(data, line):
+    """A check across keys is reported as the line it wrote: no empty location in front of a
+    whole-file check, no pydantic "Value error, " prefix."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert str(e.value).splitlines()[1].strip() == line
