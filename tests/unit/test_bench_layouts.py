@@ -81,3 +81,19 @@ def test_the_command_on_a_host_without_gpus_runs_nothing_and_exits_cleanly(tmp_p
     assert "not run: needs 2 or more GPUs; this host has 0" in result.output
     saved = json.loads((tmp_path / "layouts.json").read_text())
     assert [r["name"] for r in saved] == ["data parallel ×1", "tensor parallel 2", "layer split 2"]
+
+
+def test_a_missing_or_invalid_config_is_one_line_and_exit_2_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr("launcher.bench.layout_runner.gpu_count", lambda: 0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers: {tensor_paralel_size: 2}\n")
+    for config, line in [
+        (tmp_path / "missing.yaml", "missing.yaml: no such file"),
+        (bad, "workers.tensor_paralel_size: unknown key (did you mean 'tensor_parallel_size'?)"),
+    ]:
+        result = CliRunner().invoke(
+            cli.app, ["bench", "--layouts", "--config", str(config), "--output", str(tmp_path / "o")]
+        )
+        assert result.exit_code == 2, result.output
+        assert line in " ".join(result.output.split()) and "Traceback" not in result.output
+        assert not (tmp_path / "o.json").exists()
