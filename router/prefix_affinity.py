@@ -4,8 +4,9 @@ Every worker keeps a prefix cache of full KV blocks (:mod:`worker.blocks`): a pr
 with a block sequence it computed recently is prefilled from the cache. The router cannot see
 those caches, so it remembers what it sent: for each worker, the chained hashes of the full
 blocks of the prompts it dispatched there, least recently used first out, as many as the worker's
-KV cache has blocks (its LRU forgets at about the same pace). :meth:`PrefixAffinity.cached`
-then says how much of a new prompt a worker likely holds. SGLang's router does the same with a
+KV cache has blocks (its LRU forgets at about the same pace), a prompt's tail before its head
+(the worker frees a finished sequence tail first, so its prefix stays cached longest).
+:meth:`PrefixAffinity.cached` then says how much of a new prompt a worker likely holds. SGLang's router does the same with a
 radix tree of text per worker ("cache-aware load balancing"); block hashes over token ids match
 what the worker's cache actually keys on.
 
@@ -54,7 +55,7 @@ class PrefixAffinity:
         if block_size <= 0 or capacity <= 0:
             return
         held = self._blocks.setdefault(worker_id, OrderedDict())
-        for h in block_hashes(prompt, block_size):
+        for h in reversed(block_hashes(prompt, block_size)):  # the head most recent: forgotten last
             held[h] = None
             held.move_to_end(h)
         while len(held) > capacity:

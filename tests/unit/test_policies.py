@@ -91,7 +91,7 @@ def test_short_or_mostly_new_prompts_keep_the_rotation():
 def test_a_workers_record_is_bounded_by_its_cache_and_forgotten_on_restart():
     aff = affinity_for(0, capacity=10)
     aff.record(0, DOC)
-    assert aff.cached(0, DOC) == (0.0, 0)  # the first blocks were pushed out, as the worker's LRU would
+    assert aff.cached(0, DOC) == (0.25, 10)  # the tail was pushed out, the first 10 blocks kept
     aff.record(0, DOC[:160])
     assert aff.cached(0, DOC[:160]) == (1.0, 10)
     aff.forget(0)
@@ -105,3 +105,14 @@ def test_round_robin_is_not_cache_aware():
     aff, rr = affinity_for(0, 1), RoundRobin()
     aff.record(0, DOC)
     assert [rr.pick([W(0), W(1)], lambda w: aff.cached(w.worker_id, DOC)).worker_id for _ in range(2)] == [0, 1]
+
+
+def test_the_record_forgets_a_prompts_tail_before_its_head_as_the_worker_does():
+    """The worker frees a finished sequence's blocks tail first (worker/blocks.py), so when newer
+    prompts push it out its prefix is what stays cached: the router's record keeps the same part."""
+    aff, ll = affinity_for(0, 1, capacity=50), LeastLoaded()
+    aff.record(0, DOC)  # 40 blocks on worker 0
+    aff.record(0, list(range(5000, 5000 + 16 * 20)))  # 20 more: 10 of the document's blocks go
+    assert aff.cached(0, DOC) == (0.75, 30)  # its first 30 blocks, as worker 0's cache holds them
+    ll.took(W(0))  # rotation alone would pick worker 1 next
+    assert ll.pick([W(0), W(1)], lambda w: aff.cached(w.worker_id, DOC)).worker_id == 0
