@@ -22,12 +22,12 @@ from router.connections import ConnectionGuard, connection_cap
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
-from router.state import API, Api
+from router.state import API, REQUEST_ID, Api
 from router.workers import State
 
 log = logging.getLogger(__name__)
 
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+REQUEST_ID_FORM = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 KEPT_HEADERS = frozenset({"allow", "retry-after", "www-authenticate"})  # of aiohttp's own HTTP errors
 CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
@@ -36,8 +36,8 @@ CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 async def request_id_middleware(request: web.Request, handler):
     """Honour a sane client ``X-Request-ID`` or make one; every log line of the request carries it."""
     rid = request.headers.get("X-Request-ID", "")
-    request["request_id"] = rid if REQUEST_ID.match(rid) else uuid.uuid4().hex
-    token = LOG_REQUEST_ID.set(request["request_id"])
+    request[REQUEST_ID] = rid if REQUEST_ID_FORM.match(rid) else uuid.uuid4().hex
+    token = LOG_REQUEST_ID.set(request[REQUEST_ID])
     try:
         return await handler(request)
     finally:
@@ -46,7 +46,7 @@ async def request_id_middleware(request: web.Request, handler):
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """``on_response_prepare``: every response, streamed or not, error or not, carries the id."""
-    rid = request.get("request_id")
+    rid = request.get(REQUEST_ID)
     if rid:
         response.headers["X-Request-ID"] = rid
 

@@ -289,7 +289,7 @@ class RequestTimer:
 
 
 METRICS = web.AppKey("metrics", Metrics)
-STARTED = "started_at"  # request key: time.monotonic() at arrival
+STARTED = web.RequestKey("started_at", float)  # time.monotonic() at arrival
 
 
 def request_timer(request: web.Request) -> RequestTimer:

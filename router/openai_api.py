@@ -22,7 +22,7 @@ from router.metrics import request_timer
 from router.schemas import ChatRequest, CompletionRequest, Sampling, parse
 from router.shaping import Choice, Shaper, total_usage
 from router.sse import merge_events, respond_stream
-from router.state import API, Api
+from router.state import API, REQUEST_ID, Api
 from router.structured import check_schema
 from router.tools import ToolMode, chat_messages, tool_grammar, tool_mode
 from router.workers import WorkerPool
@@ -257,7 +257,7 @@ async def respond(
             prompt,
             p,
             api.cfg.router.max_retries,
-            request.get("request_id", ""),
+            request.get(REQUEST_ID, ""),
             buffered=not req.stream,
             on_tokens=timer.on_tokens,
             max_migrations=api.cfg.router.max_migrations,

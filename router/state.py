@@ -56,3 +56,4 @@ class Api:
 
 
 API = web.AppKey("api", Api)
+REQUEST_ID = web.RequestKey("request_id", str)  # the request's X-Request-ID (client's or made), set first
