@@ -6,9 +6,7 @@ replica and complete, and the other replica keeps serving throughout."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,37 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.deployment import MODEL, Deployment, alive, wait_for
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "hidden_act": "silu",
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "vocab_size": 49152,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-}
+from tests.tiny_models import write_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     from launcher.models import resolve_model
 
-    smollm = resolve_model(MODEL, progress=False)
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-        if (smollm / name).exists():
-            shutil.copy(smollm / name, folder / name)
-    return folder
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), resolve_model(MODEL, progress=False))
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ peer dies (kill -9) exits with worker.tp.PEER_LOST_EXIT_CODE instead of hanging.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.models import resolve_model
+from tests.tiny_models import write_tiny_llama
 from worker.tp import PEER_LOST_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,29 +107,7 @@ def smollm() -> Path:
 @pytest.fixture(scope="module")
 def tiny(smollm, tmp_path_factory) -> Path:
     """A random-initialised Llama config (4 heads, 2 KV heads, MLP 128) with SmolLM2's tokenizer."""
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 3,
-        "hidden_act": "silu",
-        "max_position_embeddings": 1024,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": 49152,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "tie_word_embeddings": False,
-    }
-    (folder / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (smollm / name).exists():
-            shutil.copy(smollm / name, folder / name)
-    return folder
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm, num_hidden_layers=3)
 
 
 def assert_continuous_batching(run: dict) -> None:
