@@ -17,7 +17,7 @@ group. Which physical GPUs a slot gets is Ray's choice at start; the numbering h
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.config import ClusterConfig, WorkersConfig
 from launcher.placement import PlacementError, WorkerSpec
@@ -138,17 +138,4 @@ def place_on_cluster(w: WorkersConfig, cluster: ClusterConfig, nodes: list[NodeI
         chosen = [s[0] for s in per_node if s]
     else:
         chosen = slots[:replicas]
-    return [
-        RaySpec(
-            i,
-            s.device,
-            gpus=s.gpus,
-            gpu_info=s.gpu_info,
-            share=s.share,
-            node_id=s.node_id,
-            node_ip=s.node_ip,
-            bundle_gpus=s.bundle_gpus,
-            bundle_cpus=s.bundle_cpus,
-        )
-        for i, s in enumerate(chosen)
-    ]
+    return [replace(s, worker_id=i) for i, s in enumerate(chosen)]
