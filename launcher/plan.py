@@ -357,12 +357,13 @@ def make_plan(
     sequence, or CPU workers needing more RAM than is available are ``errors``.
     """
     errors: list[str] = []
+    gpus: list[GpuInfo] = []
     try:
+        gpus = visible_gpus(inv)  # first: a layout the GPUs cannot take is still planned for them
         specs = specs if specs is not None else place(cfg.workers, inv)
-        gpus = visible_gpus(inv)
     except PlacementError as exc:
         errors.append(f"workers: {exc}")
-        specs, gpus = [], []
+        specs = []
     on_gpu = any(s.device == "cuda" for s in specs) if specs else bool(gpus) and cfg.workers.devices != "cpu"
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus

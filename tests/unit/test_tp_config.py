@@ -86,3 +86,29 @@ def test_plan_counts_kv_cache_gib_per_rank_on_cpu():
     tight.workers.kv_cache_gib = 0.04
     plan = make_plan(tight, inv, smollm2)
     assert plan.fits[0].seqs == 1 and plan.ok, plan.errors
+
+
+def test_a_tp_size_the_gpus_cannot_hold_still_gets_a_gpu_recommendation():
+    """``plan --gpus 2x24GB --tensor-parallel-size 3``: the placement error names the key, and the
+    recommendation is for those two GPUs (not for CPU, as if the host had none)."""
+    from launcher.plan import make_plan
+    from launcher.shapes import from_hf_config
+
+    llama7b = from_hf_config(
+        {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "intermediate_size": 11008,
+            "vocab_size": 32000,
+        },
+        "llama-2-7b",
+    )
+    two = [GpuInfo(i, "GPU", f"GPU-{i}", 24 * GiB, 24 * GiB) for i in range(2)]
+    plan = make_plan(
+        DeployConfig.model_validate({"workers": {"tensor_parallel_size": 4}}), Inventory(two, [0]), llama7b
+    )
+    assert not plan.ok and "workers.tensor_parallel_size=4 but only 2 GPU(s)" in plan.errors[0]
+    rec = plan.recommendation
+    assert (rec.device, rec.replicas, rec.tensor_parallel_size) == ("cuda", 2, 1), rec.describe()
+    assert plan.sizing.dtype != "float32"  # planned for the GPUs, not for CPU
