@@ -296,8 +296,9 @@ def gpu_checks(inv: Inventory) -> list[Check]:
 
 def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
     """How the GPUs this deployment may use are connected (:func:`launcher.interconnect.gpu_links`).
-    PCIe between them is a warning when ``tensor_parallel_size`` > 1: its per-layer all-reduces
-    over PCIe make tensor parallelism gain little over one card (data parallel is unaffected)."""
+    PCIe between two GPUs of one replica is a warning when ``tensor_parallel_size`` > 1: its
+    per-layer all-reduces over PCIe make tensor parallelism gain little over one card (PCIe between
+    replicas, and data parallel, are unaffected)."""
     from launcher.interconnect import PCIE, gpu_links
 
     name = "GPU interconnect"
@@ -321,7 +322,7 @@ def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
         "×1.3 in the article, ×1.7 over NVLink); data parallel is unaffected"
     )
     tp = cfg.workers.tensor_parallel_size
-    if tp > 1:
+    if tp > 1 and _pcie_inside_a_replica(cfg, inv, pcie):
         return Check(
             name,
             "warn",
@@ -330,6 +331,16 @@ def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
             "(tensor_parallel_size: 1) where a replica fits one GPU",
         )
     return Check(name, "ok", detail)
+
+
+def _pcie_inside_a_replica(cfg: DeployConfig, inv: Inventory, pcie: list) -> bool:
+    """Whether one of the ``pcie`` links joins two GPUs of the same replica as ``place`` lays them
+    out (the ranks' all-reduces cross only those); any PCIe link counts when placement fails."""
+    try:
+        groups = [set(spec.gpus) for spec in place(cfg.workers, inv)]
+    except PlacementError:
+        return True
+    return any({lk.a, lk.b} <= g for lk in pcie for g in groups)
 
 
 def library_checks() -> list[Check]:

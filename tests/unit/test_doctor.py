@@ -147,6 +147,16 @@ def test_pcie_without_tensor_parallel_is_reported_not_warned():
     assert "gains little" in row.detail
 
 
+def test_tensor_parallel_is_judged_by_the_links_inside_each_replica():
+    """Two NVLink-bridged pairs over PCIe, TP 2: each replica's two GPUs are one pair, so the
+    PCIe between the pairs costs the all-reduces nothing (reported, not warned)."""
+    bridged = interconnect(4, tp=2, nvlink=[(0, 1), (2, 3)], level=50)
+    assert bridged.status == "ok" and "GPU 0-2: PCIe (across CPU sockets)" in bridged.detail
+    crossed = interconnect(4, tp=2, nvlink=[(0, 2), (1, 3)], level=50)  # replicas on 0,1 and 2,3
+    assert crossed.status == "warn" and "tensor_parallel_size: 2" in crossed.fix
+    assert "GPU 0-1: PCIe" in crossed.detail
+
+
 def test_nvlink_state_answers_where_the_p2p_query_is_not_supported():
     assert interconnect(2, tp=2, nvlink=[(0, 1)], p2p_unsupported=True).status == "ok"
     assert interconnect(2, tp=2, p2p_unsupported=True, level=10).detail.startswith("GPU 0-1: PCIe (through one PCIe")
