@@ -338,20 +338,36 @@ def _union_key(err: dict, model: type[BaseModel]) -> tuple | None:
 
 def _merge_union_errors(errors: list[dict], model: type[BaseModel]) -> list[dict]:
     """One error per key: a value that matches no member of a union (``int >= 1 | 'auto'``)
-    becomes one error whose message lists what each member would accept."""
+    becomes one error whose message lists what each member would accept; a member's complaint
+    about items of a list (``devices: [0, "x"]``) names their positions, once per message."""
     out: list[dict] = []
     by_key: dict[tuple, dict] = {}
+    parts: dict[tuple, list[tuple[str, list[str]]]] = {}  # key -> (message, item positions) in order
     for err in errors:
         key = _union_key(err, model)
         if key is None:
             out.append(err)
-        elif key in by_key:
-            first = by_key[key]
-            first["msg"] = f"{first['msg']}, or {err['msg'][:1].lower()}{err['msg'][1:]}"
+            continue
+        where = [str(p) for p in err["loc"][len(key) + 1 :]]  # past the member's tag: an item's position
+        same = [p for p in parts.setdefault(key, []) if p[0] == err["msg"] and bool(p[1]) == bool(where)]
+        if same:
+            same[0][1].extend(where)
         else:
+            parts[key].append((err["msg"], where))
+        if key not in by_key:
             by_key[key] = {**err, "loc": key}
             out.append(by_key[key])
+    for key, merged in by_key.items():
+        said = [_said(m, w, first=n == 0) for n, (m, w) in enumerate(parts[key])]
+        merged["msg"] = ", or ".join(said)
     return out
+
+
+def _said(msg: str, where: list[str], first: bool) -> str:
+    """One member's complaint within the merged sentence: ``item 1: input should be ...``."""
+    if not where:
+        return msg if first else msg[:1].lower() + msg[1:]
+    return f"{'items' if len(where) > 1 else 'item'} {', '.join(where)}: {msg[:1].lower()}{msg[1:]}"
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:

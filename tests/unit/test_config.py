@@ -96,3 +96,13 @@ def test_a_validator_refusal_reads_as_its_own_sentence(data, line):
     with pytest.raises(ConfigError) as e:
         parse_config(data)
     assert str(e.value).splitlines()[1].strip() == line
+
+
+def test_a_bad_item_of_a_union_list_is_named_once_with_its_position():
+    with pytest.raises(ConfigError) as e:
+        parse_config({"workers": {"devices": [0, "x", "y"]}})
+    (line,) = str(e.value).splitlines()[1:]
+    assert line.strip() == (
+        "workers.devices: Input should be 'auto' or 'cpu', or items 1, 2: input should be a valid integer, "
+        "unable to parse string as an integer (got [0, 'x', 'y'])"
+    )
