@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 
 class Layer:
     """One decoder layer's weights: fused ``qkv`` [(H + 2·KVH)·D, hidden], ``o`` [hidden, H·D],
-    fused ``gate_up`` [2·I, hidden], ``down`` [hidden, I], the two RMSNorm weights, optional q/k/v bias."""
+    fused ``gate_up`` [2·I, hidden], ``down`` [hidden, I], the two RMSNorm weights, optional q/k/v
+    bias and o_proj bias [hidden] (``attention_bias``: float32, added once after the ranks' sum)."""
 
-    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o", "qkv", "qkv_bias")
+    __slots__ = ("attn_norm", "down", "gate_up", "mlp_norm", "o", "o_bias", "qkv", "qkv_bias")
 
 
 class LlamaModel:
@@ -93,6 +94,8 @@ class LlamaModel:
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
             layer.o = make(weights[a + "o_proj.weight"])
+            o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
+            layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
             layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
             layer.down = make(weights[m + "down_proj.weight"])
@@ -132,6 +135,8 @@ class LlamaModel:
                 x = x + layer.o(o)
             else:
                 x = x + reduce(layer.o(o))
+            if layer.o_bias is not None:
+                x = x + layer.o_bias
             h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps).to(dt)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             if reduce is None:

@@ -164,3 +164,45 @@ def test_sharded_forward_over_threads_matches_the_whole_model():
         t.join(30)
     for out in outputs:
         assert torch.allclose(out[0], expected[0], atol=1e-5, rtol=1e-4)
+
+
+def test_attention_biases_whole_and_sharded_match_transformers():
+    """A Llama with ``attention_bias`` (q/k/v and o_proj biases): the compact forward, whole and
+    over three shards, gives transformers' logits (o_proj's bias added once, after the ranks' sum)."""
+    from transformers import LlamaForCausalLM
+
+    config, cpu = tiny_config(), torch.device("cpu")
+    config.attention_bias = True
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)  # transformers starts biases at zero, which would hide a dropped one
+    whole = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    prompt = list(range(3, 23))
+    expected = hf(torch.tensor([prompt])).logits[0, -1]
+
+    def prefill(model, cache, out):
+        batch = build_batch(16, cpu, [], [([0, 1], 0, 20)])
+        out.append(model.forward(torch.tensor(prompt), torch.arange(20), batch, cache, torch.tensor([19]))[0])
+
+    alone: list = []
+    prefill(LlamaModel(config, whole, cpu, torch.float32, 64), KVCache(2, 4, 16, 3, 8, torch.float32, cpu), alone)
+    assert torch.allclose(alone[0], expected, atol=1e-5, rtol=1e-4)
+
+    group, outputs, threads = ThreadGroup(3), [[] for _ in range(3)], []
+    for r in range(3):
+        part = {}
+        for name, t in whole.items():
+            where = shard_range(name, tuple(t.shape), r, 3)
+            part[name] = t if where is None else t.narrow(where[0], where[1], where[2] - where[1])
+        shard = LlamaModel(config, part, cpu, torch.float32, 64, tp=group.rank_view(r))
+        cache = KVCache(2, 4, 16, 1, 8, torch.float32, cpu)
+        threads.append(threading.Thread(target=prefill, args=(shard, cache, outputs[r]), daemon=True))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for out in outputs:
+        assert torch.allclose(out[0], expected, atol=1e-5, rtol=1e-4)
