@@ -171,15 +171,10 @@ class RayBackend:
         return f"its Ray actor died ({first[:200]})"
 
     def _free_per_node(self) -> dict[str, dict] | None:
-        """Resources not reserved on each alive node (Ray's own figure, as vLLM reads it), or None."""
-        try:
-            from ray._private.state import available_resources_per_node
+        """Resources not reserved on each alive node, or None (:func:`launcher.ray_cluster.free_resources`)."""
+        from launcher.ray_cluster import free_resources
 
-            free = available_resources_per_node()
-        except (ImportError, AttributeError, RuntimeError):
-            return None
-        alive = self.alive_nodes()
-        return {n: r for n, r in free.items() if n in alive}
+        return free_resources()
 
     def _free_now(self, free: dict[str, dict] | None = None) -> str:
         free = self._free_per_node() if free is None else free

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -58,12 +59,51 @@ class NodeInventory:
 
 
 def _host_port(address: str) -> tuple[str, int]:
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    if not parts.hostname or not parts.port:
+    """``cluster.address`` (``HOST:PORT`` or ``ray://HOST:PORT``) as (host, port). Raises
+    :class:`ClusterError` for any other form (another scheme, no port, a port that is not 1-65535)."""
+    scheme = address.split("://", 1)[0] if "://" in address else ""
+    if scheme not in ("", "ray"):
+        raise ClusterError(
+            f"cluster.address {address!r}: {scheme}:// is not a Ray address; use HOST:6379 (the head's GCS "
+            "port, `ray start --head --port`) or ray://HOST:10001 (Ray Client)"
+        )
+    try:
+        parts = urlsplit(address if scheme else f"tcp://{address}")
+        host, port = parts.hostname, parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        host = port = None
+    if not host or not port:
         raise ClusterError(
             f"cluster.address {address!r} is not HOST:PORT or ray://HOST:PORT; use e.g. head-node:6379 or auto"
         )
-    return parts.hostname, parts.port
+    return host, port
+
+
+# A gRPC server (Ray's GCS, the Ray Client server) answers an HTTP/2 client preface with a SETTINGS
+# frame (RFC 9113 3.4); anything else (a dashboard, another service) does not, and ray.init would
+# retry there for minutes.
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+HTTP2_SETTINGS = 4
+
+
+def _answers_grpc(sock: socket.socket, timeout: float) -> bool:
+    """Whether the peer on ``sock`` speaks HTTP/2 (gRPC): its first frame is SETTINGS."""
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:
+        return False
+    return len(head) == 9 and head[3] == HTTP2_SETTINGS
+
+
+def _uses_tls() -> bool:
+    return os.environ.get("RAY_USE_TLS", "").lower() in ("1", "true")
 
 
 def resolve_address(address: str) -> str:
@@ -93,28 +133,53 @@ def resolve_address(address: str) -> str:
 def connect(cluster: ClusterConfig) -> str:
     """Connect this process to the Ray cluster of ``cluster.address`` (namespace
     :data:`NAMESPACE`); returns the address used. Raises :class:`ClusterError` when Ray is missing
-    or no cluster answers there (within :data:`CONNECT_CHECK_S`), before anything is started."""
+    or no cluster answers there (no TCP connection, or no gRPC answer on it, within
+    :data:`CONNECT_CHECK_S`), before anything is started."""
     # Every worker's log lines reach the launcher's output as they are (Ray would fold similar
     # lines from different workers into one "[repeated Nx across cluster]"); read at Ray's import.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not sys.stderr.isatty():  # no colour codes in a log file (Ray colours each line's prefix)
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     try:
         import ray
     except ImportError:
         raise ClusterError(RAY_MISSING) from None
     address = resolve_address(cluster.address)
-    host, port = _host_port(address)
+    try:
+        host, port = _host_port(address)
+    except ClusterError as exc:
+        if address == cluster.address:
+            raise
+        raise ClusterError(f"{exc} (cluster.address is auto: RAY_ADDRESS gave it)") from None
     shown = address if address == cluster.address else f"{cluster.address} = {address}"
     try:
-        socket.create_connection((host, port), timeout=CONNECT_CHECK_S).close()
+        sock = socket.create_connection((host, port), timeout=CONNECT_CHECK_S)
     except OSError as exc:
         raise ClusterError(
             f"cluster.address {shown}: no Ray cluster answers at {host}:{port} ({exc}); start it "
             "(`ray start --head --port=6379` on the head node) or fix cluster.address"
         ) from None
+    with sock:
+        grpc = _uses_tls() or _answers_grpc(sock, CONNECT_CHECK_S)
+    if not grpc:
+        raise ClusterError(
+            f"cluster.address {shown}: something listens at {host}:{port} but it is not Ray (no gRPC answer "
+            f"within {CONNECT_CHECK_S:g}s); use the head's GCS port (`ray start --head --port`, 6379) or "
+            "ray://HOST:10001 for Ray Client"
+        )
+    if address.startswith("ray://"):
+        from ray._private.utils import get_ray_client_dependency_error
+
+        if (missing := get_ray_client_dependency_error()) is not None:
+            raise ClusterError(
+                f"cluster.address {shown}: Ray Client (ray://) needs Ray's client extra, not installed here "
+                f"({missing}); install it at this Ray's version, or use the head's GCS address HOST:6379"
+            )
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ClusterError(f"cluster.address {shown}: cannot join the Ray cluster: {exc}") from None
+        why = " ".join(str(exc).split())  # one line: Ray's messages span several
+        raise ClusterError(f"cluster.address {shown}: cannot join the Ray cluster: {why}") from None
     return address
 
 
@@ -205,6 +270,21 @@ def nodes(cluster: ClusterConfig) -> list[NodeInventory]:
             f" of {node.gpu_info[0].total_bytes / GiB:.1f} GiB" if node.gpus and node.memory_known else "",
         )
     return out
+
+
+def free_resources() -> dict[str, dict[str, float]] | None:
+    """Resources not reserved on each alive node (Ray's own figure, as vLLM reads it; it lags a
+    release by a second or two), or None where this Ray cannot say."""
+    import ray
+
+    try:
+        from ray._private.state import available_resources_per_node
+
+        free = available_resources_per_node()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return {n: r for n, r in free.items() if n in alive}
 
 
 def cluster_inventory(all_nodes: list[NodeInventory]) -> Inventory:

@@ -139,3 +139,22 @@ def place_on_cluster(w: WorkersConfig, cluster: ClusterConfig, nodes: list[NodeI
     else:
         chosen = slots[:replicas]
     return [replace(s, worker_id=i) for i, s in enumerate(chosen)]
+
+
+def missing_room(specs: list[RaySpec], free: dict[str, dict[str, float]]) -> str:
+    """What the placed slots need on each node beyond Ray's free resources there (``free``: node id
+    -> resource -> amount, as ``ray._private.state.available_resources_per_node`` gives it), as one
+    clause per short node; "" when every node has room."""
+    need: dict[str, dict[str, float]] = {}
+    for s in specs:
+        for k, v in s.bundle.items():
+            need.setdefault(s.node_id, {})[k] = need.get(s.node_id, {}).get(k, 0.0) + v
+    short = []
+    for node_id, wanted in need.items():
+        have = free.get(node_id, {})
+        if any(have.get(k, 0.0) + 1e-3 < v for k, v in wanted.items()):  # Ray counts in 1e-4 units
+            ip = next(s.node_ip for s in specs if s.node_id == node_id)
+            parts = ", ".join(f"{k} {v:g}" for k, v in sorted(wanted.items()))
+            frees = ", ".join(f"{k} {have.get(k, 0.0):g}" for k in sorted(wanted))
+            short.append(f"{ip} ({node_id[:8]}) needs {parts}, has {frees} free")
+    return "; ".join(short)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import DeployConfig
 from launcher.placement import Inventory, PlacementError
-from launcher.ray_cluster import ClusterError, cluster_inventory, connect, local_ip, nodes
-from launcher.ray_placement import RaySpec, place_on_cluster
+from launcher.ray_cluster import ClusterError, cluster_inventory, connect, free_resources, local_ip, nodes
+from launcher.ray_placement import RaySpec, missing_room, place_on_cluster
 
 __all__ = ["UNKNOWN_MEMORY", "ClusterError", "RayLaunch", "cluster_layout", "prepare_ray", "zmq_address"]
 
@@ -43,6 +44,22 @@ def cluster_layout(cfg: DeployConfig) -> tuple[Inventory, list[RaySpec], bool]:
         raise ClusterError(f"workers: {exc}") from None
     known = all(n.memory_known for n in found if any(s.node_id == n.node_id and s.device == "cuda" for s in specs))
     return cluster_inventory(found), specs, known
+
+
+ROOM_WAIT_S = 10.0  # Ray's free figures lag a release (a deployment that just stopped)
+
+
+def check_room(specs: list[RaySpec], wait_s: float = ROOM_WAIT_S) -> None:
+    """Refuse, before anything starts, slots the cluster's free resources cannot hold now (another
+    deployment or Ray job holds them): re-read for up to ``wait_s``. Raises ClusterError."""
+    deadline = time.monotonic() + wait_s
+    while (free := free_resources()) is not None and (short := missing_room(specs, free)):
+        if time.monotonic() >= deadline:
+            raise ClusterError(
+                f"workers: the Ray cluster has no room now for {len(specs)} worker(s): {short} (another "
+                "deployment or Ray job holds the rest; `ray status` shows it); stop it, or lower workers.replicas"
+            )
+        time.sleep(0.5)
 
 
 UNKNOWN_MEMORY = (
@@ -77,6 +94,7 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
     from launcher.ray_backend import RayBackend
 
     inventory, specs, known = cluster_layout(cfg)
+    check_room(specs)
     if not known:
         log.warning("the memory plan is skipped: %s", UNKNOWN_MEMORY)
     elif problem := preflight(cfg, inventory, specs):

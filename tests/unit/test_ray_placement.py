@@ -4,16 +4,18 @@ GPU sizing from a node's NVML (or the declared memory), the actor's private file
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 
 import pytest
 
+from launcher import ray_cluster
 from launcher.config import ClusterConfig, ConfigError, WorkersConfig, parse_config
 from launcher.placement import PlacementError
 from launcher.ray_actor import FOLDER_PREFIX, sweep_folders, write_files
 from launcher.ray_cluster import ClusterError, NodeInventory, _host_port, connect, node_gpus
-from launcher.ray_placement import place_on_cluster
+from launcher.ray_placement import missing_room, place_on_cluster
 from tests.deployment import free_port
 
 GiB = 2**30
@@ -130,3 +132,36 @@ def test_folders_of_dead_actors_are_swept(tmp_path):
         write_files(folder, {"curve/worker-0.secret": b"k"})
     assert sweep_folders(tmp_path) == [gone]
     assert mine.exists() and not gone.exists()
+
+
+@pytest.mark.parametrize("address", ["head:abc", "head:99999", "http://head:8265", "https://head:6379"])
+def test_a_malformed_cluster_address_is_one_line_not_a_traceback(address):
+    with pytest.raises(ClusterError) as err:
+        _host_port(address)
+    assert f"cluster.address {address!r}" in str(err.value) and "6379" in str(err.value)
+
+
+def test_a_port_where_something_else_listens_is_refused_before_ray_connects(monkeypatch):
+    """A dashboard, an HTTP server or a silent service at cluster.address: ray.init would retry
+    there for minutes; connect refuses at once (no gRPC answer)."""
+    pytest.importorskip("ray")
+    monkeypatch.setattr(ray_cluster, "CONNECT_CHECK_S", 0.5)
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (backlog), never answers
+        port = silent.getsockname()[1]
+        with pytest.raises(ClusterError) as err:
+            connect(ClusterConfig(backend="ray", address=f"127.0.0.1:{port}"))
+    assert f"cluster.address 127.0.0.1:{port}: something listens at 127.0.0.1:{port} but it is not Ray" in str(
+        err.value
+    )
+    assert "\n" not in str(err.value)
+
+
+def test_slots_beyond_the_free_resources_are_named_per_node():
+    specs = place_on_cluster(WorkersConfig(replicas=3), ClusterConfig(), [HEAD, B, C])
+    free = {HEAD.node_id: {"CPU": 8.0, "GPU": 2.0}, B.node_id: {"CPU": 7.0, "GPU": 1.0}, C.node_id: {"CPU": 8.0}}
+    assert missing_room(specs, free) == f"{C.ip} ({C.node_id[:8]}) needs CPU 1, GPU 1, has CPU 8, GPU 0 free"
+    free[C.node_id]["GPU"] = 1.0
+    assert missing_room(specs, free) == ""
+    shared = place_on_cluster(WorkersConfig(workers_per_gpu=3), ClusterConfig(), [node("a", 1)])
+    assert missing_room(shared, {shared[0].node_id: {"CPU": 3.0, "GPU": 1.0}}) == ""  # 3 × 0.3333 fits
