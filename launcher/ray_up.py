@@ -9,11 +9,13 @@ then makes the :class:`~launcher.ray_backend.RayBackend`. Any refusal is a
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from launcher.config import DeployConfig
 from launcher.placement import Inventory, PlacementError
@@ -68,12 +70,45 @@ UNKNOWN_MEMORY = (
 )
 
 
-def zmq_address(cfg: DeployConfig) -> str:
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def unreachable(host: str, specs: list[RaySpec], key: str) -> str:
+    """Why workers on the nodes of ``specs`` could not connect to the router's ZeroMQ socket at
+    ``host`` (the address they are given), or "": an unspecified address (0.0.0.0, ::) names no
+    machine (a remote node would connect to itself), a loopback one only this machine."""
+    try:
+        unspecified = ipaddress.ip_address("0.0.0.0" if host == "*" else host).is_unspecified  # "*": every interface
+    except ValueError:
+        unspecified = False  # a host name: the nodes resolve it
+    if key == "router.zmq_address":
+        fix = "give this machine's address on the cluster there, or drop router.zmq_address (cluster.router_host: auto finds it)"
+    else:
+        fix = "set cluster.router_host: auto (this machine's address on the cluster, as Ray sees it) or that address"
+    if unspecified:
+        return f"{key} {host}: the workers connect to this address, so it must name this machine; {fix}"
+    remote = sorted({s.node_ip for s in specs if not _is_loopback(s.node_ip)})
+    if _is_loopback(host) and remote:
+        return f"{key} {host} is loopback, but workers run on {', '.join(remote)}, which cannot reach it there; {fix}"
+    return ""
+
+
+def zmq_address(cfg: DeployConfig, specs: list[RaySpec] = ()) -> str:
     """``router.zmq_address``, else ``tcp://ROUTER_HOST:cluster.zmq_port`` (``router_host: auto`` =
-    this machine's address on the cluster). Raises ClusterError when the port is taken here."""
+    this machine's address on the cluster). Raises ClusterError when the port is taken here, or
+    when the workers of ``specs`` could not reach that address (:func:`unreachable`)."""
     if cfg.router.zmq_address:
+        host = urlsplit(cfg.router.zmq_address).hostname or ""
+        if problem := unreachable(host, specs, "router.zmq_address"):
+            raise ClusterError(problem)
         return cfg.router.zmq_address
     host = local_ip() if cfg.cluster.router_host == "auto" else cfg.cluster.router_host
+    if problem := unreachable(host, specs, "cluster.router_host"):
+        raise ClusterError(problem)
     port = cfg.cluster.zmq_port
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -105,7 +140,7 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
         model_path = resolve_model(cfg.model.name)
     except ModelNotFound as exc:
         raise ClusterError(str(exc)) from None
-    address = zmq_address(cfg)
+    address = zmq_address(cfg, specs)
     log.info(
         "Ray: workers reach the router at %s (CURVE); the model at %s must exist on every node", address, model_path
     )

@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ from launcher.placement import PlacementError
 from launcher.ray_actor import FOLDER_PREFIX, sweep_folders, write_files
 from launcher.ray_cluster import ClusterError, NodeInventory, _host_port, connect, node_gpus
 from launcher.ray_placement import missing_room, place_on_cluster
+from launcher.ray_up import unreachable
 from tests.deployment import free_port
 
 GiB = 2**30
@@ -165,3 +167,20 @@ def test_slots_beyond_the_free_resources_are_named_per_node():
     assert missing_room(specs, free) == ""
     shared = place_on_cluster(WorkersConfig(workers_per_gpu=3), ClusterConfig(), [node("a", 1)])
     assert missing_room(shared, {shared[0].node_id: {"CPU": 3.0, "GPU": 1.0}}) == ""  # 3 × 0.3333 fits
+
+
+def test_a_router_address_the_nodes_cannot_reach_is_refused():
+    """Workers connect to the address the router binds: 0.0.0.0 (or ZeroMQ's *) would have a remote
+    node connect to itself, loopback reaches only this machine."""
+    remote = place_on_cluster(WorkersConfig(replicas=2), ClusterConfig(), [HEAD, B])
+    for host in ("0.0.0.0", "::", "*"):
+        problem = unreachable(host, remote, "cluster.router_host")
+        assert problem.startswith(f"cluster.router_host {host}: the workers connect to this address"), problem
+        assert "cluster.router_host: auto" in problem
+    assert "workers run on 10.0.0.1, 10.0.0.2" in unreachable("127.0.0.1", remote, "cluster.router_host")
+    assert "drop router.zmq_address" in unreachable("localhost", remote, "router.zmq_address")
+    assert unreachable("10.0.0.1", remote, "cluster.router_host") == ""
+    assert unreachable("head.example", remote, "cluster.router_host") == ""
+    one_machine = place_on_cluster(WorkersConfig(replicas=1), ClusterConfig(), [node("a", 1)])
+    local = [replace(s, node_ip="127.0.0.1") for s in one_machine]  # Ray's test cluster: every node on loopback
+    assert unreachable("127.0.0.1", local, "cluster.router_host") == ""
