@@ -184,3 +184,20 @@ def test_a_router_address_the_nodes_cannot_reach_is_refused():
     one_machine = place_on_cluster(WorkersConfig(replicas=1), ClusterConfig(), [node("a", 1)])
     local = [replace(s, node_ip="127.0.0.1") for s in one_machine]  # Ray's test cluster: every node on loopback
     assert unreachable("127.0.0.1", local, "cluster.router_host") == ""
+
+
+def test_up_refuses_slots_the_free_resources_cannot_hold_after_rereading(monkeypatch):
+    from launcher import ray_up
+
+    specs = place_on_cluster(WorkersConfig(replicas=2), ClusterConfig(), [HEAD, B])
+    taken = {HEAD.node_id: {"CPU": 8.0, "GPU": 2.0}, B.node_id: {"CPU": 8.0, "GPU": 0.0}}
+    released = {**taken, B.node_id: {"CPU": 8.0, "GPU": 1.0}}
+    reads = iter([taken, released])  # Ray's free figures catch up with a release
+    monkeypatch.setattr(ray_up, "free_resources", lambda: next(reads))
+    monkeypatch.setattr(ray_up.time, "sleep", lambda s: None)
+    ray_up.check_room(specs, wait_s=5)
+    monkeypatch.setattr(ray_up, "free_resources", lambda: taken)
+    with pytest.raises(ClusterError) as err:
+        ray_up.check_room(specs, wait_s=0)
+    assert str(err.value).startswith("workers: the Ray cluster has no room now for 2 worker(s): 10.0.0.2 (bbbbbbbb)")
+    assert "lower workers.replicas" in str(err.value)
