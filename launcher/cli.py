@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from launcher.config import ConfigError, DeployConfig, connect_host, load_config
 from launcher.logs import setup_logging
@@ -39,7 +40,7 @@ def _config_path(path: Path | None) -> Path | None:
 
 
 def fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # [ray] is text, not markup
     raise typer.Exit(code)
 
 
@@ -318,6 +319,8 @@ def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float) -> dict:
         w = next((x for x in (info or {}).get("workers", []) if x["id"] == worker_id), w)
         if w.get("pid") != old_pid and w.get("state") in ("ready", "failed"):
             break
+        if w.get("state") == "failed" and not w.get("start_requested"):
+            break  # the start was tried and refused (no room for the slot): no new process is coming
         time.sleep(0.5)
     return w
 

@@ -369,6 +369,7 @@ class WorkerPool:
         w = self.workers.setdefault(worker_id, Worker(worker_id))
         w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
         if failed:
+            w.start_requested = False  # a requested start ended here too: the supervisor must not retry it
             self._set(w, State.FAILED)
         elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
             self._set(w, State.DEAD)

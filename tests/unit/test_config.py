@@ -106,3 +106,14 @@ def test_a_bad_item_of_a_union_list_is_named_once_with_its_position():
         "workers.devices: Input should be 'auto' or 'cpu', or items 1, 2: input should be a valid integer, "
         "unable to parse string as an integer (got [0, 'x', 'y'])"
     )
+
+
+def test_a_cli_error_prints_brackets_as_text(capsys):
+    import typer
+
+    from launcher import cli
+
+    with pytest.raises(typer.Exit) as e:
+        cli.fail("Ray is not installed: pip install 'llamadeploy[ray]'")
+    assert e.value.exit_code == 2
+    assert "pip install 'llamadeploy[ray]'" in capsys.readouterr().err

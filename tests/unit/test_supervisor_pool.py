@@ -307,3 +307,19 @@ def test_node_identity_comes_from_the_actors_environment():
     assert node == NodeIdentity("f" * 56, "10.0.0.8", "0,1")
     assert node.describe() == "node ffffffffffff (10.0.0.8), Ray GPU ids 0,1"
     assert NodeIdentity.from_env({}).describe() == ""
+
+
+def test_a_requested_start_that_fails_is_not_requested_again():
+    """The supervisor retries a start while the table says it is requested; a slot that cannot be
+    started (no room left on the cluster) reports a failed exit, which must end the request."""
+    pool = RecordingPool()
+    pool.boot(0, 42)
+    pool.mark_lost(0, "crashed too often", failed=True)
+    assert pool.request_start(0) and pool.workers[0].info()["start_requested"]
+    pool.mark_lost(0, "no Ray node has room for it", failed=True)
+    row = pool.workers[0].info()
+    assert (row["state"], row["start_requested"], row["exit_reason"]) == (
+        "failed",
+        False,
+        "no Ray node has room for it",
+    )
