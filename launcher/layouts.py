@@ -67,10 +67,20 @@ def data_parallel(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> La
     return _layout(DATA_PARALLEL, sizing, gpus, 1, utilization)
 
 
-def tensor_parallel(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> Layout:
-    """The tensor-parallel size to use on ``gpus`` (see the module doc), or why there is none."""
+def tp_unavailable(cfg: DeployConfig) -> str:
+    """Why this deployment cannot use tensor parallelism whatever the GPUs ("" when it can)."""
+    if cfg.cluster.backend == "ray":
+        return "local only: not with cluster.backend: ray (a replica stays on one node, one process)"
+    return ""
+
+
+def tensor_parallel(sizing: Sizing, gpus: list[GpuInfo], utilization: float, unavailable: str = "") -> Layout:
+    """The tensor-parallel size to use on ``gpus`` (see the module doc), or why there is none
+    (``unavailable``: a reason from the deployment, :func:`tp_unavailable`)."""
     from worker.tp_rules import valid_sizes
 
+    if unavailable:
+        return Layout(TENSOR_PARALLEL, 0, 0, 0, 0, unavailable)
     if any(g.is_mig for g in gpus):
         return Layout(TENSOR_PARALLEL, 0, 0, 0, 0, "MIG instances cannot be combined (NCCL does not span them)")
     sizes = [n for n in valid_sizes(sizing.shape) if 1 < n <= len(gpus)]
@@ -100,12 +110,12 @@ def layer_split(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> Layo
     return _layout(LAYER_SPLIT, sizing, gpus, max(2, k or len(gpus)), utilization)
 
 
-def compare(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> list[Layout]:
+def compare(sizing: Sizing, gpus: list[GpuInfo], utilization: float, tp_unavailable: str = "") -> list[Layout]:
     """Data parallel, tensor parallel and layer split on ``gpus``, planned for the tightest GPUs."""
     gpus = sorted(gpus, key=lambda g: gpu_budget(g, utilization))
     return [
         data_parallel(sizing, gpus, utilization),
-        tensor_parallel(sizing, gpus, utilization),
+        tensor_parallel(sizing, gpus, utilization, tp_unavailable),
         layer_split(sizing, gpus, utilization),
     ]
 

@@ -274,20 +274,20 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
                 f"raise workers.kv_cache_gib to at least {sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len",
             )
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
-    from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare
+    from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
 
     util = cfg.workers.gpu_memory_utilization
-    chosen = choose(compare(sizing, gpus, util))
+    chosen = choose(compare(sizing, gpus, util, tp_unavailable(cfg)))
     if chosen is None:
         return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
     seqs, n = min(chosen.seqs, MAX_RECOMMENDED_SEQS), chosen.gpus_per_replica
     if chosen.kind == TENSOR_PARALLEL:
         return Recommendation("cuda", chosen.replicas, 1, seqs, tensor_parallel_size=n)
-    note = (
-        "layer split: tensor_parallel_size cannot divide the model over these GPUs"
-        if chosen.kind == LAYER_SPLIT
-        else ""
+    no_tp = tp_unavailable(cfg)
+    why_split = (
+        f"tensor parallel is {no_tp}" if no_tp else "tensor_parallel_size cannot divide the model over these GPUs"
     )
+    note = f"layer split: {why_split}" if chosen.kind == LAYER_SPLIT else ""
     return Recommendation("cuda", chosen.replicas, n, seqs, note)
 
 

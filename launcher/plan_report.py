@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
-from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare
+from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
 from launcher.plan import GB, GiB, Plan, resize
 
 ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
@@ -19,7 +19,8 @@ def render(plan: Plan, cfg: DeployConfig) -> Group:
     """Everything ``llamadeploy plan`` prints, as one renderable."""
     parts = [sizing_table(plan, cfg)]
     if plan.gpus:
-        parts.append(layouts_table(compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization), plan))
+        layouts = compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization, tp_unavailable(cfg))
+        parts.append(layouts_table(layouts, plan))
     parts.append(placement_table(plan))
     for e in plan.errors:
         parts.append(Text.assemble(("error: ", "bold red"), e))
@@ -64,7 +65,7 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
             f"{row.kv_full / GiB:.2f}",
             f"{row.overhead(gpus) / GiB:.2f}",
             f"{total / GiB:.2f}",
-            _gpus_cell(row, plan, util),
+            _gpus_cell(row, plan, util, tp_unavailable(cfg)),
         )
     return table
 
@@ -73,11 +74,11 @@ def _row_of(dtype: str) -> str:
     return "bfloat16" if dtype == "float16" else dtype
 
 
-def _gpus_cell(row, plan: Plan, utilization: float) -> str:
+def _gpus_cell(row, plan: Plan, utilization: float, no_tp: str) -> str:
     n = len(plan.gpus)
     if not n:
         return "no GPU"
-    chosen = choose(compare(row, plan.gpus, utilization))
+    chosen = choose(compare(row, plan.gpus, utilization, no_tp))
     if chosen is None:
         return f"no (> {n})"
     k = chosen.gpus_per_replica

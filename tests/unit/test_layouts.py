@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from launcher import cli
 from launcher.config import DeployConfig
-from launcher.layouts import DATA_PARALLEL, LAYER_SPLIT, TENSOR_PARALLEL, choose, compare
+from launcher.layouts import DATA_PARALLEL, LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
 from launcher.placement import GpuInfo, Inventory, WorkerSpec
 from launcher.plan import GiB, make_plan, parse_gpus, planned_budget, recommend, size, tp_rank_weights
 from launcher.plan_report import layouts_table, render
@@ -46,6 +46,16 @@ def advice(name: str, gpus: str):
 )
 def test_the_articles_advice_for_llama_2_in_fp16(model, gpus, expected):
     assert advice(model, gpus) == expected
+
+
+def test_on_a_ray_cluster_tensor_parallel_is_not_offered():
+    ray = DeployConfig.model_validate({"cluster": {"backend": "ray"}})
+    tp = {lay.kind: lay for lay in compare(fp16("13B"), parse_gpus("2x24GB"), 0.9, tp_unavailable(ray))}
+    assert not tp[TENSOR_PARALLEL].fits and "cluster.backend: ray" in tp[TENSOR_PARALLEL].why_not
+    rec = recommend(fp16("13B"), parse_gpus("2x24GB"), ray)
+    assert (rec.tensor_parallel_size, rec.gpus_per_replica) == (1, 2)  # the layer split is what is left
+    assert "tensor parallel is local only" in rec.note
+    assert tp_unavailable(DeployConfig()) == ""
 
 
 def test_13b_on_one_24gb_card_says_it_does_not_fit_and_what_would():
