@@ -181,3 +181,11 @@ def test_the_compare_table_labels_direction_and_verdict():
     doc = next(line for line in text.splitlines() if "doc alone" in line)
     assert "0.50" in c1 and "higher" in c1 and "peer ahead 2.00x" in c1 and "≥ 0.8" in c1
     assert "0.50" in doc and "lower" in doc and "ours ahead 2.00x" in doc
+
+
+def test_the_affinity_bench_line_gives_the_mean_repeat_against_the_first():
+    from launcher.bench.affinity import document, summary
+
+    line = summary("round_robin", 1478, [0.9, 0.9, 0.1, 0.1])
+    assert line.endswith("latencies 0.90 0.90 0.10 0.10 s; repeats / first = 0.41x")
+    assert document("a") != document("b") and document("a") == document("a")
