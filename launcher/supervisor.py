@@ -119,6 +119,10 @@ class Slot:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def where(self) -> str:
+        """Where its current process runs: the handle's own label (a Ray node) or the placement's."""
+        return getattr(self.proc, "label", "") or self.spec.label
+
 
 class Supervisor:
     """Owns every child process of one deployment.
@@ -283,7 +287,7 @@ class Supervisor:
             return
         slot.starts += 1
         slot.started_at = self.clock()
-        label = getattr(slot.proc, "label", "") or spec.label  # a backend's handle says where it really runs
+        label = slot.where()
         log.info(
             "worker %d started on %s (pid %d)%s",
             wid,
@@ -425,8 +429,7 @@ class Supervisor:
         for wid, slot in self.slots.items():
             if slot.alive():
                 running += 1
-                device = getattr(slot.proc, "label", "") or slot.spec.label
-                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=device))
+                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where()))
             elif slot.last_exit:
                 self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
         log.info(
