@@ -7,6 +7,14 @@ import socket
 from launcher.config import DeployConfig
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the kernel's pick), for a
+    rendezvous or a test server; another process may take it before it is bound again."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def listen_addresses(cfg: DeployConfig) -> list[tuple[str, int, str]]:
     """``(host, port, config key)`` of every address the router listens on: public, then admin."""
     r = cfg.router

@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 
 from launcher.placement import WorkerSpec
+from launcher.ports import free_port
 
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[list[str], dict[str, str]], subprocess.Popen]
 REAP_TIMEOUT_S = 5.0  # SIGKILLed ranks are gone within milliseconds; this bounds a process stuck in the kernel
 CLEAN_STOP_GRACE_S = 5.0  # followers stopped cleanly: rank 0 is stopping too, and gets this long to finish
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on now (the kernel's pick), for a rendezvous."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def rank_args(args: list[str], spec: WorkerSpec, rank: int, dist_init: str) -> list[str]:

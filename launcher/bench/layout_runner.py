@@ -25,18 +25,13 @@ from launcher.bench import load
 from launcher.bench.client import Client
 from launcher.bench.layouts import LayoutResult, LayoutRun, layout_runs, results_table
 from launcher.bench.prompts import short_messages
+from launcher.ports import free_port
 
 log = logging.getLogger(__name__)
 
 SINGLE_REQUESTS = 5
 CLIENTS = 8
 STOP_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    from launcher.ranks import free_port as pick
-
-    return pick()
 
 
 def deploy_config(base: dict, run: LayoutRun, port: int, admin_port: int) -> dict:

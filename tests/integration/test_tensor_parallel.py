@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.models import resolve_model
+from launcher.ports import free_port
 from tests.tiny_models import write_tiny_llama
 from worker.tp import PEER_LOST_EXIT_CODE
 
@@ -50,12 +50,6 @@ SCRIPT = [
     {"submit": "doc", "text": DOCUMENT, "params": {"max_tokens": 6, "temperature": 0}},
     {"submit": "g3", "text": QUESTIONS[5], "params": {"max_tokens": 4, "temperature": 0}},
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Ranks:
