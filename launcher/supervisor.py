@@ -449,9 +449,8 @@ class Supervisor:
             why = getattr(slot.proc, "exit_reason", "")  # a backend's handle may know more (a node that left)
             slot.proc = None
             now = self.clock()
-            reason = describe_exit(code) + (
-                f" ({slot.kill_reason})" if slot.kill_reason else f" ({why})" if why else ""
-            )
+            detail = slot.kill_reason or why
+            reason = describe_exit(code) + (f" ({detail})" if detail else "")
             if rank is not None and slot.spec.tp > 1:
                 reason = f"rank {rank} {reason}"
             slot.last_exit = reason
