@@ -29,6 +29,12 @@ class ModelConfig(Section):
     )
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    quantization: Literal["auto", "none", "int8", "int4"] = Field(
+        "auto",
+        description="weight-only quantization of the linear layers: auto = a GGUF file's quantized tensors as "
+        "stored, a float checkpoint unquantized; none = float weights (a GGUF file dequantized); int8 / int4 = "
+        "quantize the float weights at load, per group (embeddings, norms and the LM head stay float)",
+    )
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
     random_init: bool = Field(
         False,
