@@ -16,6 +16,7 @@ from rich.markup import escape
 from launcher.config import ConfigError, DeployConfig, connect_host, load_config
 from launcher.logs import setup_logging
 from launcher.ports import port_problems
+from router.admin_protocol import HAS_NO_PROCESS, WorkerState
 
 app = typer.Typer(
     add_completion=False,
@@ -189,10 +190,20 @@ def _admin_client(config: Path | None, admin_url: str | None):
 
 def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
     """One admin API call; exits 1 with a message that says what to check when it fails."""
+    return _or_exit(client, lambda: client.call(method, path, timeout=timeout))
+
+
+def admin_table(client, timeout: float = 5.0):
+    """``GET /admin/workers`` as a typed :class:`router.admin_protocol.WorkerTable`; exits 1 with a
+    message when the router does not answer, refuses, or answers with something else."""
+    return _or_exit(client, lambda: client.table(timeout=timeout))
+
+
+def _or_exit(client, call):
     from launcher.supervisor import AdminError
 
     try:
-        return client.call(method, path, timeout=timeout)
+        return call()
     except AdminError as exc:
         hint = (
             " (the token is router.admin_token or LLAMADEPLOY_ADMIN_TOKEN)" if str(exc).startswith("HTTP 401") else ""
@@ -204,6 +215,8 @@ def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
             "with another admin port, pass --admin-url http://127.0.0.1:PORT",
             1,
         )
+    except ValueError as exc:  # a table that does not match this launcher's contract (another version)
+        fail(f"the admin API at {client.base} answered a table this launcher cannot read: {exc}", 1)
 
 
 ADMIN_URL = typer.Option(None, "--admin-url", help="the router's admin API (default: from deploy.yaml)")
@@ -218,59 +231,59 @@ def status(
     """Show every worker: device, pid, state, load, restarts, uptime, memory."""
     import json
 
-    from rich.table import Table
+    import msgspec
 
     client = _admin_client(config, admin_url)
-    info = admin_call(client, "GET", "/admin/workers")
+    info = admin_table(client)
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps(msgspec.to_builtins(info), indent=2))
         return
-    table = Table(title=f"llamadeploy workers (policy {info['policy']})")
-    for col in (
-        "id",
-        "node",
-        "device",
-        "pid",
-        "state",
-        "in-flight",
-        "run/wait",
-        "kv cache",
-        "served",
-        "restarts",
-        "uptime",
-        "memory",
-    ):
-        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
-    colors = {"ready": "green", "draining": "yellow", "starting": "cyan", "dead": "red", "failed": "bold red"}
-    for w in info["workers"]:
-        state = f"[{colors.get(w['state'], 'white')}]{w['state']}[/]"
-        kv = w.get("kv_used_tokens", 0) / w["kv_budget_tokens"] if w.get("kv_budget_tokens") else 0.0
-        table.add_row(
-            str(w["id"]),
-            w.get("node_ip") or "local",
-            w["device"],
-            str(w["pid"]),
-            state,
-            str(w["in_flight"]),
-            f"{w.get('running', 0)}/{w.get('waiting', 0)}",
-            f"{kv:.0%}",
-            str(w["served"]),
-            str(w["restarts"]),
-            f"{w['uptime_s']:.0f}s",
-            f"{w['mem_bytes'] / 2**20:.0f} MiB",
-        )
     out = report_console()
-    out.print(table)
-    if router := info.get("router"):
-        out.print(
-            f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
-            highlight=False,
-        )
-    for w in info["workers"]:
-        if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
-            out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)
-    if not info.get("accepting", True):
+    out.print(worker_table(info))
+    if info.router is not None:
+        r = info.router
+        out.print(f"router: pid {r.pid}, restarts {r.restarts}, uptime {r.uptime_s:.0f}s", highlight=False)
+    for w in info.workers:
+        if w.state in HAS_NO_PROCESS and w.exit_reason:
+            out.print(f"worker {w.id} {w.state.value}: {w.exit_reason}", highlight=False)
+    if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
+
+
+STATE_COLORS = {
+    WorkerState.READY: "green",
+    WorkerState.DRAINING: "yellow",
+    WorkerState.STARTING: "cyan",
+    WorkerState.DEAD: "red",
+    WorkerState.FAILED: "bold red",
+}
+STATUS_COLUMNS = ("id", "node", "device", "pid", "state", "in-flight", "run/wait", "kv cache", "served", "restarts")
+
+
+def worker_table(info):
+    """The rich table ``status`` prints for a :class:`router.admin_protocol.WorkerTable`."""
+    from rich.table import Table
+
+    table = Table(title=f"llamadeploy workers (policy {info.policy})")
+    for col in (*STATUS_COLUMNS, "uptime", "memory"):
+        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
+    for w in info.workers:
+        kv = w.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0
+        table.add_row(
+            str(w.id),
+            w.node_ip or "local",
+            w.device,
+            str(w.pid),
+            f"[{STATE_COLORS.get(w.state, 'white')}]{w.state.value}[/]",
+            str(w.in_flight),
+            f"{w.running}/{w.waiting}",
+            f"{kv:.0%}",
+            str(w.served),
+            str(w.restarts),
+            f"{w.uptime_s:.0f}s",
+            f"{w.mem_bytes / 2**20:.0f} MiB",
+        )
+    return table
 
 
 @app.command("restart-worker")

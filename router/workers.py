@@ -43,6 +43,7 @@ from worker.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Cancel,
+    EngineLoad,
     Failed,
     Generate,
     Heartbeat,
@@ -91,7 +92,7 @@ class Worker:
     started_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     load_seconds: float = 0.0
-    heartbeat: Heartbeat | None = None
+    load: EngineLoad | None = None  # from its last heartbeat (None: none since its process started)
     heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
     requests: set[str] = field(default_factory=set)
     exit_reason: str = ""  # why its last process ended
@@ -105,17 +106,17 @@ class Worker:
     @property
     def busy(self) -> bool:
         """It has work: requests the router sent it, or sequences its last heartbeat reported."""
-        hb = self.heartbeat
-        return bool(self.in_flight or (hb is not None and (hb.running or hb.waiting)))
+        load = self.load
+        return bool(self.in_flight or (load is not None and (load.running or load.waiting)))
 
     def stalled_for(self, now: float) -> float:
         """Seconds its engine has had work but made no step (0 when it is idle, making progress,
         or does not report its steps): the engine loop is stuck while its I/O thread heartbeats."""
-        hb = self.heartbeat
-        if hb is None or not self.busy or (hb.steps is None and hb.last_step_age_s is None):
+        load = self.load
+        if load is None or not self.busy or (load.steps is None and load.last_step_age_s is None):
             return 0.0
         stalled = now - self.progress_at
-        return stalled if hb.steps is not None else min(stalled, hb.last_step_age_s)
+        return stalled if load.steps is not None else min(stalled, load.last_step_age_s)
 
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
@@ -125,10 +126,10 @@ class Worker:
         return self.max_num_seqs + self.max_waiting
 
     def report(self) -> WorkerInfo:
-        """This slot as one row of the admin API's worker table."""
-        hb = self.heartbeat
+        """This slot as one row of the admin API's worker table (every figure of its last load report)."""
         up = self.state in (State.READY, State.DRAINING)
         return WorkerInfo(
+            **msgspec.structs.asdict(self.load or EngineLoad()),
             id=self.worker_id,
             device=self.device,
             pid=self.pid,
@@ -138,20 +139,13 @@ class Worker:
             failed_requests=self.failed_requests,
             restarts=self.restarts,
             uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
-            running=hb.running if hb else 0,
-            waiting=hb.waiting if hb else 0,
-            peak_running=hb.peak_running if hb else 0,
-            kv_used_tokens=hb.kv_used_tokens if hb else 0,
             kv_budget_tokens=self.kv_budget_tokens,
-            mem_bytes=hb.mem_bytes if hb else 0,
             max_num_seqs=self.max_num_seqs,
             max_waiting=self.max_waiting,
             load_seconds=round(self.load_seconds, 2),
             exit_reason=self.exit_reason,
             start_requested=self.start_requested,
             heartbeats=self.heartbeats,
-            steps=hb.steps if hb else None,
-            last_step_age_s=hb.last_step_age_s if hb else None,
             node_id=self.node_id,
             node_ip=self.node_ip,
             gpu_ids=self.gpu_ids,
@@ -352,7 +346,7 @@ class WorkerPool:
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
-            w.pid, w.heartbeat = pid, None
+            w.pid, w.load = pid, None
             self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
@@ -367,7 +361,7 @@ class WorkerPool:
         """The worker process is gone, silent or stalled (or given up on): its in-flight requests
         get :class:`WorkerLost` (``kind`` is its label) and move elsewhere."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
-        w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
+        w.exit_reason, w.load = reason, None  # its last load report no longer holds
         if failed:
             w.start_requested = False  # a requested start ended here too: the supervisor must not retry it
             self._set(w, State.FAILED)
@@ -461,7 +455,7 @@ class WorkerPool:
             w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
             w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
             w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
-            w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
+            w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None
             self._set(w, State.STARTING)
             return
         if w is None:
@@ -474,9 +468,9 @@ class WorkerPool:
             if w.state == State.STARTING:
                 self._set(w, State.READY)
         elif isinstance(msg, Heartbeat):
-            if not w.busy or w.heartbeat is None or msg.steps != w.heartbeat.steps:
+            if not w.busy or w.load is None or msg.load.steps != w.load.steps:
                 w.progress_at = w.last_seen
-            w.heartbeat = msg
+            w.load = msg.load
             w.heartbeats += 1
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason

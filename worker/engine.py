@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from worker.protocol import Failed, Generate, Msg
+from worker.protocol import EngineLoad, Failed, Generate, Msg
 from worker.runner import ModelRunner
 from worker.sampling import SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
@@ -238,24 +238,25 @@ class Engine:
             self._last_trim = now
             trim_heap()
 
-    def stats(self) -> dict:
-        """Heartbeat counters: load, KV blocks, prefix-cache hits, progress of the loop, memory."""
+    def stats(self) -> EngineLoad:
+        """This engine's figures now (the heartbeat's load): load, KV blocks, prefix-cache hits,
+        progress of the loop, memory."""
         s, b = self.scheduler, self.scheduler.blocks
-        return {
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-            "kv_used_tokens": s.reserved_tokens,
-            "peak_running": s.peak_running,
-            "served": self.served,
-            "mem_bytes": memory_bytes(self.device),
-            "steps": self.steps,
-            "last_step_age_s": time.monotonic() - self.last_step_at,
-            "prefix_hit_tokens": b.hit_tokens,
-            "prefix_queried_tokens": b.queried_tokens,
-            "kv_blocks_total": b.num_blocks,
-            "kv_blocks_free": b.num_free,
-            "preemptions": s.preemptions,
-        }
+        return EngineLoad(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_used_tokens=s.reserved_tokens,
+            peak_running=s.peak_running,
+            finished=self.served,
+            mem_bytes=memory_bytes(self.device),
+            steps=self.steps,
+            last_step_age_s=time.monotonic() - self.last_step_at,
+            prefix_hit_tokens=b.hit_tokens,
+            prefix_queried_tokens=b.queried_tokens,
+            kv_blocks_total=b.num_blocks,
+            kv_blocks_free=b.num_free,
+            preemptions=s.preemptions,
+        )
 
 
 def trim_heap() -> None:

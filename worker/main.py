@@ -27,7 +27,7 @@ from launcher.lifeline import die_with_parent
 from launcher.logs import setup_logging
 from launcher.placement import SLOT_DEVICE_ENV
 from worker.node import NodeIdentity
-from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
+from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, EngineLoad, Failed, Generate, Hello, Ready, Shutdown
 
 log = logging.getLogger("worker")
 
@@ -94,9 +94,9 @@ def run_worker_process(
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     engine_ref: dict = {}
 
-    def stats() -> dict:  # called from the I/O thread; must not import anything heavy
+    def stats() -> EngineLoad:  # called from the I/O thread; must not import anything heavy
         engine = engine_ref.get("engine")
-        return engine.stats() if engine else {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 0}
+        return engine.stats() if engine else EngineLoad()
 
     from launcher.keys import client_keys, uses_curve
     from worker.transport import HANDSHAKE_TIMEOUT_S, HandshakeFailed, Transport

@@ -4,7 +4,7 @@ The thread owns the DEALER socket (ZeroMQ sockets are single-threaded). Frames f
 schema-checked and put on ``inbox``; an invalid frame is logged and dropped. The engine sends
 through :meth:`Transport.sender`, a PUSH socket on an ``inproc://`` pipe that this thread drains,
 so the engine never blocks on the network. Heartbeats go out every ``heartbeat_s`` seconds with
-the engine's current load (the fields of :class:`~worker.protocol.Heartbeat` that ``stats()`` has).
+the engine's current load (``stats()``, a :class:`~worker.protocol.EngineLoad`).
 
 Re-registration: :meth:`Transport.announce` sends ``Hello`` and ``Ready`` and keeps them; when a
 restarted router, which does not know this worker, answers a frame with ``Identify``, this thread
@@ -25,12 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from launcher.keys import KEYS_ENV, ClientKeys
 from worker.protocol import (
+    EngineLoad,
     Heartbeat,
     Hello,
     Identify,
@@ -53,7 +53,6 @@ HANDSHAKE_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-HEARTBEAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Heartbeat)) - {"worker_id"}
 
 
 class HandshakeFailed(RuntimeError):
@@ -83,7 +82,7 @@ class Transport(threading.Thread):
         address: str,
         worker_id: int,
         inbox: queue.SimpleQueue,
-        stats: Callable[[], dict],
+        stats: Callable[[], EngineLoad],
         heartbeat_s: float,
         curve: ClientKeys | None = None,
     ):
@@ -137,9 +136,8 @@ class Transport(threading.Thread):
         )
 
     def heartbeat(self) -> Heartbeat:
-        """The heartbeat for now: ``stats()`` keys that are Heartbeat fields (others are ignored)."""
-        stats = self.stats()
-        return Heartbeat(worker_id=self.worker_id, **{k: v for k, v in stats.items() if k in HEARTBEAT_FIELDS})
+        """The heartbeat for now: the engine's load as ``stats()`` reports it."""
+        return Heartbeat(worker_id=self.worker_id, load=self.stats())
 
     def run(self) -> None:
         dealer = self.ctx.socket(zmq.DEALER)

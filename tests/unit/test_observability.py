@@ -22,8 +22,8 @@ from router.metrics import Metrics, RequestTimer
 from router.workers import State, Worker, WorkerPool
 from worker.protocol import (
     Cancel,
+    EngineLoad,
     Generate,
-    Heartbeat,
     Hello,
     ProtocolError,
     SamplingParams,
@@ -55,7 +55,7 @@ def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     w = pool.workers[0] = Worker(
         0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2, in_flight=3
     )
-    w.heartbeat = Heartbeat(worker_id=0, running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
+    w.load = EngineLoad(running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
     pool.workers[1] = Worker(1, state=State.STARTING)
     m = Metrics(pool)
     s = samples(m)
@@ -70,7 +70,7 @@ def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     assert s[("llamadeploy_worker_state", (("state", "ready"), ("worker_id", "0")))] == 1
     assert s[("llamadeploy_worker_state", (("state", "starting"), ("worker_id", "1")))] == 1
     assert s[("llamadeploy_kv_cache_usage_ratio", (("worker_id", "1"),))] == 0  # no heartbeat yet
-    w.heartbeat = Heartbeat(worker_id=0, running=0, waiting=0, kv_used_tokens=0, mem_bytes=1)
+    w.load = EngineLoad(running=0, waiting=0, kv_used_tokens=0, mem_bytes=1)
     assert samples(m)[("llamadeploy_worker_num_requests_running", wid0)] == 0
 
 

@@ -12,7 +12,7 @@ from router.generation import stream_tokens
 from router.workers import State
 from tests.unit.test_migration_router import say
 from tests.unit.test_supervisor_pool import PARAMS, RecordingPool, collect, run, step, two_workers
-from worker.protocol import Heartbeat
+from worker.protocol import EngineLoad, Heartbeat
 
 STALL_S = 30.0
 
@@ -20,9 +20,7 @@ STALL_S = 30.0
 def beat(pool: RecordingPool, wid: int, steps: int | None, running: int = 1, age: float | None = None) -> None:
     pool.frame(
         wid,
-        Heartbeat(
-            worker_id=wid, running=running, waiting=0, kv_used_tokens=0, mem_bytes=0, steps=steps, last_step_age_s=age
-        ),
+        Heartbeat(worker_id=wid, load=EngineLoad(running=running, steps=steps, last_step_age_s=age)),
     )
 
 
