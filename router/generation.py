@@ -21,7 +21,6 @@ client gone), the request is cancelled on the worker and released from the pool'
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -66,9 +65,10 @@ async def _choose(pool: WorkerPool, tried: set[int], last_loss: str, prompt: lis
         try:
             return pool.pick(admitting=False, prompt=prompt)  # a worker already tried may be back (restarted)
         except NoWorker:
-            if time.monotonic() > deadline or not any(w.state in COMING_BACK for w in pool.workers.values()):
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(w.state in COMING_BACK for w in pool.workers.values()):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
-        await asyncio.sleep(0.25)
+        await pool.wait_change(left)  # a worker's state changed: it may be ready now
 
 
 @dataclass
@@ -187,11 +187,11 @@ async def _attempt(
         len(prompt),
         f", resuming after {len(got.ids)} generated" if got.ids else "",
     )
-    queue = pool.register(worker, rid)
+    req = pool.register(worker, rid)
     finished = ok = False  # finished: the worker is done with it, no Cancel needed
     try:
         await pool.send_generate(
-            worker,
+            req,
             Generate(
                 request_id=rid,
                 prompt_token_ids=prompt,
@@ -201,7 +201,7 @@ async def _attempt(
             ),
         )
         while True:
-            event = await queue.get()
+            event = await req.events.get()
             if isinstance(event, WorkerLost):
                 raise _Lost(event.reason, str(event))
             if isinstance(event, Failed):
@@ -228,5 +228,5 @@ async def _attempt(
                 return
     finally:
         if not finished:
-            await pool.cancel(rid)
-        pool.finish(rid, ok=ok)
+            await pool.cancel(req)
+        pool.finish(req, ok=ok)

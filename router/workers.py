@@ -2,9 +2,10 @@
 
 Every message from a worker arrives through the ZeroMQ link (:mod:`router.worker_link`, which
 checks sender and schema) at :meth:`WorkerPool.on_message`, which updates the table (``Hello``,
-``Ready``, ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request
-``asyncio.Queue`` that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
-restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
+``Ready``, ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the request's one record,
+:class:`RouterRequest` (held by the worker that owns it), whose queue the HTTP handler waits on.
+The launcher's supervisor reports each process start (pid, restart count) and exit at once
+through the admin API; as a fallback, a watchdog declares a
 worker dead after ``heartbeat_timeout_s`` of silence, or after ``stall_timeout_s`` with work and no
 engine step while it still heartbeats (its engine loop is stuck: a hung CUDA call, a deadlock);
 the supervisor then kills the hung process, and its requests move to other workers.
@@ -74,6 +75,17 @@ class WorkerLost(Exception):
         self.reason = reason
 
 
+@dataclass(eq=False)
+class RouterRequest:
+    """One attempt of a request on one worker, the router's only record of it: its wire id, the
+    worker that owns it (which holds the record in :attr:`Worker.requests` until it is finished)
+    and the queue its events (``Tokens``, ``Failed``, :class:`WorkerLost`) go to."""
+
+    request_id: str
+    worker: Worker = field(repr=False)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
 @dataclass
 class Worker:
     """The router's view of one worker slot (its id survives restarts)."""
@@ -85,7 +97,6 @@ class Worker:
     max_num_seqs: int = 1
     max_waiting: int = 0
     kv_budget_tokens: int = 0
-    in_flight: int = 0
     served: int = 0
     failed_requests: int = 0
     restarts: int = 0
@@ -94,7 +105,7 @@ class Worker:
     load_seconds: float = 0.0
     load: EngineLoad | None = None  # from its last heartbeat (None: none since its process started)
     heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
-    requests: set[str] = field(default_factory=set)
+    requests: dict[str, RouterRequest] = field(default_factory=dict)  # in flight here, by request id
     exit_reason: str = ""  # why its last process ended
     registered: bool = False  # this router process has had a Hello from the slot
     node_id: str = ""  # from its Hello: the cluster node ("" when local)
@@ -102,6 +113,11 @@ class Worker:
     gpu_ids: str = ""
     gpu_uuids: list[str] = field(default_factory=list)  # from its Ready
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
+
+    @property
+    def in_flight(self) -> int:
+        """Requests the router has sent this worker and not yet finished."""
+        return len(self.requests)
 
     @property
     def busy(self) -> bool:
@@ -193,12 +209,10 @@ class WorkerPool:
         self._orphans: collections.OrderedDict[str, None] = collections.OrderedDict()  # cancelled unknown ids
         self._posting: set[asyncio.Task] = set()
         self.workers: dict[int, Worker] = {}
-        self.queues: dict[str, asyncio.Queue] = {}
-        self.owner: dict[str, int] = {}
         self.accepting = True
         self.link = WorkerLink(address, self.on_message, curve)
         self._tasks: list[asyncio.Task] = []
-        self.changed = asyncio.Event()  # set on every state change (drain waits on it)
+        self._changed = asyncio.Event()  # set (and replaced) on every change: see wait_change
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -238,49 +252,58 @@ class WorkerPool:
             return self.policy.pick(room)
         return self.policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
 
-    def register(self, worker: Worker, request_id: str) -> asyncio.Queue:
-        """Count ``request_id`` against ``worker`` at once; returns its event queue. The caller
-        must :meth:`finish` it on every path."""
-        q: asyncio.Queue = asyncio.Queue()
-        self.queues[request_id] = q
-        self.owner[request_id] = worker.worker_id
-        worker.in_flight += 1
-        worker.requests.add(request_id)
-        return q
+    def register(self, worker: Worker, request_id: str) -> RouterRequest:
+        """Count ``request_id`` against ``worker`` at once; returns its record, whose ``events`` the
+        caller reads. The caller must :meth:`finish` it on every path."""
+        req = RouterRequest(request_id, worker)
+        worker.requests[request_id] = req
+        return req
 
-    async def send_generate(self, worker: Worker, gen: Generate) -> None:
+    async def send_generate(self, req: RouterRequest, gen: Generate) -> None:
         """Send a registered request; an unreachable worker puts :class:`WorkerLost` on its queue."""
-        self.affinity.record(worker.worker_id, gen.prompt_token_ids)
+        wid = req.worker.worker_id
+        self.affinity.record(wid, gen.prompt_token_ids)
         try:
-            await self._send(worker.worker_id, gen)
+            await self._send(wid, gen)
         except zmq.ZMQError:
-            q = self.queues.get(gen.request_id)
-            if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable", "unreachable"))
+            req.events.put_nowait(WorkerLost(f"worker {wid} is unreachable", "unreachable"))
 
-    async def cancel(self, request_id: str) -> None:
-        """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
-        wid = self.owner.get(request_id)
-        if wid is not None and self.workers[wid].state not in (State.DEAD, State.FAILED):
+    async def cancel(self, req: RouterRequest) -> None:
+        """Tell the owning worker to stop the request (no-op if it is gone)."""
+        if req.worker.state not in (State.DEAD, State.FAILED):
             try:
-                await self._send(wid, Cancel(request_id=request_id))
+                await self._send(req.worker.worker_id, Cancel(request_id=req.request_id))
             except zmq.ZMQError:
                 pass
 
-    def finish(self, request_id: str, ok: bool) -> None:
-        """Release ``request_id``: on every ending path (done, error, cancel, timeout, loss)."""
-        self.queues.pop(request_id, None)
-        wid = self.owner.pop(request_id, None)
-        if wid is None:
+    def finish(self, req: RouterRequest, ok: bool) -> None:
+        """Release the request: on every ending path (done, error, cancel, timeout, loss)."""
+        w = req.worker
+        if w.requests.pop(req.request_id, None) is None:
             return
-        w = self.workers[wid]
-        w.in_flight -= 1
-        w.requests.discard(request_id)
         if ok:
             w.served += 1
         else:
             w.failed_requests += 1
-        self.changed.set()
+        self._notify()
+
+    def owner_of(self, request_id: str) -> RouterRequest | None:
+        """The record of ``request_id``, whichever worker holds it (None: not in flight)."""
+        return next((w.requests[request_id] for w in self.workers.values() if request_id in w.requests), None)
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return at the next change of any worker's state or load (a state set, a request
+        finished), or after ``timeout_s``: what waiting for a worker awaits instead of polling."""
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+
+    def _notify(self) -> None:
+        """Wake every :meth:`wait_change` (a fresh event each time: no waiter misses a change)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     @staticmethod
     def new_request_id() -> str:
@@ -313,16 +336,13 @@ class WorkerPool:
         return await self.wait_idle([w], timeout_s)
 
     async def wait_idle(self, workers: list[Worker], timeout_s: float) -> bool:
+        """Wait until none of ``workers`` has a request in flight; False if ``timeout_s`` passed first."""
         deadline = time.monotonic() + timeout_s
         while any(w.in_flight for w in workers):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), timeout=min(left, 0.5))
-            except TimeoutError:
-                pass
+            await self.wait_change(left)
         return True
 
     def undrain(self, worker_id: int) -> None:
@@ -367,10 +387,8 @@ class WorkerPool:
             self._set(w, State.FAILED)
         elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
             self._set(w, State.DEAD)
-        for rid in list(w.requests):
-            q = self.queues.get(rid)
-            if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
+        for req in list(w.requests.values()):
+            req.events.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
     # ---- internals --------------------------------------------------------------------
 
@@ -378,7 +396,7 @@ class WorkerPool:
         if w.state != state:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
             w.state = state
-            self.changed.set()
+            self._notify()
 
     async def _send(self, worker_id: int, msg) -> None:
         await self.link.send(worker_id, msg)
@@ -387,10 +405,10 @@ class WorkerPool:
         """A schema-checked message from the peer with identity ``worker-<wid>`` (the link checked
         both): route request events to their owner, update the table; drop what the sender may not say."""
         if isinstance(msg, (Tokens, Failed)):
-            owner = self.owner.get(msg.request_id)
-            if owner == wid:
-                self.queues[msg.request_id].put_nowait(msg)
-            elif owner is not None:
+            sender = self.workers.get(wid)
+            if sender is not None and (req := sender.requests.get(msg.request_id)) is not None:
+                req.events.put_nowait(msg)
+            elif self.owner_of(msg.request_id) is not None:
                 log.warning(
                     "dropped %s for %s from worker %d, which does not own it", type(msg).__name__, msg.request_id, wid
                 )

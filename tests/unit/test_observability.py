@@ -53,8 +53,10 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
 
 def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     w = pool.workers[0] = Worker(
-        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2, in_flight=3
+        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2
     )
+    for k in range(3):
+        pool.register(w, f"req-{k}")
     w.load = EngineLoad(running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
     pool.workers[1] = Worker(1, state=State.STARTING)
     m = Metrics(pool)

@@ -243,10 +243,10 @@ def test_retry_waits_for_the_only_worker_to_come_back():
         task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True)))
         await step()
         pool.mark_lost(0, "killed by SIGKILL")  # one replica: nothing else is ready
-        await asyncio.sleep(0.3)
+        await step()
         assert not task.done() and len(pool.generates()) == 1
         pool.boot(0, pid=200, restarts=1)
-        await asyncio.sleep(0.3)
+        await step()
         assert len(pool.generates()) == 2
         pool.tokens("back", finish="stop")
         events = await task
