@@ -147,7 +147,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
         with loading_progress(
-            lambda: sup.admin.try_call("GET", "/admin/workers", timeout=2.0),
+            sup.admin.try_table,
             len(specs),
             enabled=cfg.logging.format == "text",
             console=console,
@@ -311,28 +311,29 @@ def restart_worker(
     if wait:
         with console.status(f"waiting for worker {worker_id} to be ready"):
             w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)
-        if w.get("state") != "ready":
+        if w is None or w.state != WorkerState.READY:
             fail(
-                f"worker {worker_id} is {w.get('state', 'unreachable')}"
-                + (f" ({w['exit_reason']})" if w.get("exit_reason") else ""),
+                f"worker {worker_id} is {w.state.value if w else 'unreachable'}"
+                + (f" ({w.exit_reason})" if w and w.exit_reason else ""),
                 1,
             )
-        console.print(f"worker {worker_id} ready (pid {w['pid']}, restarts {w['restarts']})", highlight=False)
+        console.print(f"worker {worker_id} ready (pid {w.pid}, restarts {w.restarts})", highlight=False)
 
 
-def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float) -> dict:
+def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float):
     """Poll the admin API until worker ``worker_id`` runs a new process that is ready or failed
-    (or ``timeout`` passes); returns its last table entry."""
+    (or ``timeout`` passes); returns its last :class:`~router.admin_protocol.WorkerInfo` (None:
+    never read)."""
     import time
 
     deadline = time.monotonic() + timeout
-    w: dict = {}
+    w = None
     while time.monotonic() < deadline:
-        info = client.try_call("GET", "/admin/workers", timeout=5.0)
-        w = next((x for x in (info or {}).get("workers", []) if x["id"] == worker_id), w)
-        if w.get("pid") != old_pid and w.get("state") in ("ready", "failed"):
+        info = client.try_table(timeout=5.0)
+        w = next((x for x in (info.workers if info else []) if x.id == worker_id), w)
+        if w is not None and w.pid != old_pid and w.state in (WorkerState.READY, WorkerState.FAILED):
             break
-        if w.get("state") == "failed" and not w.get("start_requested"):
+        if w is not None and w.state == WorkerState.FAILED and not w.start_requested:
             break  # the start was tried and refused (no room for the slot): no new process is coming
         time.sleep(0.5)
     return w

@@ -7,6 +7,8 @@ loudly at decode time instead of silently turning off hung-worker kills and rest
 * ``GET /admin/workers`` (and the public ``GET /workers``) → :class:`WorkerTable`.
 * ``POST /admin/workers/{id}/started`` ← :class:`Started` (the supervisor spawned a process).
 * ``POST /admin/workers/{id}/exited`` ← :class:`Exited` (a process ended; ``failed`` = given up on).
+* Router → supervisor, pushed as they happen on the supervisor's event socket: :class:`WorkerReady`,
+  :class:`WorkerDown`, :class:`StartRequested` (:mod:`router.supervisor_events`).
 
 :class:`WorkerState` is the one worker-state enum of the project: the router's table holds it and
 the supervisor decides on it. This module must stay import-light (msgspec and the wire protocol
@@ -98,6 +100,51 @@ class Exited(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "exited"
     failed: bool = False
     pid: int = 0
+
+
+# ---- router -> supervisor: pushed events ---------------------------------------------------
+
+
+class SupervisorEvent(msgspec.Struct, tag=True, forbid_unknown_fields=True):
+    """What the router tells the supervisor about slot ``worker_id``, pushed as it happens over
+    the supervisor's event socket (ZeroMQ PUSH → PULL, msgpack, tagged by class name): the
+    supervisor waits on it instead of reading the worker table."""
+
+    worker_id: int
+
+
+class WorkerReady(SupervisorEvent):
+    """Process ``pid`` of the slot is ready (again, after a router restart)."""
+
+    pid: int
+
+
+class WorkerDown(SupervisorEvent):
+    """The router declared process ``pid`` dead (``reason``: silent, stalled); if it still runs it
+    is hung, and the supervisor kills it so that it restarts."""
+
+    pid: int
+    reason: str
+
+
+class StartRequested(SupervisorEvent):
+    """An operator asked (admin API) to start the slot, which has no process (failed, dead, stopped)."""
+
+
+Event = WorkerReady | WorkerDown | StartRequested
+
+_events_out = msgspec.msgpack.Encoder()
+_events_in = msgspec.msgpack.Decoder(Event)
+
+
+def encode_event(event: SupervisorEvent) -> bytes:
+    """One event as its msgpack frame."""
+    return _events_out.encode(event)
+
+
+def decode_event(frame: bytes) -> Event:
+    """One event frame. Raises ``msgspec.ValidationError``/``DecodeError`` (both ValueError)."""
+    return _events_in.decode(frame)
 
 
 _json = msgspec.json.Encoder()

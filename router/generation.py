@@ -166,6 +166,21 @@ async def stream_tokens(
         tried.add(worker.worker_id)
 
 
+def _is_departure(event: Failed) -> bool:
+    """A 503 without ``retry_after_s``: the worker is leaving with the request in flight (it moves)."""
+    return event.code == SHUTTING_DOWN and event.retry_after_s is None
+
+
+def _failure(event: Failed) -> Exception:
+    """What a worker's ``Failed`` becomes: :class:`_Lost` when the worker is leaving, else the
+    worker's status as :class:`UpstreamError` (``Retry-After`` when it refused for capacity)."""
+    if _is_departure(event):
+        return _Lost("shutting_down", event.message)
+    wait = event.retry_after_s if event.retry_after_s is not None else 1 if event.code == 429 else None
+    retry_after = {"Retry-After": str(max(1, round(wait)))} if wait is not None else None
+    return UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
+
+
 async def _attempt(
     pool: WorkerPool,
     worker: Worker,
@@ -205,12 +220,8 @@ async def _attempt(
             if isinstance(event, WorkerLost):
                 raise _Lost(event.reason, str(event))
             if isinstance(event, Failed):
-                if event.code == SHUTTING_DOWN and event.retry_after_s is None:
-                    raise _Lost("shutting_down", event.message)
-                finished = True
-                wait = event.retry_after_s if event.retry_after_s is not None else 1 if event.code == 429 else None
-                retry_after = {"Retry-After": str(max(1, round(wait)))} if wait is not None else None
-                raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
+                finished = not _is_departure(event)
+                raise _failure(event)
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,7 +36,19 @@ import zmq
 import zmq.asyncio
 
 from launcher.keys import ServerKeys
-from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
+from router.admin_protocol import (
+    HAS_NO_PROCESS,
+    Exited,
+    RouterInfo,
+    Started,
+    StartRequested,
+    SupervisorEvent,
+    WorkerDown,
+    WorkerInfo,
+    WorkerReady,
+    WorkerState,
+    WorkerTable,
+)
 from router.errors import ApiError
 from router.policies import make_policy
 from router.prefix_affinity import PrefixAffinity
@@ -213,6 +226,7 @@ class WorkerPool:
         self.link = WorkerLink(address, self.on_message, curve)
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()  # set (and replaced) on every change: see wait_change
+        self.tell_supervisor: Callable[[SupervisorEvent], None] = lambda event: None  # its event channel
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -351,18 +365,29 @@ class WorkerPool:
             self._set(w, State.READY)
 
     def request_start(self, worker_id: int) -> bool:
-        """Ask the supervisor (it reads the table once a second) to start a worker that has no
-        process: ``failed``, ``dead`` or ``stopped``. Returns False when it has one."""
+        """Ask the supervisor (an event on its channel) to start a worker that has no process:
+        ``failed``, ``dead`` or ``stopped``. Returns False when it has one. ``start_requested``
+        shows in the table until the supervisor answers with its report (:meth:`on_report`)."""
         w = self.get(worker_id)
         if w.state not in HAS_NO_PROCESS:
             return False
         w.start_requested = True
+        self.tell_supervisor(StartRequested(worker_id=worker_id))
         return True
+
+    def on_report(self, worker_id: int, report: Started | Exited) -> None:
+        """The supervisor's report on a slot: a process started, or one ended (``failed``: given
+        up on). Either answers a requested start."""
+        if isinstance(report, Started):
+            self.on_started(worker_id, report.pid, report.restarts, report.device)
+        else:
+            self.mark_lost(worker_id, report.reason, failed=report.failed)
+        self.workers[worker_id].start_requested = False
 
     def on_started(self, worker_id: int, pid: int, restarts: int, device: str) -> None:
         """The supervisor started a process for this slot (before it says Hello)."""
         w = self.workers.setdefault(worker_id, Worker(worker_id, device=device))
-        w.restarts, w.start_requested = restarts, False
+        w.restarts = restarts
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
@@ -379,14 +404,16 @@ class WorkerPool:
 
     def mark_lost(self, worker_id: int, reason: str, failed: bool = False, kind: str = "exited") -> None:
         """The worker process is gone, silent or stalled (or given up on): its in-flight requests
-        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere."""
+        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere. ``dead`` is told to
+        the supervisor (:class:`~router.admin_protocol.WorkerDown`), which kills the process if
+        it still runs."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
         w.exit_reason, w.load = reason, None  # its last load report no longer holds
         if failed:
-            w.start_requested = False  # a requested start ended here too: the supervisor must not retry it
             self._set(w, State.FAILED)
         elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
             self._set(w, State.DEAD)
+            self.tell_supervisor(WorkerDown(worker_id=worker_id, pid=w.pid, reason=reason))  # alive there: hung
         for req in list(w.requests.values()):
             req.events.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
@@ -397,6 +424,8 @@ class WorkerPool:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
             w.state = state
             self._notify()
+            if state == State.READY:
+                self.tell_supervisor(WorkerReady(worker_id=w.worker_id, pid=w.pid))
 
     async def _send(self, worker_id: int, msg) -> None:
         await self.link.send(worker_id, msg)
@@ -459,32 +488,16 @@ class WorkerPool:
 
     def _on_control(self, wid: int, msg) -> None:
         w = self.workers.get(wid)
-        if not isinstance(msg, Hello) and (w is None or not w.registered):
+        if isinstance(msg, Hello):
+            self._on_hello(wid, w, msg)
+            return
+        if w is None or not w.registered:
             self._ask_identify(wid)  # a heartbeat (or Ready) from before this router's time
             if w is None or isinstance(msg, Ready):
                 return  # a Ready counts only after this router's Hello
-        if isinstance(msg, Hello):
-            if w is None:
-                w = self.workers[wid] = Worker(wid)
-            elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
-                self.mark_lost(wid, "replaced by a new process", kind="replaced")
-            # The restart count comes from the supervisor (``on_started``), which also sees the
-            # processes that crash before saying Hello; a Hello never counts one.
-            w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
-            w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
-            w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
-            w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None
-            self._set(w, State.STARTING)
-            return
-        if w is None:
-            return  # a heartbeat from a worker that has not said Hello (e.g. router restarted)
         w.last_seen = time.monotonic()
         if isinstance(msg, Ready):
-            w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
-            w.gpu_uuids = list(msg.gpu_uuids)
-            self.affinity.configure(wid, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
-            if w.state == State.STARTING:
-                self._set(w, State.READY)
+            self._on_ready(w, msg)
         elif isinstance(msg, Heartbeat):
             if not w.busy or w.load is None or msg.load.steps != w.load.steps:
                 w.progress_at = w.last_seen
@@ -493,6 +506,28 @@ class WorkerPool:
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason
             self._set(w, State.STOPPED)
+
+    def _on_hello(self, wid: int, w: Worker | None, msg: Hello) -> None:
+        """A worker process introduces itself (a new one, or one re-registering): ``starting``."""
+        if w is None:
+            w = self.workers[wid] = Worker(wid)
+        elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
+            self.mark_lost(wid, "replaced by a new process", kind="replaced")
+        # The restart count comes from the supervisor (``on_started``), which also sees the
+        # processes that crash before saying Hello; a Hello never counts one.
+        w.pid, w.device, w.registered = msg.pid, msg.device, True
+        w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
+        w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
+        w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None
+        self._set(w, State.STARTING)
+
+    def _on_ready(self, w: Worker, msg: Ready) -> None:
+        """The worker's model is loaded and warm: it takes requests (``ready``)."""
+        w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
+        w.gpu_uuids = list(msg.gpu_uuids)
+        self.affinity.configure(w.worker_id, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
+        if w.state == State.STARTING:
+            self._set(w, State.READY)
 
     async def _watchdog(self) -> None:
         interval = min(1.0, self.heartbeat_timeout_s / 4)

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter
 from launcher.progress import describe
+from router.admin_protocol import WorkerInfo, WorkerState
 from router.auth import bearer_token, token_matches
 from router.metrics import Metrics, RequestTimer
 from router.workers import State, Worker, WorkerPool
@@ -274,4 +275,5 @@ def test_router_direction_does_not_accept_worker_commands():
 
 
 def test_progress_description():
-    assert describe([{"id": 1, "state": "starting"}, {"id": 0, "state": "ready"}]) == (1, "0 ready, 1 starting")
+    rows = [WorkerInfo(id=1, state=WorkerState.STARTING), WorkerInfo(id=0, state=WorkerState.READY)]
+    assert describe(rows) == (1, "0 ready, 1 starting")

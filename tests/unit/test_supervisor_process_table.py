@@ -2,7 +2,8 @@
 
 ``FakeProcs`` stands in for ``subprocess.Popen`` (the test decides when a process exits), a fake
 clock for time, and the admin API goes to a real :class:`~router.workers.WorkerPool` through the
-typed contract's JSON encoding (``router.admin_protocol``), so both sides' states must agree.
+typed contract's JSON encoding (``router.admin_protocol``), so both sides' states must agree; the
+router's events reach the supervisor as the msgpack frames of its event channel.
 """
 
 from __future__ import annotations
@@ -59,11 +60,34 @@ class FakeProc:
         return self.returncode
 
 
+class FakeInbox:
+    """The supervisor's event socket: the frames the router pushed, decoded as the real one does."""
+
+    address = "ipc://unused-events"
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def push(self, event) -> None:
+        self.frames.append(admin_protocol.encode_event(event))
+
+    def wait(self, timeout_s: float) -> list:
+        frames, self.frames = self.frames, []
+        return [admin_protocol.decode_event(f) for f in frames]
+
+    def close(self) -> None:
+        pass
+
+
+INBOX = FakeInbox()  # shared by every router a test makes, as the supervisor's socket is
+
+
 class PoolAdmin:
     """The admin API, served by a real WorkerPool; every message crosses the JSON contract."""
 
-    def __init__(self) -> None:
+    def __init__(self, inbox: FakeInbox = INBOX) -> None:
         self.pool = WorkerPool("inproc://unused", "round_robin", heartbeat_timeout_s=10)
+        self.pool.tell_supervisor = inbox.push
         self.down = False
         self.base = "http://fake"
 
@@ -77,11 +101,7 @@ class PoolAdmin:
 
     def report(self, worker_id: int, msg, timeout: float = 5.0) -> None:
         self._check()
-        msg = admin_protocol.decode(admin_protocol.encode(msg), type(msg))
-        if isinstance(msg, Started):
-            self.pool.on_started(worker_id, msg.pid, msg.restarts, msg.device)
-        else:
-            self.pool.mark_lost(worker_id, msg.reason, failed=msg.failed)
+        self.pool.on_report(worker_id, admin_protocol.decode(admin_protocol.encode(msg), type(msg)))
 
     def try_call(self, method: str, path: str, body=None, timeout: float = 5.0):
         return None if self.down else {}
@@ -102,9 +122,13 @@ class Harness(Supervisor):
         cfg = DeployConfig.model_validate(base)
         specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
         self.now = 1000.0
+        INBOX.frames.clear()
         super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)
         self.admin = PoolAdmin()
         self.procs: list[FakeProc] = []
+
+    def _open_events(self) -> FakeInbox:
+        return INBOX
 
     def _spawn(self, args, env, stdin_pipe=False):
         self.procs.append(FakeProc(1000 + len(self.procs), args, FakeStdin() if stdin_pipe else None))
@@ -115,7 +139,6 @@ class Harness(Supervisor):
 
     def tick(self, seconds: float = 0.0) -> None:
         self.now += seconds
-        self._next_sync = 0.0
         self.poll_once()
 
     def proc_of(self, wid: int) -> FakeProc:
@@ -215,12 +238,12 @@ def test_an_unreadable_table_is_a_warning_once_per_outage(tmp_path, caplog):
     sup = started(tmp_path)
     caplog.set_level(logging.INFO, logger="launcher.supervisor")
     sup.admin.down = True
-    sup.tick()
-    sup.tick()
+    sup.read_table()  # (supervision waits on events; the table is read while shutting down)
+    sup.read_table()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "cannot read the router's worker table" in warnings[0].getMessage()
     sup.admin.down = False
-    sup.tick()
+    sup.read_table()
     assert "readable again" in caplog.text
 
 
@@ -230,7 +253,7 @@ def test_a_table_that_breaks_the_contract_is_refused_loudly(tmp_path, caplog):
     row["workers"][0]["state"] = "Ready"  # a renamed state must not silently stop supervision
     sup.admin.table = lambda timeout=2.0: admin_protocol.decode(msgspec.json.encode(row), WorkerTable)
     caplog.set_level(logging.WARNING, logger="launcher.supervisor")
-    assert sup.sync() is None
+    assert sup.read_table() is None
     assert "cannot read the router's worker table" in caplog.text and "Ready" in caplog.text
 
 
