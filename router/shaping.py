@@ -98,14 +98,9 @@ class Choice:
             return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": self.index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def feed(self, tok: Tokens) -> list[dict]:
-        lps = list(tok.logprobs or [])
-        self.parts.append(tok.text_delta)
-        self.lps += lps
-        out: list[dict] = []
-        if self.chat and not self.started:
-            self.started = True
-            out.append(self._chunk({"role": "assistant", "content": ""}, None, None))
+    def _text_and_calls(self, tok: Tokens) -> tuple[str, list]:
+        """The event's text to relay and the tool calls it completed (the tool-call parser holds
+        back call markup); at the finish, what the parser held and this choice's finish reason."""
         text, calls = tok.text_delta, []
         if self.streamer is not None:
             text, calls = self.streamer.feed(tok.text_delta)
@@ -116,6 +111,17 @@ class Choice:
                 text, calls = text + rest, calls + more
                 if self.calls and self.finish_reason == "stop":
                     self.finish_reason = "tool_calls"
+        return text, calls
+
+    def feed(self, tok: Tokens) -> list[dict]:
+        lps = list(tok.logprobs or [])
+        self.parts.append(tok.text_delta)
+        self.lps += lps
+        out: list[dict] = []
+        if self.chat and not self.started:
+            self.started = True
+            out.append(self._chunk({"role": "assistant", "content": ""}, None, None))
+        text, calls = self._text_and_calls(tok)
         if not self.chat:
             if text or lps or tok.finish_reason:
                 out.append(self._chunk(text, lps, self.finish_reason))

@@ -157,12 +157,7 @@ class Transport(threading.Thread):
             events = dict(poller.poll(timeout=100))
             self._send_announced(dealer)
             if self._pull in events:
-                while True:  # forward everything queued, then look at the socket again
-                    try:
-                        frame = self._pull.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._send(dealer, frame)
+                self._forward(dealer)
             if dealer in events:
                 self._receive(dealer)
             if monitor is not None and monitor in events and self._watch_handshake(monitor):
@@ -180,6 +175,15 @@ class Transport(threading.Thread):
             monitor.close(linger=0)
         dealer.close()
         self._pull.close()
+
+    def _forward(self, dealer: zmq.Socket) -> None:
+        """Send everything the engine's threads have queued, then look at the socket again."""
+        while True:
+            try:
+                frame = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._send(dealer, frame)
 
     def _curve_client(self, dealer: zmq.Socket) -> zmq.Socket:
         """Make ``dealer`` a CURVE client; returns a monitor socket on its handshakes."""
