@@ -42,6 +42,42 @@ def check_model(api: Api, name: str | None) -> None:
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
     """Apply the limits and the context length; build the worker's parameters."""
     lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
+    _check_lengths(api, req, prompt_len, max_tokens)
+    stops = _checked_stops(req, lim)
+    bias = req.logit_bias_ids()
+    vocab = len(api.tokenizer)
+    if any(t >= vocab for t in bias):
+        raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
+    max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
+    if req.min_tokens and req.min_tokens > max_new:
+        raise ApiError(
+            400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens", code="invalid_value"
+        )
+    if isinstance(req, ChatRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    return SamplingParams(
+        max_tokens=max_new,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop=stops,
+        ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias,
+        min_tokens=req.min_tokens or 0,
+        logprobs=logprobs,
+    )
+
+
+def _check_lengths(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> None:
+    """The prompt within ``limits.max_prompt_tokens``, ``max_tokens`` within ``limits.max_tokens``
+    and both within the model's context; else 400 as OpenAI words it."""
+    lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
     max_prompt = api.max_prompt_tokens
     if prompt_len > max_prompt:
         raise ApiError(
@@ -66,6 +102,10 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
             param="max_tokens",
             code="context_length_exceeded",
         )
+
+
+def _checked_stops(req: Sampling, lim) -> list[str]:
+    """The request's stop strings, within ``limits.max_stop_strings`` and ``limits.max_stop_length``."""
     stops = req.stop_list()
     if len(stops) > lim.max_stop_strings:
         raise ApiError(
@@ -81,35 +121,7 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
             param="stop",
             code="stop_too_long",
         )
-    temperature = 1.0 if req.temperature is None else req.temperature
-    bias = req.logit_bias_ids()
-    vocab = len(api.tokenizer)
-    if any(t >= vocab for t in bias):
-        raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
-    max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
-    if req.min_tokens and req.min_tokens > max_new:
-        raise ApiError(
-            400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens", code="invalid_value"
-        )
-    if isinstance(req, ChatRequest):
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        logprobs = req.logprobs
-    return SamplingParams(
-        max_tokens=max_new,
-        temperature=temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        seed=req.seed,
-        stop=stops,
-        ignore_eos=req.ignore_eos,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=bias,
-        min_tokens=req.min_tokens or 0,
-        logprobs=logprobs,
-    )
+    return stops
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
