@@ -21,7 +21,7 @@ import enum
 
 import msgspec
 
-from worker.protocol import EngineLoad
+from worker.contract.protocol import EngineLoad
 
 
 class WorkerState(str, enum.Enum):
@@ -44,7 +44,7 @@ HAS_NO_PROCESS = frozenset({WorkerState.FAILED, WorkerState.DEAD, WorkerState.ST
 
 class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
     """One row of the worker table: the slot as the router sees it, plus every figure of the
-    worker's last heartbeat (the :class:`~worker.protocol.EngineLoad` fields, inherited: a new
+    worker's last heartbeat (the :class:`~worker.contract.protocol.EngineLoad` fields, inherited: a new
     figure there is a new column here; their defaults when there is none)."""
 
     id: int

@@ -1,4 +1,4 @@
-"""The engine's figures are one typed struct, :class:`worker.protocol.EngineLoad`, from the
+"""The engine's figures are one typed struct, :class:`worker.contract.protocol.EngineLoad`, from the
 heartbeat to the router's worker table: every field reaches the table's row (and its JSON), and a
 field added to the struct reaches it with no other edit."""
 
@@ -11,9 +11,9 @@ import types
 
 import msgspec
 
-import worker.protocol
+import worker.contract.protocol
 from router.admin_protocol import WorkerInfo
-from worker.protocol import EngineLoad
+from worker.contract.protocol import EngineLoad
 
 
 def distinct_load(cls: type = EngineLoad) -> dict:
@@ -43,7 +43,7 @@ def test_every_figure_of_the_heartbeat_reaches_the_worker_table():
     import router.workers
 
     load = distinct_load()
-    row = table_row(worker.protocol, router.workers, load)
+    row = table_row(worker.contract.protocol, router.workers, load)
     assert {k: row[k] for k in load} == load
     assert {f.name for f in msgspec.structs.fields(EngineLoad)} <= {f.name for f in msgspec.structs.fields(WorkerInfo)}
 
@@ -56,19 +56,19 @@ def test_a_worker_without_a_heartbeat_reports_the_structs_defaults():
 
 
 def patched_protocol(field: str) -> types.ModuleType:
-    """``worker.protocol`` built from its own source with one more ``EngineLoad`` field, ``field: int = 0``."""
-    tree = ast.parse(inspect.getsource(worker.protocol))
+    """``worker.contract.protocol`` built from its own source with one more ``EngineLoad`` field, ``field: int = 0``."""
+    tree = ast.parse(inspect.getsource(worker.contract.protocol))
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineLoad"]
     cls.body.append(ast.parse(f"{field}: int = 0").body[0])
-    module = types.ModuleType("worker.protocol")
-    module.__file__ = worker.protocol.__file__
-    sys.modules["worker.protocol"] = module  # msgspec resolves the annotations through sys.modules
-    exec(compile(ast.fix_missing_locations(tree), worker.protocol.__file__, "exec"), module.__dict__)
+    module = types.ModuleType("worker.contract.protocol")
+    module.__file__ = worker.contract.protocol.__file__
+    sys.modules["worker.contract.protocol"] = module  # msgspec resolves the annotations through sys.modules
+    exec(compile(ast.fix_missing_locations(tree), worker.contract.protocol.__file__, "exec"), module.__dict__)
     return module
 
 
 def fresh(name: str) -> bool:
-    return name in ("worker.protocol", "router") or name.startswith("router.")
+    return name in ("worker.contract.protocol", "router") or name.startswith("router.")
 
 
 def test_a_field_added_to_engine_load_reaches_the_worker_table_with_no_other_edit():

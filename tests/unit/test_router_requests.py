@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from router.workers import State
-from tests.unit.test_supervisor_pool import RecordingPool, run, step, two_workers
-from worker.protocol import Tokens
+from tests.helpers.router_pool import RecordingPool, run, step, two_workers
+from worker.contract.protocol import Tokens
 
 
 def test_in_flight_is_the_records_a_worker_holds_and_a_finish_counts_once():

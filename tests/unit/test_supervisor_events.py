@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import signal
 
-from launcher.events import EventInbox
+from launcher.supervise.events import EventInbox
 from router.admin_protocol import StartRequested, WorkerDown, WorkerReady, WorkerState
 from router.supervisor_events import EventSender
-from tests.unit.test_supervisor_process_table import Harness, started
+from tests.helpers.supervisor_harness import Harness, started
 
 
 def test_events_cross_the_channel_typed_and_a_frame_that_breaks_the_contract_is_dropped_loudly(tmp_path, caplog):
@@ -20,7 +20,7 @@ def test_events_cross_the_channel_typed_and_a_frame_that_breaks_the_contract_is_
         sender._sock.send(b"\x81\xa4type\xa5Bogus")  # {"type": "Bogus"}: no such event, on the same pipe
         sender.send(WorkerDown(worker_id=0, pid=7, reason="no heartbeat for 10s"))
         sender.send(StartRequested(worker_id=2))
-        caplog.set_level(logging.WARNING, logger="launcher.events")
+        caplog.set_level(logging.WARNING, logger="launcher.supervise.events")
         got = []
         while len(got) < 3:
             got += inbox.wait(30.0)  # returns as soon as frames are there

@@ -1,27 +1,6 @@
-"""Memory planning: weights + KV cache + overhead against each GPU, before anything is loaded.
+"""The deployment plan: which worker goes where, what it can hold, and what to change when it does not fit.
 
-The arithmetic (the article's §2; the same terms vLLM's and TGI's memory profilers use):
-
-* weights = parameters × bytes per parameter (4 float32, 2 bfloat16/float16, 1 int8, 0.5 int4);
-  the parameter count comes from the config (:attr:`ModelShape.params`);
-* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (2, or 4 in
-  float32; int8/int4 weights still keep a 16-bit cache); the deployment wants it for
-  ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
-* overhead = per GPU, an allowance for the CUDA context, workspaces and fragmentation
-  (:data:`worker.budget.GPU_ALLOWANCE_BYTES`, 1 GiB) + one prefill chunk's activations
-  (``max_prefill_tokens × (2 × intermediate + 4 × hidden)`` elements) + the last-position float32
-  logits of a full batch; on CPU 0.75 GiB of process memory + the same activations.
-
-A GPU worker's KV room is :func:`worker.budget.kv_budget`, the rule the worker itself applies
-after warm-up (with measured weights and activation peak where this module estimates them): the
-smaller of ``total × gpu_memory_utilization × share − weights − activations − allowance`` and
-what free memory allows once other processes are counted, per GPU, the tightest GPU of a layer
-split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
-
-A tensor-parallel rank (``tensor_parallel_size: N``) holds 1/N of every attention and MLP
-matrix plus the replicated embeddings, norms and LM head (:mod:`worker.tp_rules`), 1/N of the KV
-heads (so 1/N of a token's KV bytes), and a prefill step's activations with the MLP's channels
-split N ways.
+The arithmetic is :mod:`launcher.plan.sizing`; the layouts compared are :mod:`launcher.plan.layouts`.
 """
 
 from __future__ import annotations
@@ -30,168 +9,32 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from launcher import shapes
 from launcher.config import DeployConfig
-from launcher.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
-from launcher.shapes import ModelShape
-from worker import dtypes
-from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget, reserve
+from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
+from launcher.plan.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
+from launcher.plan.sizing import (
+    CPU_PROCESS_BYTES,
+    DTYPE_BYTES,
+    GPU_CONTEXT_BYTES,
+    SERVABLE_DTYPES,
+    Sizing,
+    gpu_budget,
+    min_gpus,
+    planned_facts,
+    resize,
+    size,
+    tp_rank_activations,
+    tp_rank_weights,
+)
+from worker.contract import dtypes
+from worker.contract.budget import kv_budget, reserve
+from worker.contract.shapes import ModelShape
+from worker.contract.units import GB, GiB
 
 log = logging.getLogger(__name__)
 
-GB = 10**9
-GiB = 2**30
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-SERVABLE_DTYPES = ("float32", "bfloat16", "float16")
-GPU_CONTEXT_BYTES = GPU_ALLOWANCE_BYTES
-CPU_PROCESS_BYTES = 3 * GiB // 4
 MAX_RECOMMENDED_SEQS = 256  # beyond this a batch is compute-bound; more sequences only add latency
 BUSY_FRACTION = 0.10  # a GPU with more than this share in use by others is reported
-
-
-def weight_bytes(shape: ModelShape, dtype: str) -> int:
-    """Bytes of the weights at ``dtype`` (one of :data:`DTYPE_BYTES`); quantized formats' scales
-    (a few percent) are not counted."""
-    return int(shape.params * DTYPE_BYTES[dtype])
-
-
-def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """:func:`launcher.shapes.kv_bytes_per_token` of ``shape`` with weights at ``dtype``: the cache
-    is float32 for float32 weights, else 16-bit (int8/int4 weights still keep a 16-bit cache)."""
-    element = 4 if dtype == "float32" else 2
-    return shapes.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, element)
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """Device-independent arithmetic for one model, dtype and set of limits (bytes)."""
-
-    shape: ModelShape
-    dtype: str
-    max_model_len: int
-    max_num_seqs: int
-    max_prefill_tokens: int
-    weights: int
-    kv_per_token: int
-    activations: int
-
-    @property
-    def kv_per_seq(self) -> int:
-        return self.kv_per_token * self.max_model_len
-
-    @property
-    def kv_full(self) -> int:
-        return self.kv_per_seq * self.max_num_seqs
-
-    def overhead(self, gpus: int) -> int:
-        """Allowance plus activations on each of ``gpus`` GPUs (0 = CPU: process memory plus
-        activations). A layer split peaks on every GPU in turn, so each carries both."""
-        return (GPU_CONTEXT_BYTES + self.activations) * gpus if gpus else CPU_PROCESS_BYTES + self.activations
-
-    def need(self, gpus: int, seqs: int = 1) -> int:
-        """Bytes one replica on ``gpus`` GPUs needs to hold ``seqs`` full-length sequences."""
-        return self.weights + self.overhead(gpus) + seqs * self.kv_per_seq
-
-
-def activation_bytes(
-    shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int, tp: int = 1
-) -> int:
-    """One prefill step's activation peak on one GPU: ``min(max_prefill_tokens, S × L) × (2 ×
-    intermediate / tp + 4 × hidden)`` elements, plus a full batch's float32 last-position logits."""
-    act_bytes = 4 if dtype == "float32" else 2
-    prefill = min(max_prefill_tokens, max_model_len * max_num_seqs)
-    activations = prefill * (2 * shape.intermediate_size // tp + 4 * shape.hidden_size) * act_bytes
-    return activations + max_num_seqs * shape.vocab_size * 4
-
-
-def replicated_params(shape: ModelShape) -> int:
-    """Parameters every tensor-parallel rank holds whole: embeddings, LM head (unless tied), norms."""
-    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-    return embeddings + shape.hidden_size * (2 * shape.num_layers + 1)
-
-
-def tp_rank_weights(sizing: Sizing, tp: int) -> int:
-    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica."""
-    replicated = replicated_params(sizing.shape)
-    return int(((sizing.shape.params - replicated) / tp + replicated) * DTYPE_BYTES[sizing.dtype])
-
-
-def tp_rank_activations(sizing: Sizing, tp: int) -> int:
-    """One rank's activation peak (:func:`activation_bytes` with the MLP split ``tp`` ways)."""
-    s = sizing
-    return activation_bytes(s.shape, s.dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, tp)
-
-
-def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
-    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
-    return Sizing(
-        shape,
-        dtype,
-        max_model_len,
-        max_num_seqs,
-        max_prefill_tokens,
-        weight_bytes(shape, dtype),
-        kv_bytes_per_token(shape, dtype),
-        activation_bytes(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens),
-    )
-
-
-def resize(sizing: Sizing, dtype: str) -> Sizing:
-    """The same model and limits at another ``dtype``."""
-    return size(sizing.shape, dtype, sizing.max_model_len, sizing.max_num_seqs, sizing.max_prefill_tokens)
-
-
-def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
-    """Bytes a worker may use on an idle-for-us ``gpu``: ``utilization × total − used`` (0 at least)."""
-    return max(0, int(gpu.total_bytes * utilization) - gpu.used_bytes)
-
-
-def planned_facts(
-    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0, tp: int = 1
-) -> list[GpuFacts]:
-    """The facts :func:`worker.budget.kv_budget` needs, as planned before loading: NVML's free
-    memory, the weights and layers split evenly over the GPUs (with ``tp`` > 1: one
-    tensor-parallel rank's weights and 1/tp of the KV heads on each), the activation estimate on each.
-
-    Co-tenant replicas (``share < 1``) are assumed to hold their whole share already, so the
-    figure is what the last of them to start gets.
-    """
-    k = len(gpus)
-    co_tenants = round(1 / share) - 1
-    if tp > 1:
-        weights, activations = tp_rank_weights(sizing, tp), tp_rank_activations(sizing, tp)
-    else:
-        weights, activations = sizing.weights // k, sizing.activations
-    return [
-        GpuFacts(
-            g.total_bytes,
-            g.free_bytes - co_tenants * int(g.total_bytes * utilization * share),
-            weights,
-            activations,
-            1 / k,
-        )
-        for g in gpus
-    ]
-
-
-def planned_budget(
-    gpus: tuple[GpuInfo, ...] | list[GpuInfo], sizing: Sizing, utilization: float, share: float = 1.0, tp: int = 1
-) -> KvBudget:
-    """:func:`worker.budget.kv_budget` over :func:`planned_facts`."""
-    return kv_budget(planned_facts(gpus, sizing, utilization, share, tp), sizing.kv_per_token, utilization, share)
-
-
-def min_gpus(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> int | None:
-    """Fewest GPUs (the first ``k`` of ``gpus``) whose KV budget holds one full-length sequence;
-    ``None`` if even all of them do not."""
-    return next(
-        (
-            k
-            for k in range(1, len(gpus) + 1)
-            if planned_budget(gpus[:k], sizing, utilization).tokens >= sizing.max_model_len
-        ),
-        None,
-    )
 
 
 @dataclass(frozen=True)
@@ -261,7 +104,7 @@ class Recommendation:
 
 def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
     """Data parallel when one replica fits a GPU, else tensor parallel over the fewest GPUs that
-    hold it and divide the model, else a layer split (:func:`launcher.layouts.choose`);
+    hold it and divide the model, else a layer split (:func:`launcher.plan.layouts.choose`);
     ``max_num_seqs`` = full-length sequences that fit the KV room (at most 256)."""
     if not gpus:
         seqs = int(cfg.workers.kv_cache_gib * GiB) // sizing.kv_per_seq
@@ -274,8 +117,6 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
                 f"raise workers.kv_cache_gib to at least {sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len",
             )
         return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
-    from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
-
     util = cfg.workers.gpu_memory_utilization
     chosen = choose(compare(sizing, gpus, util, tp_unavailable(cfg)))
     if chosen is None:
@@ -334,7 +175,7 @@ def plan_dtype(
     gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (),
     cpu_flags: frozenset[str] = frozenset(),
 ) -> str:
-    """``override`` or ``model.dtype``; ``auto`` is :func:`worker.dtypes.resolve`'s choice, as the
+    """``override`` or ``model.dtype``; ``auto`` is :func:`worker.contract.dtypes.resolve`'s choice, as the
     worker makes it: bfloat16 on GPUs of compute capability ≥ 8.0 (or unknown), float16 below;
     on CPU bfloat16 with avx512_bf16/AMX in ``cpu_flags``, else float32."""
     dtype = override or cfg.model.dtype
@@ -374,7 +215,7 @@ def make_plan(
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     if w.tensor_parallel_size > 1:
-        from worker.tp_rules import tp_problems
+        from worker.contract.tp_rules import tp_problems
 
         errors.extend(tp_problems(shape, w.tensor_parallel_size))
     plan = Plan(sizing, gpus, specs, fits, rec, errors)
@@ -446,7 +287,8 @@ def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str
     """The check ``llamadeploy up`` runs before loading: ``None`` when the deployment fits (or its
     config cannot be read here: resolving the model reports that), else the errors and a fix."""
     from launcher.models import ModelNotFound
-    from launcher.shapes import ShapeError, read_shape
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
 
     try:
         shape = read_shape(cfg.model.name)

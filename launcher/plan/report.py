@@ -1,4 +1,4 @@
-"""Rich tables for a :class:`launcher.plan.Plan`: the sizing table (per dtype, like the article's),
+"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (per dtype, like the article's),
 the layouts table (data parallel, tensor parallel and layer split side by side) and the
 placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
 
@@ -9,8 +9,10 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
-from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
-from launcher.plan import GB, GiB, Plan, resize
+from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
+from launcher.plan.plan import Plan
+from launcher.plan.sizing import resize
+from worker.contract.units import GB, GiB
 
 ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
 
