@@ -48,12 +48,6 @@ def up(
     force: bool = typer.Option(False, "--force", help="start even when the memory plan says it does not fit"),
 ) -> None:
     """Start the router and one worker per replica; serve until Ctrl-C or SIGTERM."""
-    dev: object = devices
-    if devices and devices not in ("auto", "cpu"):
-        try:
-            dev = [int(d) for d in devices.split(",")]
-        except ValueError:
-            fail(f"--devices: expected auto, cpu or GPU indices like 0,1 (got {devices!r})")
     cfg = load_or_exit(
         config,
         {
@@ -62,7 +56,7 @@ def up(
             "router.admin_port": admin_port,
             "router.policy": policy,
             "workers.replicas": replicas,
-            "workers.devices": dev,
+            "workers.devices": devices_option(devices),
             "model.name": model,
             "logging.format": log_format,
         },
@@ -72,21 +66,41 @@ def up(
         if problem:
             fail(problem)
 
-    from launcher.models import ModelNotFound, resolve_model
     from launcher.plan.layouts import tp_refusal
-    from launcher.plan.placement import PlacementError, discover, place
-    from launcher.plan.plan import preflight
 
     if problem := tp_refusal(cfg):
         fail(problem)
-    if cfg.cluster.backend == "ray":
-        from launcher.ray.up import ClusterError, prepare_ray
+    sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
-        try:
-            ray_launch = prepare_ray(cfg, force)
-        except ClusterError as exc:
-            fail(str(exc))
-        sys.exit(serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address))
+
+def devices_option(devices: str | None) -> object:
+    """``--devices`` as the config takes it: ``auto``, ``cpu`` or a list of GPU indices (exit 2 otherwise)."""
+    if not devices or devices in ("auto", "cpu"):
+        return devices
+    try:
+        return [int(d) for d in devices.split(",")]
+    except ValueError:
+        fail(f"--devices: expected auto, cpu or GPU indices like 0,1 (got {devices!r})")
+
+
+def up_on_ray(cfg: DeployConfig, force: bool) -> int:
+    """Place the slots on the Ray cluster and serve; exit 2 when the cluster cannot hold them."""
+    from launcher.ray.up import ClusterError, prepare_ray
+
+    try:
+        ray_launch = prepare_ray(cfg, force)
+    except ClusterError as exc:
+        fail(str(exc))
+    return serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address)
+
+
+def up_here(cfg: DeployConfig, force: bool) -> int:
+    """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
+    find the model and serve; exit 2 on a placement, plan or model problem."""
+    from launcher.models import ModelNotFound, resolve_model
+    from launcher.plan.placement import PlacementError, discover, place
+    from launcher.plan.plan import preflight
+
     inventory = discover()
     try:
         specs = place(cfg.workers, inventory)
@@ -100,7 +114,7 @@ def up(
         model_path = resolve_model(cfg.model.name)
     except ModelNotFound as exc:
         fail(str(exc))
-    sys.exit(serve(cfg, specs, model_path))
+    return serve(cfg, specs, model_path)
 
 
 def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str | None = None) -> int:
@@ -321,6 +335,20 @@ def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float):
     return w
 
 
+def ray_layout(cfg: DeployConfig):
+    """The Ray cluster's GPUs and the slots ``up`` would place on them: ``(inventory, specs)``;
+    exit 2 when the cluster cannot be read or does not report its GPUs' memory."""
+    from launcher.ray.up import UNKNOWN_MEMORY, ClusterError, cluster_layout
+
+    try:
+        inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
+    except ClusterError as exc:
+        fail(str(exc))
+    if not known:
+        fail(UNKNOWN_MEMORY)
+    return inventory, specs
+
+
 @app.command()
 def plan(
     config: Path | None = CONFIG_ARG,
@@ -370,14 +398,7 @@ def plan(
     )
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
-        from launcher.ray.up import UNKNOWN_MEMORY, ClusterError, cluster_layout
-
-        try:
-            inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
-        except ClusterError as exc:
-            fail(str(exc))
-        if not known:
-            fail(UNKNOWN_MEMORY)
+        inventory, specs = ray_layout(cfg)
     try:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
