@@ -159,8 +159,9 @@ class Slot(Child):
 class Supervisor:
     """Owns every child process of one deployment.
 
-    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (sleeps), :meth:`_spawn` (makes a
-    process) and ``admin`` (the router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
+    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (waits), :meth:`_spawn` (makes a
+    process), :meth:`_open_events` (the router's event channel) and ``admin`` (the router's admin
+    API) can be replaced, as ``tests/helpers/supervisor_harness.py`` does.
     """
 
     def __init__(
@@ -196,7 +197,7 @@ class Supervisor:
         self.events = self._open_events()  # the router's events (a test replaces it)
         self._events: list[Event] = []  # received while pausing, handled by the next poll_once
         self.stopping = False
-        self._sync_failing = False  # the last table read failed (warned once per outage)
+        self._table_failing = False  # the last table read failed (warned once per outage)
 
     @property
     def router(self) -> subprocess.Popen | None:
@@ -226,13 +227,13 @@ class Supervisor:
         try:
             table = self.admin.table()
         except (OSError, ValueError) as exc:
-            if not self._sync_failing:
+            if not self._table_failing:
                 log.warning("cannot read the router's worker table (%s); retrying", exc)
-            self._sync_failing = True
+            self._table_failing = True
             return None
-        if self._sync_failing:
+        if self._table_failing:
             log.info("the router's worker table is readable again")
-        self._sync_failing = False
+        self._table_failing = False
         return {w.id: w for w in table.workers}
 
     # ---- spawning ---------------------------------------------------------------------
