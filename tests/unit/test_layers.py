@@ -80,3 +80,11 @@ def test_no_import_cycles():
 def test_the_scan_sees_function_level_imports():
     graph = _graph()
     assert "launcher.plan.shape" in graph["launcher.plan.plan"]  # imported inside preflight()
+
+
+def test_every_package_is_installed():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+    assert listed == found, "pyproject.toml [tool.setuptools] packages must list every package folder"
