@@ -16,6 +16,7 @@ from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
 from launcher.supervise.ports import port_problems
 from router.admin_protocol import HAS_NO_PROCESS, WorkerState
+from router.policies import POLICIES
 from router.settings import connect_host
 from worker.contract.logs import setup_logging
 
@@ -40,7 +41,7 @@ def up(
     host: str | None = typer.Option(None, help="router.host"),
     port: int | None = typer.Option(None, help="router.port"),
     admin_port: int | None = typer.Option(None, help="router.admin_port"),
-    policy: str | None = typer.Option(None, help="router.policy: round_robin | least_loaded"),
+    policy: str | None = typer.Option(None, help=f"router.policy: {' | '.join(POLICIES)}"),
     replicas: int | None = typer.Option(None, help="workers.replicas"),
     devices: str | None = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
     model: str | None = typer.Option(None, help="model.name"),

@@ -14,8 +14,9 @@ from pathlib import Path
 import typer
 
 from launcher.bench.options import SUITES, BenchOptions
+from launcher.bench.prompts import SCENARIOS
 
-LOAD_SCENARIOS = ("long", "chat")
+DEFAULTS = BenchOptions()  # every option's default is BenchOptions' own
 
 
 def json_file(path: Path | None, flag: str) -> dict | None:
@@ -30,43 +31,49 @@ def json_file(path: Path | None, flag: str) -> dict | None:
     return value
 
 
-D = BenchOptions()  # the options' defaults are BenchOptions' own
-
-BASE_URL = typer.Argument(D.base_url, help="OpenAI-compatible base URL (ours or a peer's)")
+BASE_URL = typer.Argument(DEFAULTS.base_url, help="OpenAI-compatible base URL (ours or a peer's)")
 SUITE = typer.Option(
-    D.suite,
+    DEFAULTS.suite,
     help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
     "again) · load: throughput and latency against --concurrency",
 )
-MODEL = typer.Option(D.model, help="the `model` to request (default: the first of GET /models)")
+MODEL = typer.Option(DEFAULTS.model, help="the `model` to request (default: the first of GET /models)")
 TOKENIZER = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)")
 OUTPUT_TOKENS = typer.Option(
-    D.output_tokens, help="output length of every short prompt (engine: 64) or of every scenario (load)"
+    DEFAULTS.output_tokens, help="output length of every short prompt (engine: 64) or of every scenario (load)"
 )
-REQUESTS = typer.Option(D.requests, help="measured requests of a closed loop (default max(8, 4 × clients))")
-WARMUP = typer.Option(D.warmup, help="warm-up requests of a closed loop (default: its concurrency)")
-PROMPTS = typer.Option(D.prompts, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)")
-CLIENTS = typer.Option(D.clients, min=1, help="engine: clients of the closed loop")
-DOC_TOKENS = typer.Option(D.doc_tokens, min=32, help="engine: templated length of the document, tokens")
-DOC_OUTPUT_TOKENS = typer.Option(D.doc_output_tokens, min=1, help="engine: the document's answer length")
-STREAMS = typer.Option(D.streams, min=1, help="engine: chat streams running when the document arrives")
-SCENARIO = typer.Option(list(D.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)")
-CONCURRENCY = typer.Option(",".join(map(str, D.concurrency)), help="load: comma-separated concurrency levels")
-IGNORE_EOS = typer.Option(D.ignore_eos, help="send ignore_eos so every request streams exactly the output length")
-EXTRA_BODY = typer.Option("{}", help="JSON merged into every request body (peer-specific fields)")
+REQUESTS = typer.Option(DEFAULTS.requests, help="measured requests of a closed loop (default max(8, 4 × clients))")
+WARMUP = typer.Option(DEFAULTS.warmup, help="warm-up requests of a closed loop (default: its concurrency)")
+PROMPTS = typer.Option(
+    DEFAULTS.prompts, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)"
+)
+CLIENTS = typer.Option(DEFAULTS.clients, min=1, help="engine: clients of the closed loop")
+DOC_TOKENS = typer.Option(DEFAULTS.doc_tokens, min=32, help="engine: templated length of the document, tokens")
+DOC_OUTPUT_TOKENS = typer.Option(DEFAULTS.doc_output_tokens, min=1, help="engine: the document's answer length")
+STREAMS = typer.Option(DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives")
+SCENARIO = typer.Option(list(DEFAULTS.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)")
+CONCURRENCY = typer.Option(",".join(map(str, DEFAULTS.concurrency)), help="load: comma-separated concurrency levels")
+IGNORE_EOS = typer.Option(
+    DEFAULTS.ignore_eos, help="send ignore_eos so every request streams exactly the output length"
+)
+EXTRA_BODY = typer.Option(
+    json.dumps(DEFAULTS.extra_body), help="JSON merged into every request body (peer-specific fields)"
+)
 RESPONSE_FORMAT = typer.Option(
     None,
     help="a JSON file with an OpenAI response_format object: engine adds a `json` figure, load sends it always",
 )
-CEILING = typer.Option(D.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio")
+CEILING = typer.Option(
+    DEFAULTS.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio"
+)
 COMPARE = typer.Option([], help="an earlier run's JSON (same suite) to compare against")
 REPLAY = typer.Option(
     None, "--from", help="print and plot an earlier run's JSON again (with --compare) instead of running"
 )
-LABEL = typer.Option(D.label, help="name of this run in the table, JSON and plot")
-OUTPUT = typer.Option(D.output, help="writes OUTPUT.json and OUTPUT.png")
-API_KEY = typer.Option(D.api_key, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1")
-TIMEOUT = typer.Option(D.timeout, help="per-request timeout, seconds")
+LABEL = typer.Option(DEFAULTS.label, help="name of this run in the table, JSON and plot")
+OUTPUT = typer.Option(DEFAULTS.output, help="writes OUTPUT.json and OUTPUT.png")
+API_KEY = typer.Option(DEFAULTS.api_key, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1")
+TIMEOUT = typer.Option(DEFAULTS.timeout, help="per-request timeout, seconds")
 LAYOUTS = typer.Option(
     False,
     "--layouts",
@@ -116,7 +123,7 @@ def bench_command(
 
         if config is not None:
             load_or_exit(config)  # a bad --config is one line and exit 2, before any layout starts
-        run_layouts(config, gpus, output_tokens or 64, output)
+        run_layouts(config, gpus, opts.short_output_tokens, output)
         return
     from launcher.bench.runner import run_bench
 
@@ -128,9 +135,9 @@ def bench_options(given: dict) -> BenchOptions:
     suite or scenario, extra body that is not JSON, or a response format file that is not an object."""
     if given["suite"] not in SUITES:
         raise typer.BadParameter(f"unknown suite {given['suite']!r}; choose from {', '.join(SUITES)}")
-    unknown = [s for s in given["scenario"] if s not in LOAD_SCENARIOS]
+    unknown = [s for s in given["scenario"] if s not in SCENARIOS]
     if unknown:
-        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(LOAD_SCENARIOS)}")
+        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
     try:
         extra = json.loads(given["extra_body"])
     except ValueError as exc:

@@ -314,12 +314,14 @@ def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
     pcie = [lk for lk in links if lk.kind == PCIE]
     if not pcie:
         return Check(
-            name, "ok", f"NVLink between every pair of GPUs {indices}: tensor parallel gains (×1.7 in the article)"
+            name,
+            "ok",
+            f"NVLink between every pair of GPUs {indices}: tensor parallel gains (about ×1.7 for 13B on two cards)",
         )
     detail = (
         "; ".join(lk.describe() for lk in links)
         + ". Tensor parallelism over PCIe gains little over one card (its all-reduce per layer crosses PCIe: "
-        "×1.3 in the article, ×1.7 over NVLink); data parallel is unaffected"
+        "about ×1.3 for 13B on two cards, ×1.7 over NVLink); data parallel is unaffected"
     )
     tp = cfg.workers.tensor_parallel_size
     if tp > 1 and _pcie_inside_a_replica(cfg, inv, pcie):

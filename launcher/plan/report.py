@@ -1,4 +1,4 @@
-"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (per dtype, like the article's),
+"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (per dtype),
 the layouts table (data parallel, tensor parallel and layer split side by side) and the
 placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
 

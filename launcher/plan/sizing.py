@@ -1,6 +1,6 @@
 """Memory sizing: weights + KV cache + overhead of one model on one GPU, before anything is loaded.
 
-The arithmetic (the article's §2; the same terms vLLM's and TGI's memory profilers use):
+The arithmetic (the same terms vLLM's and TGI's memory profilers use):
 
 * weights = parameters × bytes per parameter (4 float32, 2 bfloat16/float16, 1 int8, 0.5 int4);
   the parameter count comes from the config (:attr:`ModelShape.params`);
