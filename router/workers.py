@@ -377,12 +377,14 @@ class WorkerPool:
 
     def on_report(self, worker_id: int, report: Started | Exited) -> None:
         """The supervisor's report on a slot: a process started, or one ended (``failed``: given
-        up on). Either answers a requested start."""
+        up on). A start, or a start that failed, answers a requested start: the one place its flag
+        is cleared."""
         if isinstance(report, Started):
             self.on_started(worker_id, report.pid, report.restarts, report.device)
         else:
             self.mark_lost(worker_id, report.reason, failed=report.failed)
-        self.workers[worker_id].start_requested = False
+        if isinstance(report, Started) or report.failed:
+            self.workers[worker_id].start_requested = False
 
     def on_started(self, worker_id: int, pid: int, restarts: int, device: str) -> None:
         """The supervisor started a process for this slot (before it says Hello)."""
