@@ -126,10 +126,12 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running)):
+            # A sequence scoring its prompt (prompt logprobs) computes every position: no cache hits
+            use_cache = not getattr(seq, "needs_prompt_logprobs", False)
+            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running), use_cache=use_cache):
                 break
             self.waiting.popleft()
-            seq.table, seq.computed = self.blocks.allocate(seq.token_ids)
+            seq.table, seq.computed = self.blocks.allocate(seq.token_ids, use_cache=use_cache)
             seq.cached_at_admission = seq.computed
             self.running.append(seq)
             left = seq.num_tokens - seq.computed
