@@ -77,9 +77,20 @@ def bench_command(
     ),
     config: Path | None = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from"),
     gpus: int | None = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)"),
+    perplexity: Path | None = typer.Option(
+        None,
+        "--perplexity",
+        help="instead of a suite: the perplexity of this text file through /v1/completions (echo), "
+        "llama-perplexity's method; --clients windows in flight",
+    ),
+    ctx: int = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)"),
+    chunks: int | None = typer.Option(
+        None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
+    ),
 ) -> None:
     """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
-    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn."""
+    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
+    with --perplexity FILE, measure the served model's perplexity over a text."""
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
     unknown = [s for s in scenario if s not in LOAD_SCENARIOS]
@@ -122,6 +133,11 @@ def bench_command(
             err=True,
         )
         raise typer.Exit(2)
+    if perplexity is not None:
+        from launcher.bench.perplexity_run import run_perplexity
+
+        run_perplexity(base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, clients, extra, output)
+        return
     if layouts:
         from launcher.bench.layout_runner import run_layouts
         from launcher.cli import load_or_exit
