@@ -40,9 +40,11 @@ def test_sdk_parses_echo_of_the_prompt_alone(client, tokenizer):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(math.isfinite(v) and v <= 0 for v in lp.token_logprobs[1:])
-    assert all(len(t) == 1 and max(t.values()) >= v for t, v in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
+    assert all(
+        len(t) == 1 and max(t.values()) >= v for t, v in zip(lp.top_logprobs[1:], lp.token_logprobs[1:], strict=True)
+    )
     assert "".join(lp.tokens) == PROMPT
-    assert lp.text_offset[0] == 0 and all(a < b for a, b in zip(lp.text_offset, lp.text_offset[1:]))
+    assert lp.text_offset[0] == 0 and all(a < b for a, b in zip(lp.text_offset, lp.text_offset[1:], strict=False))
     # " Rome" is likely after this prompt, " Paris" scored in context: the scores mean something
     paris = lp.tokens.index(" Paris")
     assert lp.token_logprobs[paris] > math.log(0.05)
@@ -139,9 +141,9 @@ def test_bench_perplexity_prints_a_finite_figure(deployment, tmp_path):
     text.write_text(
         " ".join(f"On day {i} the committee met and agreed to fund {i * 3} new projects." for i in range(30))
     )
+    cli = [sys.executable, "-m", "launcher.cli", "bench", deployment.base_url, "--perplexity", str(text)]
     out = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "bench", deployment.base_url, "--perplexity", str(text)]
-        + ["--ctx", "64", "--output", str(tmp_path / "ppl")],
+        [*cli, "--ctx", "64", "--output", str(tmp_path / "ppl")],
         capture_output=True,
         text=True,
         timeout=300,

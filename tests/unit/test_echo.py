@@ -96,3 +96,55 @@ def test_missing_prompt_logprobs_are_null_not_shifted():
     choice.feed(Tokens(request_id="r", text_delta="", token_ids=[3], finish_reason="length"))
     lps = choice.whole()["logprobs"]
     assert lps["tokens"] == ["The", " cat", " sat"] and lps["token_logprobs"] == [None, None, None]
+
+
+def test_prompt_logprobs_survive_a_migration_once():
+    """A worker lost after the first delta: the next one scores the prompt again (it recomputes it
+    anyway); the client gets the first copy only, streamed or buffered."""
+    import asyncio
+
+    from router.generation import stream_tokens
+    from tests.unit.test_supervisor_pool import collect, run, step, two_workers
+    from worker.protocol import SamplingParams
+
+    params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, prompt_logprobs=0)
+
+    def say(pool, ids, first=False, finish=None):
+        """The latest attempt's worker sends one delta; its first carries the prompt's logprobs."""
+        wid, gen = pool.generates()[-1]
+        usage = Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6) if finish else None
+        pool.frame(
+            wid,
+            Tokens(
+                request_id=gen.request_id,
+                text_delta="x",
+                token_ids=ids,
+                logprobs=[lp(i, -1.0) for i in ids],
+                prompt_logprobs=PROMPT_LPS if first else None,
+                finish_reason=finish,
+                usage=usage,
+            ),
+        )
+
+    for buffered in (False, True):
+
+        async def scenario(buffered=buffered):
+            pool = two_workers()
+            task = asyncio.create_task(
+                collect(stream_tokens(pool, PROMPT, params, max_retries=0, max_migrations=1, buffered=buffered))
+            )
+            await step()
+            say(pool, [3], first=True)
+            await step()
+            pool.mark_lost(pool.generates()[0][0], "killed by SIGKILL")
+            await step()
+            gen = pool.generates()[1][1]
+            assert gen.params.prompt_logprobs == 0 and gen.output_token_ids == [3]
+            say(pool, [4], first=True)  # the new worker's first delta: the prompt's logprobs again
+            say(pool, [5], finish="length")
+            return await task
+
+        events = run(scenario())
+        sent = [e.prompt_logprobs for e in events if e.prompt_logprobs is not None]
+        assert sent == [PROMPT_LPS]
+        assert [lp.token_id for e in events for lp in e.logprobs] == [3, 4, 5]
