@@ -81,8 +81,9 @@ def bench_command(
         None,
         "--perplexity",
         help="instead of a suite: the perplexity of this text file through /v1/completions (echo), "
-        "llama-perplexity's method; --clients windows in flight",
+        "llama-perplexity's method",
     ),
+    parallel: int = typer.Option(4, "--parallel", min=1, help="--perplexity: windows in flight at once"),
     ctx: int = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)"),
     chunks: int | None = typer.Option(
         None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
@@ -136,7 +137,7 @@ def bench_command(
     if perplexity is not None:
         from launcher.bench.perplexity_run import run_perplexity
 
-        run_perplexity(base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, clients, extra, output)
+        run_perplexity(base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, parallel, extra, output)
         return
     if layouts:
         from launcher.bench.layout_runner import run_layouts
