@@ -16,7 +16,8 @@ Policy (vLLM's v1 scheduler and nano-vllm's, first come first served):
   free with one block to spare per running sequence (so the running ones can grow), and fewer than
   ``max_num_seqs`` run. It reserves what it needs now, not the padded worst case of the batch: a
   long document does not cap how many short chats run beside it. The head of the queue is never
-  overtaken.
+  overtaken. A sequence that must score its prompt (prompt logprobs, :mod:`worker.prompt_logprobs`)
+  takes no prefix-cache hit: every position is computed (its blocks still serve later requests).
 * The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
   which the router's count mirrors), a request that could never fit the whole cache alone is
   refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
