@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgspec
 
 from router.shaping import Choice, TokenTexts
-from worker.protocol import TokenLogprob, Tokens, Usage
+from worker.contract.protocol import TokenLogprob, Tokens, Usage
 
 
 def prompt_logprobs_object(

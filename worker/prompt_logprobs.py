@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.protocol import LOGPROB_FLOOR, TokenLogprob
+from worker.contract.protocol import LOGPROB_FLOOR, TokenLogprob
 
 SLICE_BYTES = 64 * 2**20  # float32 logits of one slice of rows: bounds the extra memory of scoring
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import BadRequestError, OpenAI
 
-from tests.deployment import MODEL
+from tests.helpers.deployment import MODEL
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 

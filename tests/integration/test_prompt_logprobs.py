@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from launcher.models import resolve_model
 from tests.integration.test_engine import Run, chat_ids, loaded  # noqa: F401 (the module's fixture)
-from worker.protocol import Tokens
+from worker.contract.protocol import Tokens
 
 TOL = 1e-3
 

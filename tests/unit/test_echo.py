@@ -9,7 +9,7 @@ from openai.types import Completion
 
 from router.echo import EchoChoice
 from router.shaping import Shaper, TokenTexts, total_usage
-from worker.protocol import TokenLogprob, Tokens, Usage
+from worker.contract.protocol import TokenLogprob, Tokens, Usage
 
 VOCAB = [b"The", b" cat", b" sat", b".", b"<eos>"]
 PROMPT = [0, 1, 2]  # "The cat sat"
@@ -104,8 +104,8 @@ def test_prompt_logprobs_survive_a_migration_once():
     import asyncio
 
     from router.generation import stream_tokens
-    from tests.unit.test_supervisor_pool import collect, run, step, two_workers
-    from worker.protocol import SamplingParams
+    from tests.helpers.router_pool import collect, run, step, two_workers
+    from worker.contract.protocol import SamplingParams
 
     params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, prompt_logprobs=0)
 
