@@ -9,6 +9,8 @@ worker serving it is lost (process gone, silent, stalled, or leaving while shutt
   text again (it was delivered), and generates only the rest of ``max_tokens``; its final
   ``usage`` counts the prompt and all generated tokens once. So the client's stream goes on with
   no duplicated text, no gap and one ``finish_reason``. Up to ``max_migrations`` moves per request.
+  Prompt logprobs (echo) come from the first attempt that sent them; the new worker, which
+  recomputes the prompt anyway, scores it again and that copy is dropped.
 * **Retry** from the start, when nothing was generated yet (or, for a request whose client has seen
   nothing, when no migration is left), up to ``max_retries`` times.
 * Otherwise the loss surfaces as :class:`UpstreamError` (502): an error event once a stream started.
@@ -26,6 +28,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+
+import msgspec
 
 from router.errors import ApiError
 from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
@@ -81,6 +85,7 @@ class _Progress:
     parts: list[str] = field(default_factory=list)  # text not yet handed on (buffered requests)
     ttft: float | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprob of every token, when asked (buffered requests)
+    prompt_logprobs: list | None = None  # the prompt's, from the first attempt that sent them
     delivered: bool = False  # text reached the client: a restart from scratch would duplicate it
     retries: int = 0
     migrations: int = 0
@@ -95,6 +100,7 @@ class _Progress:
             usage=last.usage,
             ttft_s=self.ttft,
             logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     def after_loss(self, loss: _Lost, request_tag: str) -> bool:
@@ -113,6 +119,7 @@ class _Progress:
                 self.max_retries,
             )
             self.ids, self.parts, self.ttft = [], [], None  # nothing of it reached the client
+            self.logprobs, self.prompt_logprobs = [], None
             return False
         moved = f" after {self.migrations} migration(s)" if self.migrations else ""
         raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}", code="worker_lost")
@@ -226,6 +233,11 @@ async def _attempt(
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None
             got.ids.extend(event.token_ids)
+            if event.prompt_logprobs is not None:
+                if got.prompt_logprobs is None:
+                    got.prompt_logprobs = event.prompt_logprobs
+                else:  # a migrated attempt scored the prompt again: the client has them already
+                    event = msgspec.structs.replace(event, prompt_logprobs=None)
             if buffered:
                 got.parts.append(event.text_delta)
                 got.ttft = got.ttft if event.ttft_s is None else event.ttft_s

@@ -24,7 +24,7 @@ import torch
 
 from worker.contract.protocol import EngineLoad, Failed, Generate, Msg
 from worker.runner import ModelRunner
-from worker.sampling import SamplingError, sample_batch_ex
+from worker.sampling import MAX_TOP_LOGPROBS, SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
 from worker.sequence import Sequence
 
@@ -83,6 +83,8 @@ class Engine:
         p = gen.params
         if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             return self._fail(rid, 400, "sampling parameters out of range")
+        if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            return self._fail(rid, 400, f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         try:
             seq = Sequence(
                 rid,

@@ -82,6 +82,17 @@ LAYOUTS = typer.Option(
 )
 CONFIG = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from")
 GPUS = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)")
+PERPLEXITY = typer.Option(
+    None,
+    "--perplexity",
+    help="instead of a suite: the perplexity of this text file through /v1/completions (echo), "
+    "llama-perplexity's method",
+)
+PARALLEL = typer.Option(4, "--parallel", min=1, help="--perplexity: windows in flight at once")
+CTX = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)")
+CHUNKS = typer.Option(
+    None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
+)
 
 
 def bench_command(
@@ -112,11 +123,23 @@ def bench_command(
     layouts: bool = LAYOUTS,
     config: Path | None = CONFIG,
     gpus: int | None = GPUS,
+    perplexity: Path | None = PERPLEXITY,
+    parallel: int = PARALLEL,
+    ctx: int = CTX,
+    chunks: int | None = CHUNKS,
 ) -> None:
     """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
-    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn."""
+    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
+    with --perplexity FILE, measure the served model's perplexity over a text."""
     opts = bench_options(dict(locals()))  # every option by name, before anything else is bound here
     require_bench_extra()
+    if perplexity is not None:
+        from launcher.bench.perplexity_run import run_perplexity
+
+        run_perplexity(
+            base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, parallel, opts.extra_body, output
+        )
+        return
     if layouts:
         from launcher.bench.layout_runner import run_layouts
         from launcher.console import load_or_exit

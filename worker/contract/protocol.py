@@ -117,6 +117,8 @@ class Tokens(Msg):
     usage: Usage | None = None
     ttft_s: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token sampled since the last message, when asked
+    # With params.prompt_logprobs, on the first message only: prompt tokens 1..P-1 (token 0 has none)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Failed(Msg):
@@ -158,6 +160,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
     logit_bias: dict[int, float] = {}  # token id -> added to its logit (-100..100; -100 bans it)
     min_tokens: int = 0  # the stop tokens are masked until this many tokens were generated
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and the top k alternatives'
+    # None: off; k >= 0: every prompt token's logprob (raw: before penalties) and its top k, sent
+    # once in the first Tokens message; a stop token that ends the output is then reported too
+    prompt_logprobs: int | None = None
     grammar: Grammar | None = None  # constrain the output (worker.grammar)
 
 
