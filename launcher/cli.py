@@ -338,7 +338,10 @@ def plan(
         None,
         help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB",
     ),
-    dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
+    dtype: str | None = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default model.dtype)"),
+    quantization: str | None = typer.Option(
+        None, help="auto | none | int8 | int4: the linear layers' weights (default model.quantization)"
+    ),
     max_model_len: int | None = typer.Option(None, help="model.max_model_len"),
     max_num_seqs: int | None = typer.Option(None, help="workers.max_num_seqs"),
     gpus_per_replica: int | None = typer.Option(None, help="workers.gpus_per_replica"),
@@ -351,12 +354,14 @@ def plan(
     """
     from launcher.models import ModelNotFound
     from launcher.placement import Inventory, discover
-    from launcher.plan import DTYPE_BYTES, make_plan, parse_gpus
+    from launcher.plan import QUANTIZATIONS, make_plan, parse_gpus
     from launcher.plan_report import render
-    from launcher.shapes import ShapeError, read_shape
+    from launcher.shapes import FLOAT_BYTES, ShapeError, read_shape
 
-    if dtype is not None and dtype not in (*DTYPE_BYTES, "auto"):
-        fail(f"--dtype: expected one of auto, {', '.join(DTYPE_BYTES)} (got {dtype!r})")
+    if dtype in QUANTIZATIONS[1:]:
+        fail(f"--dtype {dtype}: int8 and int4 are a quantization of the weights; use --quantization {dtype}")
+    if dtype is not None and dtype not in (*FLOAT_BYTES, "auto"):
+        fail(f"--dtype: expected one of auto, {', '.join(FLOAT_BYTES)} (got {dtype!r})")
     inventory = discover()
     if gpus:
         try:
@@ -367,6 +372,7 @@ def plan(
         config,
         {
             "model.name": model,
+            "model.quantization": quantization,
             "model.max_model_len": max_model_len,
             "workers.max_num_seqs": max_num_seqs,
             "workers.gpus_per_replica": gpus_per_replica,

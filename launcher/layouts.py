@@ -1,6 +1,6 @@
 """Data parallel, tensor parallel or a layer split: how one replica of a model can use the GPUs.
 
-The article's rule (§4.2), as vLLM's users apply ``--tensor-parallel-size``: when a replica fits
+The rule, as vLLM's users apply ``--tensor-parallel-size``: when a replica fits
 one GPU, run one replica per GPU (data parallel: no communication, throughput scales with the
 GPUs). When it does not, split every layer over the fewest GPUs that hold it (tensor parallel:
 all of them work on every token, so a request is faster than on one card; the heads, KV heads

@@ -1,11 +1,14 @@
 """Memory planning: weights + KV cache + overhead against each GPU, before anything is loaded.
 
-The arithmetic (the article's §2; the same terms vLLM's and TGI's memory profilers use):
+The arithmetic (the same terms vLLM's and TGI's memory profilers use):
 
-* weights = parameters × bytes per parameter (4 float32, 2 bfloat16/float16, 1 int8, 0.5 int4);
-  the parameter count comes from the config (:attr:`ModelShape.params`);
-* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (2, or 4 in
-  float32; int8/int4 weights still keep a 16-bit cache); the deployment wants it for
+* weights = :func:`launcher.shapes.weight_bytes`, the one rule for the weights' bytes as held:
+  every parameter in the compute dtype (4 bytes float32, 2 bfloat16/float16), except the decoder's
+  linear layers under ``model.quantization`` (int8: 8 bits, int4: 4 bits, per value, plus a
+  float32 scale — and offset at 4 bits — per group along K, :func:`launcher.shapes.weight_format`);
+  the shape comes from the config (:class:`ModelShape`);
+* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (the compute
+  dtype's: 4 in float32, else 2, quantized weights or not); the deployment wants it for
   ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
 * overhead = per GPU, an allowance for the CUDA context, workspaces and fragmentation
   (:data:`worker.budget.GPU_ALLOWANCE_BYTES`, 1 GiB) + one prefill chunk's activations
@@ -19,7 +22,7 @@ what free memory allows once other processes are counted, per GPU, the tightest 
 split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
 
 A tensor-parallel rank (``tensor_parallel_size: N``) holds 1/N of every attention and MLP
-matrix plus the replicated embeddings, norms and LM head (:mod:`worker.tp_rules`), 1/N of the KV
+matrix (quantized or not) plus the replicated embeddings, norms and LM head (:mod:`worker.tp_rules`), 1/N of the KV
 heads (so 1/N of a token's KV bytes), and a prefill step's activations with the MLP's channels
 split N ways.
 """
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 from launcher import shapes
 from launcher.config import DeployConfig
 from launcher.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
-from launcher.shapes import ModelShape
+from launcher.shapes import UNQUANTIZED, ModelShape, WeightBytes, WeightFormat, weight_bytes, weight_format
 from worker import dtypes
 from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget, reserve
 
@@ -41,39 +44,45 @@ log = logging.getLogger(__name__)
 
 GB = 10**9
 GiB = 2**30
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-SERVABLE_DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4")  # what plan may suggest (auto is resolved per model)
 GPU_CONTEXT_BYTES = GPU_ALLOWANCE_BYTES
 CPU_PROCESS_BYTES = 3 * GiB // 4
 MAX_RECOMMENDED_SEQS = 256  # beyond this a batch is compute-bound; more sequences only add latency
 BUSY_FRACTION = 0.10  # a GPU with more than this share in use by others is reported
 
 
-def weight_bytes(shape: ModelShape, dtype: str) -> int:
-    """Bytes of the weights at ``dtype`` (one of :data:`DTYPE_BYTES`); quantized formats' scales
-    (a few percent) are not counted."""
-    return int(shape.params * DTYPE_BYTES[dtype])
-
-
 def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """:func:`launcher.shapes.kv_bytes_per_token` of ``shape`` with weights at ``dtype``: the cache
-    is float32 for float32 weights, else 16-bit (int8/int4 weights still keep a 16-bit cache)."""
+    """:func:`launcher.shapes.kv_bytes_per_token` of ``shape`` computing in ``dtype``: the cache
+    is float32 for float32, else 16-bit (whatever the linear layers' quantization)."""
     element = 4 if dtype == "float32" else 2
     return shapes.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, element)
 
 
 @dataclass(frozen=True)
 class Sizing:
-    """Device-independent arithmetic for one model, dtype and set of limits (bytes)."""
+    """The arithmetic for one model, compute dtype, weight format and set of limits (bytes).
+    ``device`` ("cuda" | "cpu") picks the groups of a quantization at load."""
 
     shape: ModelShape
     dtype: str
     max_model_len: int
     max_num_seqs: int
     max_prefill_tokens: int
-    weights: int
+    held: WeightBytes
     kv_per_token: int
     activations: int
+    fmt: WeightFormat = UNQUANTIZED
+    device: str = "cuda"
+
+    @property
+    def weights(self) -> int:
+        """All the weights' bytes (:func:`launcher.shapes.weight_bytes`)."""
+        return self.held.total
+
+    @property
+    def label(self) -> str:
+        """What the weights are held in: ``"bfloat16"``, ``"int8 + bfloat16"`` (linear layers + the rest)."""
+        return f"{self.fmt.label} + {self.dtype}" if self.fmt.label else self.dtype
 
     @property
     def kv_per_seq(self) -> int:
@@ -104,16 +113,10 @@ def activation_bytes(
     return activations + max_num_seqs * shape.vocab_size * 4
 
 
-def replicated_params(shape: ModelShape) -> int:
-    """Parameters every tensor-parallel rank holds whole: embeddings, LM head (unless tied), norms."""
-    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-    return embeddings + shape.hidden_size * (2 * shape.num_layers + 1)
-
-
 def tp_rank_weights(sizing: Sizing, tp: int) -> int:
-    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica."""
-    replicated = replicated_params(sizing.shape)
-    return int(((sizing.shape.params - replicated) / tp + replicated) * DTYPE_BYTES[sizing.dtype])
+    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica: 1/tp of the linear
+    layers, the embeddings, LM head and norms whole (:meth:`WeightBytes.per_rank`)."""
+    return sizing.held.per_rank(tp)
 
 
 def tp_rank_activations(sizing: Sizing, tp: int) -> int:
@@ -122,23 +125,37 @@ def tp_rank_activations(sizing: Sizing, tp: int) -> int:
     return activation_bytes(s.shape, s.dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, tp)
 
 
-def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
-    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
+def size(
+    shape: ModelShape,
+    dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_prefill_tokens: int,
+    fmt: WeightFormat = UNQUANTIZED,
+    device: str = "cuda",
+) -> Sizing:
+    """Compute the :class:`Sizing` computing in ``dtype`` (a key of :data:`launcher.shapes.FLOAT_BYTES`)
+    with the linear layers held in ``fmt`` on ``device``."""
     return Sizing(
         shape,
         dtype,
         max_model_len,
         max_num_seqs,
         max_prefill_tokens,
-        weight_bytes(shape, dtype),
+        weight_bytes(shape, dtype, fmt, device),
         kv_bytes_per_token(shape, dtype),
         activation_bytes(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens),
+        fmt,
+        device,
     )
 
 
-def resize(sizing: Sizing, dtype: str) -> Sizing:
-    """The same model and limits at another ``dtype``."""
-    return size(sizing.shape, dtype, sizing.max_model_len, sizing.max_num_seqs, sizing.max_prefill_tokens)
+def resize(sizing: Sizing, dtype: str, fmt: WeightFormat | None = None) -> Sizing:
+    """The same model and limits at another ``dtype`` (and weight format: unchanged if ``None``)."""
+    s = sizing
+    return size(
+        s.shape, dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, s.fmt if fmt is None else fmt, s.device
+    )
 
 
 def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
@@ -279,7 +296,7 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
     util = cfg.workers.gpu_memory_utilization
     chosen = choose(compare(sizing, gpus, util, tp_unavailable(cfg)))
     if chosen is None:
-        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
+        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util, tp_unavailable(cfg)))
     seqs, n = min(chosen.seqs, MAX_RECOMMENDED_SEQS), chosen.gpus_per_replica
     if chosen.kind == TENSOR_PARALLEL:
         return Recommendation("cuda", chosen.replicas, 1, seqs, tensor_parallel_size=n)
@@ -291,22 +308,30 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
     return Recommendation("cuda", chosen.replicas, n, seqs, note)
 
 
-def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
+def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float, no_tp: str = "") -> str:
+    """Why nothing fits, and the lightest change that does: quantizing the linear layers
+    (``model.quantization``, the first of int8 and int4 lighter than the planned format whose
+    layout fits) or a smaller ``max_model_len``."""
+    from launcher.layouts import choose, compare
+
     n = len(gpus)
     budget = sum(gpu_budget(g, utilization) for g in gpus)
     note = (
-        f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
-        f"{budget / GiB:.1f} GiB; use more or larger GPUs"
+        f"{sizing.label} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
+        f"{budget / GiB:.1f} GiB"
     )
-    for dtype in ("int8", "int4"):
-        if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
-            lighter = resize(sizing, dtype)
-            if (k := min_gpus(lighter, gpus, utilization)) is not None:
-                return (
-                    note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
-                    "llamadeploy loads float weights)"
-                )
-    return note + ", or a smaller model.max_model_len"
+    for quantization in QUANTIZATIONS[1:]:
+        lighter = resize(sizing, sizing.dtype, weight_format(quantization, None))
+        if lighter.weights >= sizing.weights:
+            continue
+        if (chosen := choose(compare(lighter, gpus, utilization, no_tp))) is not None:
+            per = "" if chosen.gpus_per_replica == 1 else f" (over {chosen.gpus_per_replica} GPUs)"
+            return (
+                f"{note}: does not fit in {sizing.label}; fits with model.quantization: {quantization} — "
+                f"{chosen.kv_room // lighter.kv_per_token:,} tokens of KV cache per replica{per} "
+                f"({lighter.weights / GiB:.1f} GiB weights; {chosen.setting}, replicas: {chosen.replicas})"
+            )
+    return note + "; use more or larger GPUs, or a smaller model.max_model_len"
 
 
 @dataclass
@@ -351,10 +376,12 @@ def make_plan(
     dtype: str | None = None,
     specs: list[WorkerSpec] | None = None,
 ) -> Plan:
-    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``.
+    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``, with
+    ``dtype`` overriding ``model.dtype``; the weights as ``model.quantization`` holds them.
 
     A placement error, a worker whose budget cannot hold weights + overhead + one full-length
-    sequence, or CPU workers needing more RAM than is available are ``errors``.
+    sequence, or CPU workers needing more RAM than is available are ``errors``; stored GGUF types
+    ``auto`` cannot serve are a warning (the worker's load refuses them).
     """
     errors: list[str] = []
     gpus: list[GpuInfo] = []
@@ -368,16 +395,23 @@ def make_plan(
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
+    fmt = weight_format(cfg.model.quantization, shape.stored_format)
     sizing = size(
-        shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu))
-    )  # the largest step
+        shape,
+        chosen,
+        cfg.model.max_model_len,
+        w.max_num_seqs,
+        max(w.prefill_budgets(on_gpu)),  # the largest step
+        fmt,
+        "cuda" if on_gpu else "cpu",
+    )
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     if w.tensor_parallel_size > 1:
         from worker.tp_rules import tp_problems
 
         errors.extend(tp_problems(shape, w.tensor_parallel_size))
-    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
     return plan
 
@@ -401,7 +435,7 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
         who = ("workers " if many else "worker ") + ", ".join(f"{f.spec.worker_id} ({f.spec.label})" for f in fits)
         plan.errors.append(
             f"{who} may use {budget / GiB:.2f} GiB{' each' if many else ''} but need{'' if many else 's'} "
-            f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {overhead / GiB:.2f} GiB overhead + "
+            f"{s.weights / GiB:.2f} GiB weights ({s.label}) + {overhead / GiB:.2f} GiB overhead + "
             f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
             f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
         )
@@ -419,8 +453,6 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
                 f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
                 "GiB already in use by other processes; the budget above excludes it"
             )
-    if s.dtype not in SERVABLE_DTYPES:
-        plan.warnings.append(f"{s.dtype} is for sizing only: llamadeploy serves float32, bfloat16 or float16 weights")
 
 
 def parse_gpus(text: str) -> list[GpuInfo]:
@@ -461,7 +493,7 @@ def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str
         log.info(
             "plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s",
             shape.name,
-            s.dtype,
+            s.label,
             s.weights / GiB,
             s.kv_per_token / 1024,
             ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits),

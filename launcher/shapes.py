@@ -1,4 +1,6 @@
-"""A model's shape (layers, widths, heads, vocabulary) read from its config alone, never its weights.
+"""A model's shape (layers, widths, heads, vocabulary) read from its config alone, never its weights,
+and the arithmetic on it: parameters, KV bytes per token, and the weights' bytes as held
+(:func:`weight_bytes`, with the linear layers quantized or not: :func:`weight_format`).
 
 Sources: a Hugging Face ``config.json`` or a GGUF file's metadata (``gguf.GGUFReader`` maps the
 file and reads the header; tensor data is not touched). :func:`read_shape` resolves ``model.name``
@@ -8,7 +10,7 @@ the way :func:`launcher.models.resolve_model` does, but never downloads, convert
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
@@ -34,6 +36,7 @@ class ModelShape:
     max_position_embeddings: int | None = None
     source: str = ""
     architectures: tuple[str, ...] | None = None  # transformers' class names; None when the source has none
+    stored_format: str | None = None  # a GGUF file's linear tensors' type ("Q4_1"; "Q4_K+Q6_K" when mixed)
 
     @property
     def params(self) -> int:
@@ -58,6 +61,136 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, elemen
     The same formula as vLLM's ``get_cache_block_size`` (vllm/worker/cache_engine.py) per token.
     """
     return 2 * num_layers * num_kv_heads * head_dim * element_bytes
+
+
+# ---- the weights' bytes as held: the one planning rule of plan, up's preflight, the placement and
+# the KV budget's estimate (the worker measures its own after loading; see weight_bytes) ----------
+
+FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+QUANT_BITS = {"int8": 8, "int4": 4}
+QUANT_GROUPS = {"cpu": (32,), "cuda": (128, 64, 32)}  # at load: the first that divides K (planning assumption)
+GGUF_GROUP = 32  # GGUF's blocks (Q4_K's 256-value super-blocks are held as 8 groups of 32)
+GGUF_SERVED = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}  # served as stored
+GGUF_FLOAT = frozenset({"F32", "F16", "BF16"})
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the decoder's linear layers are held: ``quantization`` none | int8 | int4, with one
+    float32 scale (and, at 4 bits, one float32 offset) per ``group_size`` values along K (0: the
+    device's groups, :data:`QUANT_GROUPS`, as quantizing at load does). ``name`` is the format's
+    name ("int8", or a GGUF type as stored: "Q4_1"; for none, the GGUF type dequantized or "");
+    ``problem`` is set when ``model.quantization: auto`` cannot serve the stored types (the layers
+    are then counted dequantized)."""
+
+    quantization: str = "none"
+    group_size: int = 0
+    name: str = ""
+    problem: str = ""
+
+    @property
+    def label(self) -> str:
+        """The linear layers' format in a word: ``"int8"``, ``"Q4_1"``, or ``""`` unquantized."""
+        return self.name if self.quantization != "none" else ""
+
+    def describe(self, device: str = "cuda") -> str:
+        """``"int8 at load: 8 bits + a float32 scale per 128/64/32 values"``, ``"Q4_1 as stored: …"``,
+        ``"none"`` or ``"none (Q4_1 dequantized)"``."""
+        if self.quantization == "none":
+            return f"none ({self.name} dequantized)" if self.name else "none"
+        groups = "/".join(str(g) for g in ((self.group_size,) if self.group_size else QUANT_GROUPS[device]))
+        bits = QUANT_BITS[self.quantization]
+        origin = "at load" if self.name == self.quantization else "as stored"
+        extra = "a float32 scale and offset" if bits == 4 else "a float32 scale"
+        return f"{self.name} {origin}: {bits} bits + {extra} per {groups} values"
+
+
+UNQUANTIZED = WeightFormat()
+
+
+def weight_format(setting: str, stored: str | None) -> WeightFormat:
+    """What ``model.quantization: setting`` holds for a model whose GGUF linear tensors are of type
+    ``stored`` (:attr:`ModelShape.stored_format`; ``None`` for a float checkpoint).
+
+    ``int8``/``int4`` quantize the float weights at load (the device's groups); ``none`` holds
+    them in the compute dtype (a GGUF file dequantized); ``auto`` serves a GGUF file's ``Q8_0``
+    (8 bits) or ``Q4_0``/``Q4_1``/``Q4_K`` (4 bits) tensors as stored, in groups of 32, and a float
+    checkpoint unquantized. Other GGUF types under ``auto`` come back with ``problem`` set.
+    """
+    if setting in QUANT_BITS:
+        return WeightFormat(setting, 0, setting)
+    types = set(stored.split("+")) if stored else set()
+    dequantized = stored if types - GGUF_FLOAT else ""
+    if setting == "none" or not dequantized:
+        return WeightFormat(name=dequantized)
+    if unserved := sorted(types - GGUF_FLOAT - set(GGUF_SERVED)):
+        return WeightFormat(
+            name=stored,
+            problem=f"model.quantization: auto serves GGUF {', '.join(GGUF_SERVED)} as stored, not "
+            f"{', '.join(unserved)} (counted dequantized here); set model.quantization: none "
+            "(dequantized to float) or int8 / int4",
+        )
+    bits = "int8" if "Q8_0" in types else "int4"  # mixed 8- and 4-bit files counted at 8 (an upper bound)
+    return WeightFormat(bits, GGUF_GROUP, stored)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Bytes of a model's weights as held: ``linear``, every decoder layer's attention and MLP
+    matrices (split over tensor-parallel ranks), and ``replicated``, the embeddings, the LM head
+    unless tied, and the norms (whole on every rank)."""
+
+    linear: int
+    replicated: int
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.replicated
+
+    def per_rank(self, tp: int) -> int:
+        """One of ``tp`` tensor-parallel ranks: its 1/tp of every matrix and the replicated rest."""
+        return -(-self.linear // tp) + self.replicated
+
+
+def linear_shapes(shape: ModelShape) -> tuple[tuple[int, int], ...]:
+    """One decoder layer's linear weights as ``(N out, K in)``: q, k, v, o, gate, up, down."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    return ((q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i))
+
+
+def group_size(k: int, fmt: WeightFormat, device: str) -> int | None:
+    """The group a ``K``-wide matrix is quantized in (``None``: K divides by no group, so the
+    matrix stays in the compute dtype)."""
+    return next((g for g in ((fmt.group_size,) if fmt.group_size else QUANT_GROUPS[device]) if k % g == 0), None)
+
+
+def matrix_bytes(n: int, k: int, element_bytes: int, fmt: WeightFormat, device: str = "cuda") -> int:
+    """Bytes of an ``[n, k]`` linear weight held in ``fmt``: ``n × k × bits / 8`` plus 4 bytes per
+    group's scale (and 4 per group's offset at 4 bits) — ``worker.quant.format.QuantizedWeight.nbytes``
+    — or ``n × k × element_bytes`` unquantized."""
+    g = group_size(k, fmt, device) if fmt.quantization != "none" else None
+    if g is None:
+        return n * k * element_bytes
+    bits = QUANT_BITS[fmt.quantization]
+    return n * k * bits // 8 + n * (k // g) * 4 * (2 if bits == 4 else 1)
+
+
+def weight_bytes(shape: ModelShape, dtype: str, fmt: WeightFormat = UNQUANTIZED, device: str = "cuda") -> WeightBytes:
+    """The weights' bytes as held with linear layers in ``fmt`` and the rest in the compute
+    ``dtype`` (a key of :data:`FLOAT_BYTES`; embeddings, LM head and norms are never quantized,
+    tied embeddings counted once); ``device`` ("cpu" | "cuda") picks the groups of a quantization
+    at load. With ``fmt`` none the total is ``params × dtype bytes``.
+
+    A planning estimate of the bytes at rest: a kernel that packs them differently, or keeps a
+    second copy, shows in the weight memory the worker measures after loading, never here.
+    Llama-2-7B, bfloat16: 13,476,831,232 bytes; int8 per 128 (GPU): 7,203,201,024.
+    """
+    element = FLOAT_BYTES[dtype]
+    per_layer = sum(matrix_bytes(n, k, element, fmt, device) for n, k in linear_shapes(shape))
+    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
+    norms = shape.hidden_size * (2 * shape.num_layers + 1)
+    return WeightBytes(shape.num_layers * per_layer, (embeddings + norms) * element)
 
 
 def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
@@ -133,7 +266,22 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
         max_position_embeddings=value(f"{arch}.context_length"),
         source=str(path),
         architectures=GGUF_ARCHITECTURES.get(arch, (f"gguf:{arch}",)),
+        stored_format=gguf_linear_types(reader),
     )
+
+
+GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def gguf_linear_types(reader) -> str:
+    """The tensor types of a GGUF file's decoder linear weights (``blk.N.attn_q.weight`` ...),
+    ``+``-joined when mixed: ``"Q4_1"``, ``"Q4_K+Q6_K"``. ``reader`` is a ``gguf.GGUFReader``."""
+    types = {
+        t.tensor_type.name
+        for t in reader.tensors
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and t.name.split(".")[-2] in GGUF_LINEAR
+    }
+    return "+".join(sorted(types))
 
 
 def read_json_shape(path: Path, name: str = "") -> ModelShape:
@@ -158,8 +306,19 @@ def read_shape(name: str) -> ModelShape:
     if ref.kind == "hf":
         return read_json_shape(_hf_cached_config(ref.name), ref.name)
     if (ref.converted / "config.json").is_file():
-        return read_json_shape(ref.converted / "config.json", ref.name)
+        shape = read_json_shape(ref.converted / "config.json", ref.name)
+        gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name)
+        return replace(shape, stored_format=_stored_format(gguf)) if gguf else shape  # what auto serves
     return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
+
+
+def _stored_format(path: Path) -> str | None:
+    from gguf import GGUFReader
+
+    try:
+        return gguf_linear_types(GGUFReader(path))
+    except (OSError, ValueError):  # unreadable: the worker's load reports it
+        return None
 
 
 def _embedded_gguf(alias: str) -> Path:

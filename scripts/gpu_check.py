@@ -228,7 +228,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     from launcher.config import load_config
     from launcher.placement import discover
     from launcher.plan import parse_gpus, planned_budget, size
-    from launcher.shapes import read_shape
+    from launcher.shapes import read_shape, weight_format
 
     cfg = load_config(deploy)
     inv = discover()
@@ -240,6 +240,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
         cfg.model.max_model_len,
         cfg.workers.max_num_seqs,
         max(cfg.workers.prefill_budgets(on_gpu=True)),
+        weight_format(cfg.model.quantization, shape.stored_format),
     )
     want = int(seqs * cfg.model.max_model_len)
     lo, hi = 0.001, 1.0
