@@ -392,7 +392,7 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     s = make_plan(cfg, inv, shape).sizing
     fmt = s.fmt
     detail = (
-        f"model.quantization: {cfg.model.quantization} → {fmt.describe(s.device)}; weights {s.weights / GiB:.2f} GiB "
+        f"model.quantization: {cfg.model.quantization} → {fmt.describe()}; weights {s.weights / GiB:.2f} GiB "
         f"= {s.held.linear / GiB:.2f} GiB linear layers + {s.held.replicated / GiB:.2f} GiB embeddings, LM head "
         f"and norms in {s.dtype} (planned bytes at rest; the worker logs the memory it measures)"
     )

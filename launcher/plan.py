@@ -60,8 +60,7 @@ def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
 
 @dataclass(frozen=True)
 class Sizing:
-    """The arithmetic for one model, compute dtype, weight format and set of limits (bytes).
-    ``device`` ("cuda" | "cpu") picks the groups of a quantization at load."""
+    """The arithmetic for one model, compute dtype, weight format and set of limits (bytes)."""
 
     shape: ModelShape
     dtype: str
@@ -72,7 +71,6 @@ class Sizing:
     kv_per_token: int
     activations: int
     fmt: WeightFormat = UNQUANTIZED
-    device: str = "cuda"
 
     @property
     def weights(self) -> int:
@@ -114,9 +112,9 @@ def activation_bytes(
 
 
 def tp_rank_weights(sizing: Sizing, tp: int) -> int:
-    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica: 1/tp of the linear
-    layers, the embeddings, LM head and norms whole (:meth:`WeightBytes.per_rank`)."""
-    return sizing.held.per_rank(tp)
+    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica: its shard of every linear
+    layer, the embeddings, LM head and norms whole (:func:`launcher.shapes.weight_bytes`)."""
+    return weight_bytes(sizing.shape, sizing.dtype, sizing.fmt, tp).total
 
 
 def tp_rank_activations(sizing: Sizing, tp: int) -> int:
@@ -132,30 +130,26 @@ def size(
     max_num_seqs: int,
     max_prefill_tokens: int,
     fmt: WeightFormat = UNQUANTIZED,
-    device: str = "cuda",
 ) -> Sizing:
     """Compute the :class:`Sizing` computing in ``dtype`` (a key of :data:`launcher.shapes.FLOAT_BYTES`)
-    with the linear layers held in ``fmt`` on ``device``."""
+    with the linear layers held in ``fmt``."""
     return Sizing(
         shape,
         dtype,
         max_model_len,
         max_num_seqs,
         max_prefill_tokens,
-        weight_bytes(shape, dtype, fmt, device),
+        weight_bytes(shape, dtype, fmt),
         kv_bytes_per_token(shape, dtype),
         activation_bytes(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens),
         fmt,
-        device,
     )
 
 
 def resize(sizing: Sizing, dtype: str, fmt: WeightFormat | None = None) -> Sizing:
     """The same model and limits at another ``dtype`` (and weight format: unchanged if ``None``)."""
     s = sizing
-    return size(
-        s.shape, dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, s.fmt if fmt is None else fmt, s.device
-    )
+    return size(s.shape, dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, s.fmt if fmt is None else fmt)
 
 
 def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
@@ -403,7 +397,6 @@ def make_plan(
         w.max_num_seqs,
         max(w.prefill_budgets(on_gpu)),  # the largest step
         fmt,
-        "cuda" if on_gpu else "cpu",
     )
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]

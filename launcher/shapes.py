@@ -68,7 +68,7 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, elemen
 
 FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANT_BITS = {"int8": 8, "int4": 4}
-QUANT_GROUPS = {"cpu": (32,), "cuda": (128, 64, 32)}  # at load: the first that divides K (planning assumption)
+INT4_GROUP = 32  # int4 at load: values per scale and offset along K (int8 at load: one scale per row)
 GGUF_GROUP = 32  # GGUF's blocks (Q4_K's 256-value super-blocks are held as 8 groups of 32)
 GGUF_SERVED = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}  # served as stored
 GGUF_FLOAT = frozenset({"F32", "F16", "BF16"})
@@ -78,10 +78,9 @@ GGUF_FLOAT = frozenset({"F32", "F16", "BF16"})
 class WeightFormat:
     """How the decoder's linear layers are held: ``quantization`` none | int8 | int4, with one
     float32 scale (and, at 4 bits, one float32 offset) per ``group_size`` values along K (0: the
-    device's groups, :data:`QUANT_GROUPS`, as quantizing at load does). ``name`` is the format's
-    name ("int8", or a GGUF type as stored: "Q4_1"; for none, the GGUF type dequantized or "");
-    ``problem`` is set when ``model.quantization: auto`` cannot serve the stored types (the layers
-    are then counted dequantized)."""
+    rule of quantizing at load, :func:`group_size`). ``name`` is the format's name ("int8", or a
+    GGUF type as stored: "Q4_1"; for none, the GGUF type dequantized or ""); ``problem`` is set
+    when ``model.quantization: auto`` cannot serve the stored types (then counted dequantized)."""
 
     quantization: str = "none"
     group_size: int = 0
@@ -93,16 +92,16 @@ class WeightFormat:
         """The linear layers' format in a word: ``"int8"``, ``"Q4_1"``, or ``""`` unquantized."""
         return self.name if self.quantization != "none" else ""
 
-    def describe(self, device: str = "cuda") -> str:
-        """``"int8 at load: 8 bits + a float32 scale per 128/64/32 values"``, ``"Q4_1 as stored: …"``,
+    def describe(self) -> str:
+        """``"int8 at load: 8 bits + a float32 scale per output channel"``, ``"Q4_1 as stored: …"``,
         ``"none"`` or ``"none (Q4_1 dequantized)"``."""
         if self.quantization == "none":
             return f"none ({self.name} dequantized)" if self.name else "none"
-        groups = "/".join(str(g) for g in ((self.group_size,) if self.group_size else QUANT_GROUPS[device]))
         bits = QUANT_BITS[self.quantization]
-        origin = "at load" if self.name == self.quantization else "as stored"
+        origin = "as stored" if self.group_size else "at load"
         extra = "a float32 scale and offset" if bits == 4 else "a float32 scale"
-        return f"{self.name} {origin}: {bits} bits + {extra} per {groups} values"
+        group = self.group_size or (INT4_GROUP if bits == 4 else 0)
+        return f"{self.name} {origin}: {bits} bits + {extra} per " + (f"{group} values" if group else "output channel")
 
 
 UNQUANTIZED = WeightFormat()
@@ -112,7 +111,7 @@ def weight_format(setting: str, stored: str | None) -> WeightFormat:
     """What ``model.quantization: setting`` holds for a model whose GGUF linear tensors are of type
     ``stored`` (:attr:`ModelShape.stored_format`; ``None`` for a float checkpoint).
 
-    ``int8``/``int4`` quantize the float weights at load (the device's groups); ``none`` holds
+    ``int8``/``int4`` quantize the float weights at load (:func:`group_size`); ``none`` holds
     them in the compute dtype (a GGUF file dequantized); ``auto`` serves a GGUF file's ``Q8_0``
     (8 bits) or ``Q4_0``/``Q4_1``/``Q4_K`` (4 bits) tensors as stored, in groups of 32, and a float
     checkpoint unquantized. Other GGUF types under ``auto`` come back with ``problem`` set.
@@ -136,9 +135,9 @@ def weight_format(setting: str, stored: str | None) -> WeightFormat:
 
 @dataclass(frozen=True)
 class WeightBytes:
-    """Bytes of a model's weights as held: ``linear``, every decoder layer's attention and MLP
-    matrices (split over tensor-parallel ranks), and ``replicated``, the embeddings, the LM head
-    unless tied, and the norms (whole on every rank)."""
+    """Bytes of a model's weights as one rank holds them: ``linear``, every decoder layer's
+    attention and MLP matrices (its shard of them under tensor parallelism), and ``replicated``,
+    the embeddings, the LM head unless tied, and the norms (whole on every rank)."""
 
     linear: int
     replicated: int
@@ -147,47 +146,48 @@ class WeightBytes:
     def total(self) -> int:
         return self.linear + self.replicated
 
-    def per_rank(self, tp: int) -> int:
-        """One of ``tp`` tensor-parallel ranks: its 1/tp of every matrix and the replicated rest."""
-        return -(-self.linear // tp) + self.replicated
 
-
-def linear_shapes(shape: ModelShape) -> tuple[tuple[int, int], ...]:
-    """One decoder layer's linear weights as ``(N out, K in)``: q, k, v, o, gate, up, down."""
+def linear_shapes(shape: ModelShape, tp: int = 1) -> tuple[tuple[int, int], ...]:
+    """One decoder layer's linear weights as ``(N out, K in)`` on one of ``tp`` ranks: q, k, v, gate
+    and up split along N (column-parallel), o and down along K (row-parallel), as
+    :mod:`worker.tp_rules` shards them."""
     h, i = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    return ((q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i))
+    return ((q // tp, h), (kv // tp, h), (kv // tp, h), (h, q // tp), (i // tp, h), (i // tp, h), (h, i // tp))
 
 
-def group_size(k: int, fmt: WeightFormat, device: str) -> int | None:
-    """The group a ``K``-wide matrix is quantized in (``None``: K divides by no group, so the
-    matrix stays in the compute dtype)."""
-    return next((g for g in ((fmt.group_size,) if fmt.group_size else QUANT_GROUPS[device]) if k % g == 0), None)
+def group_size(k: int, fmt: WeightFormat) -> int | None:
+    """The values per scale of a ``K``-wide matrix in ``fmt``: the stored group (GGUF), else at load
+    int8's whole row (one scale per output channel, what ``aten._weight_int8pack_mm`` takes) and
+    int4's :data:`INT4_GROUP`; ``None`` where K holds no whole number of groups (that matrix is
+    then counted in the compute dtype; quantizing at load refuses such a model)."""
+    g = fmt.group_size or (k if fmt.quantization == "int8" else INT4_GROUP)
+    return g if k % g == 0 else None
 
 
-def matrix_bytes(n: int, k: int, element_bytes: int, fmt: WeightFormat, device: str = "cuda") -> int:
+def matrix_bytes(n: int, k: int, element_bytes: int, fmt: WeightFormat) -> int:
     """Bytes of an ``[n, k]`` linear weight held in ``fmt``: ``n × k × bits / 8`` plus 4 bytes per
     group's scale (and 4 per group's offset at 4 bits) — ``worker.quant.format.QuantizedWeight.nbytes``
     — or ``n × k × element_bytes`` unquantized."""
-    g = group_size(k, fmt, device) if fmt.quantization != "none" else None
+    g = group_size(k, fmt) if fmt.quantization != "none" else None
     if g is None:
         return n * k * element_bytes
     bits = QUANT_BITS[fmt.quantization]
     return n * k * bits // 8 + n * (k // g) * 4 * (2 if bits == 4 else 1)
 
 
-def weight_bytes(shape: ModelShape, dtype: str, fmt: WeightFormat = UNQUANTIZED, device: str = "cuda") -> WeightBytes:
-    """The weights' bytes as held with linear layers in ``fmt`` and the rest in the compute
-    ``dtype`` (a key of :data:`FLOAT_BYTES`; embeddings, LM head and norms are never quantized,
-    tied embeddings counted once); ``device`` ("cpu" | "cuda") picks the groups of a quantization
-    at load. With ``fmt`` none the total is ``params × dtype bytes``.
+def weight_bytes(shape: ModelShape, dtype: str, fmt: WeightFormat = UNQUANTIZED, tp: int = 1) -> WeightBytes:
+    """The weights' bytes one of ``tp`` tensor-parallel ranks holds, with the linear layers in
+    ``fmt`` and the rest in the compute ``dtype`` (a key of :data:`FLOAT_BYTES`; embeddings, LM head
+    and norms are never quantized, tied embeddings count once). Unquantized on one rank the total
+    is ``params × dtype bytes``.
 
     A planning estimate of the bytes at rest: a kernel that packs them differently, or keeps a
     second copy, shows in the weight memory the worker measures after loading, never here.
-    Llama-2-7B, bfloat16: 13,476,831,232 bytes; int8 per 128 (GPU): 7,203,201,024.
+    Llama-2-7B, bfloat16: 13,476,831,232 bytes; int8 (per channel): 7,006,265,344.
     """
     element = FLOAT_BYTES[dtype]
-    per_layer = sum(matrix_bytes(n, k, element, fmt, device) for n, k in linear_shapes(shape))
+    per_layer = sum(matrix_bytes(n, k, element, fmt) for n, k in linear_shapes(shape, tp))
     embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
     norms = shape.hidden_size * (2 * shape.num_layers + 1)
     return WeightBytes(shape.num_layers * per_layer, (embeddings + norms) * element)
