@@ -330,6 +330,20 @@ def report_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+def _plan_inventory(gpus: str | None):
+    """This machine's inventory, with ``--gpus`` (idle hypothetical GPUs) in place of its GPUs."""
+    from launcher.placement import Inventory, discover
+    from launcher.plan import parse_gpus
+
+    inventory = discover()
+    if not gpus:
+        return inventory
+    try:
+        return Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
+    except ValueError as exc:
+        fail(str(exc))
+
+
 @app.command()
 def plan(
     config: Path | None = CONFIG_ARG,
@@ -353,25 +367,18 @@ def plan(
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
     """
     from launcher.models import ModelNotFound
-    from launcher.placement import Inventory, discover
-    from launcher.plan import QUANTIZATIONS, make_plan, parse_gpus
+    from launcher.plan import QUANTIZATIONS, make_plan
     from launcher.plan_report import render
-    from launcher.shapes import FLOAT_BYTES, ShapeError, read_shape
+    from launcher.shapes import ShapeError, read_shape
 
     if dtype in QUANTIZATIONS[1:]:
         fail(f"--dtype {dtype}: int8 and int4 are a quantization of the weights; use --quantization {dtype}")
-    if dtype is not None and dtype not in (*FLOAT_BYTES, "auto"):
-        fail(f"--dtype: expected one of auto, {', '.join(FLOAT_BYTES)} (got {dtype!r})")
-    inventory = discover()
-    if gpus:
-        try:
-            inventory = Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
-        except ValueError as exc:
-            fail(str(exc))
+    inventory = _plan_inventory(gpus)
     cfg = load_or_exit(
         config,
         {
             "model.name": model,
+            "model.dtype": dtype,
             "model.quantization": quantization,
             "model.max_model_len": max_model_len,
             "workers.max_num_seqs": max_num_seqs,
@@ -395,7 +402,7 @@ def plan(
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
         fail(str(exc))
-    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype, specs=specs)
+    result = make_plan(cfg, inventory, shape, specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
 
