@@ -392,9 +392,9 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     s = make_plan(cfg, inv, shape).sizing
     fmt = s.fmt
     detail = (
-        f"model.quantization: {cfg.model.quantization} → {fmt.describe()}; weights {s.weights / GiB:.2f} GiB "
-        f"= {s.held.linear / GiB:.2f} GiB linear layers + {s.held.replicated / GiB:.2f} GiB embeddings, LM head "
-        f"and norms in {s.dtype} (planned bytes at rest; the worker logs the memory it measures)"
+        f"model.quantization: {cfg.model.quantization} → {fmt.describe()}; compute dtype {s.dtype}; weights "
+        f"{s.weights / GiB:.2f} GiB = {s.held.linear / GiB:.2f} GiB linear layers + {s.held.replicated / GiB:.2f} "
+        "GiB embeddings, LM head and norms (planned bytes at rest; the worker reports the memory it measures)"
     )
     if fmt.problem:
         return Check(name, "warn", f"{detail}. {fmt.problem}", "set model.quantization: none, int8 or int4")

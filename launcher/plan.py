@@ -389,7 +389,7 @@ def make_plan(
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
-    fmt = weight_format(cfg.model.quantization, shape.stored_format)
+    fmt = weight_format(cfg.model.quantization, shape.gguf_types)
     sizing = size(
         shape,
         chosen,

@@ -40,10 +40,10 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
         f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
         f"vocab {shape.vocab_size})",
         caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
-        "GB = 10^9 bytes, GiB = 2^30 bytes. int8/int4 (model.quantization): the linear layers at 8 or 4 "
-        "bits + float32 scales (and offsets at 4 bits) per group, the embeddings, norms and LM head in "
-        "the compute dtype. Overhead: CUDA context/workspace allowance + prefill activations per GPU "
-        "(process memory + activations on CPU). * = planned.",
+        "GB = 10^9 bytes, GiB = 2^30 bytes. int8/int4 (model.quantization): the linear layers at 8 bits "
+        "+ a float32 scale per output channel, or 4 bits + a float32 scale and offset per 32 values; the "
+        "embeddings and LM head int8 per row; norms in the compute dtype. Overhead: CUDA context/workspace "
+        "allowance + prefill activations per GPU (process memory + activations on CPU). * = planned.",
     )
     for col in (
         "weights",

@@ -36,7 +36,7 @@ class ModelShape:
     max_position_embeddings: int | None = None
     source: str = ""
     architectures: tuple[str, ...] | None = None  # transformers' class names; None when the source has none
-    stored_format: str | None = None  # a GGUF file's linear tensors' type ("Q4_1"; "Q4_K+Q6_K" when mixed)
+    gguf_types: GgufTypes | None = None  # a GGUF file's tensor types; None for a float checkpoint
 
     @property
     def params(self) -> int:
@@ -70,67 +70,114 @@ FLOAT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 QUANT_BITS = {"int8": 8, "int4": 4}
 INT4_GROUP = 32  # int4 at load: values per scale and offset along K (int8 at load: one scale per row)
 GGUF_GROUP = 32  # GGUF's blocks (Q4_K's 256-value super-blocks are held as 8 groups of 32)
-GGUF_SERVED = {"Q8_0": "int8", "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}  # served as stored
+GGUF_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4}  # served as stored
 GGUF_FLOAT = frozenset({"F32", "F16", "BF16"})
 
 
 @dataclass(frozen=True)
-class WeightFormat:
-    """How the decoder's linear layers are held: ``quantization`` none | int8 | int4, with one
-    float32 scale (and, at 4 bits, one float32 offset) per ``group_size`` values along K (0: the
-    rule of quantizing at load, :func:`group_size`). ``name`` is the format's name ("int8", or a
-    GGUF type as stored: "Q4_1"; for none, the GGUF type dequantized or ""); ``problem`` is set
-    when ``model.quantization: auto`` cannot serve the stored types (then counted dequantized)."""
+class GgufTypes:
+    """A GGUF file's tensor types: its decoder ``linear`` weights' (``"Q4_1"``, ``"Q4_K+Q6_K"`` when
+    mixed), its ``embedding`` table's (``token_embd``) and its LM head's (``output``; ``None`` when
+    tied to the embeddings)."""
 
-    quantization: str = "none"
-    group_size: int = 0
+    linear: str
+    embedding: str
+    head: str | None = None
+
+
+@dataclass(frozen=True)
+class Held:
+    """How one matrix is held: ``bits`` 8 or 4 with one float32 scale (and at 4 bits one float32
+    offset) per ``group`` values along K (0: per row, one scale per output channel), or ``bits`` 0:
+    in the compute dtype."""
+
+    bits: int = 0
+    group: int = 0
+
+    def describe(self) -> str:
+        if not self.bits:
+            return "the compute dtype"
+        extra = "a float32 scale and offset" if self.bits == 4 else "a float32 scale"
+        return f"{self.bits} bits + {extra} per " + (f"{self.group} values" if self.group else "output channel")
+
+
+FLOAT = Held()
+INT8_ROWS = Held(8, 0)  # int8 at load: the linears, and the embedding table and LM head, per row
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How the weights are held: the decoder's ``linear`` layers, the ``embedding`` table and the
+    LM ``head`` (:class:`Held`); norms are always in the compute dtype. ``name`` names it ("int8",
+    "int4", a GGUF file's linear type as stored "Q4_1", or for none the GGUF types dequantized, or
+    ""); ``problem`` is set when ``model.quantization: auto`` cannot serve a stored type (that
+    tensor is then counted dequantized)."""
+
+    linear: Held = FLOAT
+    embedding: Held = FLOAT
+    head: Held = FLOAT
     name: str = ""
     problem: str = ""
 
     @property
+    def quantized(self) -> bool:
+        return bool(self.linear.bits)
+
+    @property
     def label(self) -> str:
         """The linear layers' format in a word: ``"int8"``, ``"Q4_1"``, or ``""`` unquantized."""
-        return self.name if self.quantization != "none" else ""
+        return self.name if self.quantized else ""
 
     def describe(self) -> str:
-        """``"int8 at load: 8 bits + a float32 scale per output channel"``, ``"Q4_1 as stored: …"``,
-        ``"none"`` or ``"none (Q4_1 dequantized)"``."""
-        if self.quantization == "none":
+        """``"int8 at load: linear layers 8 bits + a float32 scale per output channel; embeddings …"``,
+        ``"Q4_1 as stored: …"``, ``"none"`` or ``"none (Q4_1 dequantized)"``."""
+        if not self.quantized:
             return f"none ({self.name} dequantized)" if self.name else "none"
-        bits = QUANT_BITS[self.quantization]
-        origin = "as stored" if self.group_size else "at load"
-        extra = "a float32 scale and offset" if bits == 4 else "a float32 scale"
-        group = self.group_size or (INT4_GROUP if bits == 4 else 0)
-        return f"{self.name} {origin}: {bits} bits + {extra} per " + (f"{group} values" if group else "output channel")
+        origin = "at load" if self.name in QUANT_BITS else "as stored"
+        return (
+            f"{self.name} {origin}: linear layers {self.linear.describe()}; embeddings {self.embedding.describe()}; "
+            f"LM head {self.head.describe()}; norms the compute dtype"
+        )
 
 
 UNQUANTIZED = WeightFormat()
 
 
-def weight_format(setting: str, stored: str | None) -> WeightFormat:
-    """What ``model.quantization: setting`` holds for a model whose GGUF linear tensors are of type
-    ``stored`` (:attr:`ModelShape.stored_format`; ``None`` for a float checkpoint).
+def _stored(gguf_type: str | None) -> Held:
+    bits = GGUF_BITS.get(gguf_type or "")
+    return Held(bits, GGUF_GROUP) if bits else FLOAT
 
-    ``int8``/``int4`` quantize the float weights at load (:func:`group_size`); ``none`` holds
-    them in the compute dtype (a GGUF file dequantized); ``auto`` serves a GGUF file's ``Q8_0``
-    (8 bits) or ``Q4_0``/``Q4_1``/``Q4_K`` (4 bits) tensors as stored, in groups of 32, and a float
-    checkpoint unquantized. Other GGUF types under ``auto`` come back with ``problem`` set.
+
+def weight_format(setting: str, stored: GgufTypes | None) -> WeightFormat:
+    """What ``model.quantization: setting`` holds for a model stored as ``stored`` (a GGUF file's
+    types, :attr:`ModelShape.gguf_types`; ``None`` for a float checkpoint), as the worker loads it.
+
+    ``int8``/``int4`` quantize the float weights at load (a GGUF file dequantized first): the linear
+    layers by :func:`group_size`, the embedding table and LM head to int8 per row (one copy when
+    tied). ``none`` holds everything in the compute dtype. ``auto`` serves a GGUF file's ``Q8_0``
+    (8 bits) and ``Q4_0``/``Q4_1``/``Q4_K`` (4 bits) tensors as stored, in groups of 32, its float
+    tensors in the compute dtype, and a float checkpoint unquantized; other GGUF types under
+    ``auto`` come back with ``problem`` set.
     """
     if setting in QUANT_BITS:
-        return WeightFormat(setting, 0, setting)
-    types = set(stored.split("+")) if stored else set()
-    dequantized = stored if types - GGUF_FLOAT else ""
-    if setting == "none" or not dequantized:
-        return WeightFormat(name=dequantized)
-    if unserved := sorted(types - GGUF_FLOAT - set(GGUF_SERVED)):
         return WeightFormat(
-            name=stored,
-            problem=f"model.quantization: auto serves GGUF {', '.join(GGUF_SERVED)} as stored, not "
+            Held(QUANT_BITS[setting], 0 if setting == "int8" else INT4_GROUP), INT8_ROWS, INT8_ROWS, setting
+        )
+    types = [stored.linear, stored.embedding, stored.head or ""] if stored else []
+    named = {t for ts in types for t in ts.split("+") if t} - GGUF_FLOAT
+    if not named:
+        return UNQUANTIZED
+    if setting == "none":
+        return WeightFormat(name="+".join(sorted(named)))
+    fmt = WeightFormat(_stored(stored.linear), _stored(stored.embedding), _stored(stored.head), stored.linear)
+    if unserved := sorted(named - set(GGUF_BITS)):
+        return replace(
+            fmt,
+            problem=f"model.quantization: auto serves GGUF {', '.join(GGUF_BITS)} as stored, not "
             f"{', '.join(unserved)} (counted dequantized here); set model.quantization: none "
             "(dequantized to float) or int8 / int4",
         )
-    bits = "int8" if "Q8_0" in types else "int4"  # mixed 8- and 4-bit files counted at 8 (an upper bound)
-    return WeightFormat(bits, GGUF_GROUP, stored)
+    return fmt
 
 
 @dataclass(frozen=True)
@@ -156,41 +203,42 @@ def linear_shapes(shape: ModelShape, tp: int = 1) -> tuple[tuple[int, int], ...]
     return ((q // tp, h), (kv // tp, h), (kv // tp, h), (h, q // tp), (i // tp, h), (i // tp, h), (h, i // tp))
 
 
-def group_size(k: int, fmt: WeightFormat) -> int | None:
-    """The values per scale of a ``K``-wide matrix in ``fmt``: the stored group (GGUF), else at load
-    int8's whole row (one scale per output channel, what ``aten._weight_int8pack_mm`` takes) and
-    int4's :data:`INT4_GROUP`; ``None`` where K holds no whole number of groups (that matrix is
-    then counted in the compute dtype; quantizing at load refuses such a model)."""
-    g = fmt.group_size or (k if fmt.quantization == "int8" else INT4_GROUP)
+def group_size(k: int, held: Held) -> int | None:
+    """The values per scale of a ``K``-wide matrix held as ``held``: its group, or the whole row
+    (group 0: one scale per output channel, what ``aten._weight_int8pack_mm`` takes); ``None`` where
+    K holds no whole number of groups (the matrix is then counted in the compute dtype; loading
+    refuses such a model)."""
+    g = held.group or k
     return g if k % g == 0 else None
 
 
-def matrix_bytes(n: int, k: int, element_bytes: int, fmt: WeightFormat) -> int:
-    """Bytes of an ``[n, k]`` linear weight held in ``fmt``: ``n × k × bits / 8`` plus 4 bytes per
+def matrix_bytes(n: int, k: int, element_bytes: int, held: Held) -> int:
+    """Bytes of an ``[n, k]`` weight held as ``held``: ``n × k × bits / 8`` plus 4 bytes per
     group's scale (and 4 per group's offset at 4 bits) — ``worker.quant.format.QuantizedWeight.nbytes``
-    — or ``n × k × element_bytes`` unquantized."""
-    g = group_size(k, fmt) if fmt.quantization != "none" else None
+    — or ``n × k × element_bytes`` in the compute dtype."""
+    g = group_size(k, held) if held.bits else None
     if g is None:
         return n * k * element_bytes
-    bits = QUANT_BITS[fmt.quantization]
-    return n * k * bits // 8 + n * (k // g) * 4 * (2 if bits == 4 else 1)
+    return n * k * held.bits // 8 + n * (k // g) * 4 * (2 if held.bits == 4 else 1)
 
 
 def weight_bytes(shape: ModelShape, dtype: str, fmt: WeightFormat = UNQUANTIZED, tp: int = 1) -> WeightBytes:
-    """The weights' bytes one of ``tp`` tensor-parallel ranks holds, with the linear layers in
-    ``fmt`` and the rest in the compute ``dtype`` (a key of :data:`FLOAT_BYTES`; embeddings, LM head
-    and norms are never quantized, tied embeddings count once). Unquantized on one rank the total
-    is ``params × dtype bytes``.
+    """The weights' bytes one of ``tp`` tensor-parallel ranks holds, in ``fmt`` (:func:`weight_format`),
+    the norms and whatever ``fmt`` leaves unquantized in the compute ``dtype`` (a key of
+    :data:`FLOAT_BYTES`); tied embeddings count once. Unquantized on one rank the total is
+    ``params × dtype bytes``.
 
     A planning estimate of the bytes at rest: a kernel that packs them differently, or keeps a
     second copy, shows in the weight memory the worker measures after loading, never here.
-    Llama-2-7B, bfloat16: 13,476,831,232 bytes; int8 (per channel): 7,006,265,344.
+    Llama-2-7B, bfloat16: 13,476,831,232 bytes; int8: 6,744,377,344.
     """
-    element = FLOAT_BYTES[dtype]
-    per_layer = sum(matrix_bytes(n, k, element, fmt) for n, k in linear_shapes(shape, tp))
-    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-    norms = shape.hidden_size * (2 * shape.num_layers + 1)
-    return WeightBytes(shape.num_layers * per_layer, (embeddings + norms) * element)
+    element, v, h = FLOAT_BYTES[dtype], shape.vocab_size, shape.hidden_size
+    per_layer = sum(matrix_bytes(n, k, element, fmt.linear) for n, k in linear_shapes(shape, tp))
+    tables = matrix_bytes(v, h, element, fmt.embedding)
+    if not shape.tie_word_embeddings:
+        tables += matrix_bytes(v, h, element, fmt.head)
+    norms = h * (2 * shape.num_layers + 1) * element
+    return WeightBytes(shape.num_layers * per_layer, tables + norms)
 
 
 def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
@@ -266,22 +314,24 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
         max_position_embeddings=value(f"{arch}.context_length"),
         source=str(path),
         architectures=GGUF_ARCHITECTURES.get(arch, (f"gguf:{arch}",)),
-        stored_format=gguf_linear_types(reader),
+        gguf_types=gguf_types(reader),
     )
 
 
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def gguf_linear_types(reader) -> str:
-    """The tensor types of a GGUF file's decoder linear weights (``blk.N.attn_q.weight`` ...),
-    ``+``-joined when mixed: ``"Q4_1"``, ``"Q4_K+Q6_K"``. ``reader`` is a ``gguf.GGUFReader``."""
-    types = {
-        t.tensor_type.name
-        for t in reader.tensors
-        if t.name.startswith("blk.") and t.name.endswith(".weight") and t.name.split(".")[-2] in GGUF_LINEAR
-    }
-    return "+".join(sorted(types))
+def gguf_types(reader) -> GgufTypes:
+    """The tensor types of a GGUF file's decoder linear weights (``blk.N.attn_q.weight`` ...,
+    ``+``-joined when mixed), embeddings and LM head. ``reader`` is a ``gguf.GGUFReader``."""
+    linear: set[str] = set()
+    tables: dict[str, str] = {}
+    for t in reader.tensors:
+        if t.name.startswith("blk.") and t.name.endswith(".weight") and t.name.split(".")[-2] in GGUF_LINEAR:
+            linear.add(t.tensor_type.name)
+        elif t.name in ("token_embd.weight", "output.weight"):
+            tables[t.name] = t.tensor_type.name
+    return GgufTypes("+".join(sorted(linear)), tables.get("token_embd.weight", ""), tables.get("output.weight"))
 
 
 def read_json_shape(path: Path, name: str = "") -> ModelShape:
@@ -308,15 +358,15 @@ def read_shape(name: str) -> ModelShape:
     if (ref.converted / "config.json").is_file():
         shape = read_json_shape(ref.converted / "config.json", ref.name)
         gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name)
-        return replace(shape, stored_format=_stored_format(gguf)) if gguf else shape  # what auto serves
+        return replace(shape, gguf_types=_gguf_types(gguf)) if gguf else shape  # what auto serves
     return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
 
 
-def _stored_format(path: Path) -> str | None:
+def _gguf_types(path: Path) -> GgufTypes | None:
     from gguf import GGUFReader
 
     try:
-        return gguf_linear_types(GGUFReader(path))
+        return gguf_types(GGUFReader(path))
     except (OSError, ValueError):  # unreadable: the worker's load reports it
         return None
 

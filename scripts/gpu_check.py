@@ -240,7 +240,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
         cfg.model.max_model_len,
         cfg.workers.max_num_seqs,
         max(cfg.workers.prefill_budgets(on_gpu=True)),
-        weight_format(cfg.model.quantization, shape.stored_format),
+        weight_format(cfg.model.quantization, shape.gguf_types),
     )
     want = int(seqs * cfg.model.max_model_len)
     lo, hi = 0.001, 1.0

@@ -17,7 +17,7 @@ from launcher.layouts import TENSOR_PARALLEL, compare
 from launcher.placement import Inventory
 from launcher.plan import GiB, make_plan, parse_gpus, planned_budget
 from launcher.plan_report import sizing_table
-from launcher.shapes import from_hf_config, weight_bytes, weight_format
+from launcher.shapes import GgufTypes, from_hf_config, weight_bytes, weight_format
 from tests.unit.test_plan import LLAMA2, SMOLLM2_135M, llama2
 
 
@@ -38,7 +38,7 @@ def test_13b_int8_fits_one_24gb_card_with_the_kv_room_it_leaves():
     plan = make_plan(deploy("int8"), on("1x24GB"), llama2("13B"))
     assert plan.ok, plan.errors
     s = plan.sizing
-    assert (s.label, s.weights) == ("int8 + bfloat16", 13_352_478_720)
+    assert (s.label, s.weights) == ("int8 + bfloat16", 13_025_054_720)
     assert layout(plan) == (1, 1, 1)  # data parallel: one replica per card
     tokens = planned_budget(plan.gpus, s, 0.9).tokens
     assert plan.fits[0].kv_room == tokens * s.kv_per_token and plan.fits[0].seqs == tokens // 2048 >= 3
@@ -70,7 +70,7 @@ def test_70b_int8_is_tensor_parallel_4_over_four_24gb_cards():
     plan = make_plan(deploy("int8"), on("4x24GB"), llama2("70B"))
     assert layout(plan) == (1, 4, 1)
     tp = {lay.kind: lay for lay in compare(plan.sizing, plan.gpus, 0.9)}[TENSOR_PARALLEL]
-    assert tp.gpus_per_replica == 4 and tp.fits  # two 24 GB cards cannot hold 32.9 GiB per rank
+    assert tp.gpus_per_replica == 4 and tp.fits  # two 24 GB cards cannot hold 32.6 GiB per rank
 
 
 def test_7b_bfloat16_on_one_24gb_card_is_unchanged():
@@ -81,7 +81,7 @@ def test_7b_bfloat16_on_one_24gb_card_is_unchanged():
 
 
 def test_70b_on_one_80gb_card_is_recommended_int4_when_int8_does_not_fit():
-    # 80e9 bytes: 67.1 GiB usable; int8's 64.8 GiB of weights + allowance + activations exceed it
+    # 80e9 bytes: 67.1 GiB usable; int8's 64.3 GiB of weights + allowance + activations exceed it
     plan = make_plan(deploy(), on("1x80GB"), llama2("70B"))
     assert not plan.ok
     assert "fits with model.quantization: int4" in plan.recommendation.note
@@ -96,9 +96,9 @@ def test_cpu_workers_count_quantized_weights_in_their_ram():
 
 def test_a_gguf_file_under_auto_is_planned_as_stored_and_unservable_types_warned():
     shape = from_hf_config(SMOLLM2_135M, "smollm2")
-    plan = make_plan(deploy(devices="cpu"), Inventory([], [0]), replace(shape, stored_format="Q4_1"))
-    assert plan.sizing.label == "Q4_1 + float32" and plan.sizing.fmt.group_size == 32
-    odd = make_plan(deploy(), on("1x24GB"), replace(shape, stored_format="Q4_K+Q6_K"))
+    plan = make_plan(deploy(devices="cpu"), Inventory([], [0]), replace(shape, gguf_types=GgufTypes("Q4_1", "Q8_0")))
+    assert plan.sizing.label == "Q4_1 + float32" and plan.sizing.fmt.linear.group == 32
+    odd = make_plan(deploy(), on("1x24GB"), replace(shape, gguf_types=GgufTypes("Q4_K+Q6_K", "Q4_K", "Q6_K")))
     assert any("not Q6_K" in w for w in odd.warnings) and odd.sizing.label == "bfloat16"
 
 
@@ -108,7 +108,7 @@ def test_the_sizing_table_has_int8_and_int4_rows_and_marks_the_planned_one():
     console.print(sizing_table(plan, deploy("int8")))
     text = console.export_text()
     assert "int8 + bfloat16 *" in text and "int4 + bfloat16" in text and "bfloat16/float16" in text
-    assert f"{13_352_478_720 / 10**9:.2f}" in text  # int8 weights GB
+    assert f"{13_025_054_720 / 10**9:.2f}" in text  # int8 weights GB
     row = next(line for line in text.splitlines() if "int8 + bfloat16 *" in line)
     assert row.rstrip(" │").endswith("1")  # one GPU per replica
 
@@ -131,9 +131,9 @@ def test_plan_command_takes_quantization(tmp_path):
 def test_doctor_shows_the_quantization_in_effect_and_its_weight_bytes():
     row = quantization_check(deploy("int8"), on("1x24GB"), llama2("13B"))
     assert row.status == "ok"
-    assert "model.quantization: int8 → int8 at load: 8 bits + a float32 scale per output channel" in row.detail
-    assert "weights 12.44 GiB = 11.82 GiB linear layers + 0.61 GiB embeddings" in row.detail
+    assert "model.quantization: int8 → int8 at load: linear layers 8 bits + a float32 scale per output" in row.detail
+    assert "weights 12.13 GiB = 11.82 GiB linear layers + 0.31 GiB embeddings, LM head and norms" in row.detail
     assert quantization_check(deploy(), on("1x24GB"), None).status == "skip"
     shape = from_hf_config(SMOLLM2_135M, "smollm2")
-    odd = quantization_check(deploy(), on("1x24GB"), replace(shape, stored_format="Q6_K"))
+    odd = quantization_check(deploy(), on("1x24GB"), replace(shape, gguf_types=GgufTypes("Q6_K", "Q6_K")))
     assert odd.status == "warn" and "not Q6_K" in odd.detail
