@@ -3,10 +3,10 @@
 The arithmetic (the same terms vLLM's and TGI's memory profilers use):
 
 * weights = :func:`launcher.shapes.weight_bytes`, the one rule for the weights' bytes as held:
-  every parameter in the compute dtype (4 bytes float32, 2 bfloat16/float16), except the decoder's
-  linear layers under ``model.quantization`` (int8: 8 bits, int4: 4 bits, per value, plus a
-  float32 scale — and offset at 4 bits — per group along K, :func:`launcher.shapes.weight_format`);
-  the shape comes from the config (:class:`ModelShape`);
+  every parameter in the compute dtype (4 bytes float32, 2 bfloat16/float16), except what
+  ``model.quantization`` quantizes (:func:`launcher.shapes.weight_format`: the linear layers at 8
+  or 4 bits per value plus float32 scales, and offsets at 4 bits; the embeddings and LM head at 8
+  bits per row when quantizing at load); the shape comes from the config (:class:`ModelShape`);
 * KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (the compute
   dtype's: 4 in float32, else 2, quantized weights or not); the deployment wants it for
   ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
@@ -21,10 +21,10 @@ smaller of ``total × gpu_memory_utilization × share − weights − activation
 what free memory allows once other processes are counted, per GPU, the tightest GPU of a layer
 split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
 
-A tensor-parallel rank (``tensor_parallel_size: N``) holds 1/N of every attention and MLP
-matrix (quantized or not) plus the replicated embeddings, norms and LM head (:mod:`worker.tp_rules`), 1/N of the KV
-heads (so 1/N of a token's KV bytes), and a prefill step's activations with the MLP's channels
-split N ways.
+A tensor-parallel rank (``tensor_parallel_size: N``) holds its 1/N shard of every attention and
+MLP matrix (quantized or not) plus the replicated embeddings, norms and LM head
+(:mod:`worker.tp_rules`), 1/N of the KV heads (so 1/N of a token's KV bytes), and a prefill step's
+activations with the MLP's channels split N ways.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def size(
     fmt: WeightFormat = UNQUANTIZED,
 ) -> Sizing:
     """Compute the :class:`Sizing` computing in ``dtype`` (a key of :data:`launcher.shapes.FLOAT_BYTES`)
-    with the linear layers held in ``fmt``."""
+    with the weights held in ``fmt``."""
     return Sizing(
         shape,
         dtype,
