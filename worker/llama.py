@@ -13,7 +13,7 @@ Weights are read from the model folder's safetensors files by their transformers
 (``model.layers.N.self_attn.q_proj.weight`` ...), straight onto the target device.
 
 Tensor parallel (``tp``, a :class:`worker.tp.TPGroup` of N ranks): each rank loads only its part
-of each weight (:func:`worker.tp_rules.shard_range`) — H/N query heads and KVH/N KV heads of the
+of each weight (:func:`worker.contract.tp_rules.shard_range`) — H/N query heads and KVH/N KV heads of the
 fused qkv, I/N channels of gate/up, the matching input columns of o_proj and down_proj — and
 attends over its own KV heads; the partial outputs of o_proj and down_proj are summed over the
 ranks in float32 (one all-reduce each per layer) before joining the float32 residual stream.
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
-from worker.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
-from worker.tp_rules import shard_range
+from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
+from worker.contract.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (sharded or not), cast to ``dtype`` on ``device``.
     Loads straight to ``device``: no host copy of a GPU model. With ``world`` > 1 only rank
-    ``rank``'s part of each split weight is read (:func:`worker.tp_rules.shard_range`)."""
+    ``rank``'s part of each split weight is read (:func:`worker.contract.tp_rules.shard_range`)."""
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
     files = (

@@ -13,7 +13,8 @@ import logging
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from worker import llama, tp_rules
+from worker import llama
+from worker.contract import tp_rules
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ def pick_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto``: bfloat16 where the hardware computes it natively (GPUs from compute capability 8.0,
-    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.dtypes`)."""
-    from worker import dtypes
+    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.contract.dtypes`)."""
+    from worker.contract import dtypes
     from worker.gpus import capabilities
 
     caps = capabilities() if device.type == "cuda" else ()
@@ -132,8 +133,8 @@ def kv_shape(config, world: int = 1) -> tuple[int, int, int]:
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype, world: int = 1) -> int:
-    """KV-cache bytes one token costs in ``dtype`` (:func:`launcher.shapes.kv_bytes_per_token`), on
+    """KV-cache bytes one token costs in ``dtype`` (:func:`worker.contract.shapes.kv_bytes_per_token`), on
     one of ``world`` tensor-parallel ranks."""
-    from launcher.shapes import kv_bytes_per_token as formula
+    from worker.contract.shapes import kv_bytes_per_token as formula
 
     return formula(*kv_shape(config, world), torch.empty((), dtype=dtype).element_size())

@@ -124,7 +124,7 @@ def bench_command(
         raise typer.Exit(2)
     if layouts:
         from launcher.bench.layout_runner import run_layouts
-        from launcher.cli import load_or_exit
+        from launcher.console import load_or_exit
 
         if config is not None:
             load_or_exit(config)  # a bad --config is one line and exit 2, before any layout starts

@@ -12,13 +12,15 @@ from typer.testing import CliRunner
 
 from launcher import cli
 from launcher.config import DeployConfig
-from launcher.doctor import quantization_check
-from launcher.layouts import TENSOR_PARALLEL, compare
-from launcher.placement import Inventory
-from launcher.plan import GiB, make_plan, parse_gpus, planned_budget
-from launcher.plan_report import sizing_table
-from launcher.shapes import GgufTypes, from_hf_config, weight_bytes, weight_format
-from tests.unit.test_plan import LLAMA2, SMOLLM2_135M, llama2
+from launcher.plan.doctor import quantization_check
+from launcher.plan.layouts import TENSOR_PARALLEL, compare
+from launcher.plan.placement import Inventory
+from launcher.plan.plan import make_plan, parse_gpus
+from launcher.plan.report import sizing_table
+from launcher.plan.sizing import planned_budget
+from tests.helpers.model_configs import LLAMA2, SMOLLM2_135M, llama2
+from worker.contract.shapes import GgufTypes, from_hf_config, weight_bytes, weight_format
+from worker.contract.units import GiB
 
 
 def deploy(quantization: str = "auto", **workers) -> DeployConfig:

@@ -1,4 +1,4 @@
-"""The one rule for the weights' bytes as held (launcher.shapes.weight_bytes), against figures
+"""The one rule for the weights' bytes as held (worker.contract.shapes.weight_bytes), against figures
 computed by hand from the published shapes, and against QuantizedWeight.nbytes (the format the
 worker holds)."""
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.shapes import (
+from tests.helpers.model_configs import SMOLLM2_135M, llama2
+from worker.contract.shapes import (
     FLOAT,
     GgufTypes,
     Held,
@@ -23,7 +24,6 @@ from launcher.shapes import (
     weight_bytes,
     weight_format,
 )
-from tests.unit.test_plan import SMOLLM2_135M, llama2
 from worker.quant.format import quantize_int4, quantize_int8
 
 INT8, INT4, NONE = weight_format("int8", None), weight_format("int4", None), weight_format("none", None)

@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 
-PARENT_ENV = "LLAMADEPLOY_PARENT_PID"
+from worker.contract.env import PARENT_ENV
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 ORPHAN_EXIT_CODE = 1
 

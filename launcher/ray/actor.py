@@ -2,11 +2,11 @@
 
 Ray starts the actor with ``CUDA_VISIBLE_DEVICES`` set to the GPUs it granted the bundle. The
 actor's :meth:`WorkerActor.start` writes what the worker needs into a private folder on the node
-(the deployment's config, this slot's CURVE keys: handed over as arguments, never on a command
+(the worker's settings file, this slot's CURVE keys: handed over as arguments, never on a command
 line), then starts ``python -m worker.main`` as its child with the node report in its environment
 (:data:`NODE_ID_ENV`, :data:`NODE_IP_ENV`, :data:`GPU_IDS_ENV`), so the worker imports torch only
 after all of it is set. The child dies with the actor (``PR_SET_PDEATHSIG`` through
-:data:`~launcher.lifeline.PARENT_ENV`), so killing the actor, or losing its node, ends the worker.
+:data:`~worker.contract.env.PARENT_ENV`), so killing the actor, or losing its node, ends the worker.
 
 The worker is the same program as locally: its signals, exit codes and logs (its stderr is the
 actor's, which Ray forwards to the launcher's output) do not change.
@@ -25,8 +25,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from worker.node import NODE_ID_ENV, NODE_IP_ENV
-from worker.node import RAY_GPU_IDS_ENV as GPU_IDS_ENV
+from worker.contract.env import NODE_ID_ENV, NODE_IP_ENV
+from worker.contract.env import RAY_GPU_IDS_ENV as GPU_IDS_ENV
 
 RUN_DIR = "{RUN}"  # in arguments and environment values: the actor's private folder on its node
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -35,7 +35,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 def expected_gpus(gpu_ids: list[str], share: float) -> str:
     """``LLAMADEPLOY_EXPECTED_GPUS`` for the GPUs Ray granted (physical indices), from NVML on
     this node; "" when NVML does not list them (the worker then checks nothing)."""
-    from launcher.placement import nvml_gpus
+    from launcher.plan.placement import nvml_gpus
 
     by_index = {str(g.index): g for g in nvml_gpus() if not g.is_mig}
     if not gpu_ids or any(i not in by_index for i in gpu_ids):
@@ -56,7 +56,7 @@ FOLDER_PREFIX = "llamadeploy-worker-"
 
 
 def sweep_folders(tmp: Path | None = None) -> list[Path]:
-    """Remove the private folders (config, CURVE keys) of actors on this node that died without
+    """Remove the private folders (worker settings, CURVE keys) of actors on this node that died without
     cleaning up (``kill -9``, a raylet that went away): each is named after its actor's pid.
     Returns what was removed."""
     removed = []
@@ -79,7 +79,7 @@ def write_files(folder: Path, files: dict[str, bytes]) -> None:
 
 
 class WorkerActor:
-    """One worker slot on a Ray node (wrapped with ``ray.remote`` by :mod:`launcher.ray_backend`;
+    """One worker slot on a Ray node (wrapped with ``ray.remote`` by :mod:`launcher.ray.backend`;
     a threaded actor: :meth:`wait` blocks while :meth:`send_signal` and :meth:`info` answer)."""
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ class WorkerActor:
                 NODE_IP_ENV: ray.util.get_node_ip_address(),
                 GPU_IDS_ENV: ",".join(gpu_ids),
                 "PYTHONUNBUFFERED": "1",
-                "LLAMADEPLOY_PARENT_PID": str(os.getpid()),  # launcher.lifeline.PARENT_ENV: die with this actor
+                "LLAMADEPLOY_PARENT_PID": str(os.getpid()),  # worker.contract.env.PARENT_ENV: die with this actor
             }
         )
         if gpu_ids:

@@ -15,13 +15,13 @@ from typing import TypeVar
 import httpx
 import yaml
 
-from launcher.ports import free_port
+from launcher.supervise.ports import free_port
 
 MODEL = "smollm2-135m-instruct"
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "") -> T:
+def wait_for(predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.1) -> T:
     """Call ``predicate`` until it returns something truthy, and return that; raise
     ``TimeoutError`` (naming ``what`` and the last value) after ``timeout`` seconds.
 
@@ -41,7 +41,7 @@ def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.1, 
         time.sleep(interval)
 
 
-async def wait_for_async(predicate: Callable[[], T], timeout: float, interval: float = 0.01, what: str = "") -> T:
+async def wait_for_async(predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.01) -> T:
     """:func:`wait_for` for tests inside an event loop: sleeps without blocking the loop."""
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
@@ -185,3 +185,12 @@ def alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def all_ready_and_idle(d: Deployment) -> bool:
+    return all(w["state"] == "ready" and w["in_flight"] == 0 and w["running"] == 0 for w in d.workers())
+
+
+def assert_openai_error(err: dict, code: str) -> None:
+    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
+    assert err["error"]["code"] == code and err["error"]["message"], err

@@ -4,7 +4,7 @@ The rule, as vLLM's users apply ``--tensor-parallel-size``: when a replica fits
 one GPU, run one replica per GPU (data parallel: no communication, throughput scales with the
 GPUs). When it does not, split every layer over the fewest GPUs that hold it (tensor parallel:
 all of them work on every token, so a request is faster than on one card; the heads, KV heads
-and MLP width must divide by N, :mod:`worker.tp_rules`). Split the model by layers (a pipeline in
+and MLP width must divide by N, :mod:`worker.contract.tp_rules`). Split the model by layers (a pipeline in
 which one GPU works at a time: it fits, never faster than one card) only where tensor parallelism
 cannot divide the model over the GPUs at hand.
 
@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config import DeployConfig
-from launcher.placement import GpuInfo
-from launcher.plan import GiB, Sizing, gpu_budget, min_gpus, planned_budget, tp_rank_weights
+from launcher.plan.placement import GpuInfo
+from launcher.plan.sizing import Sizing, gpu_budget, min_gpus, planned_budget, tp_rank_weights
+from worker.contract.units import GiB
 
 DATA_PARALLEL, TENSOR_PARALLEL, LAYER_SPLIT = "data parallel", "tensor parallel", "layer split"
 
@@ -77,7 +78,7 @@ def tp_unavailable(cfg: DeployConfig) -> str:
 def tensor_parallel(sizing: Sizing, gpus: list[GpuInfo], utilization: float, unavailable: str = "") -> Layout:
     """The tensor-parallel size to use on ``gpus`` (see the module doc), or why there is none
     (``unavailable``: a reason from the deployment, :func:`tp_unavailable`)."""
-    from worker.tp_rules import valid_sizes
+    from worker.contract.tp_rules import valid_sizes
 
     if unavailable:
         return Layout(TENSOR_PARALLEL, 0, 0, 0, 0, unavailable)
@@ -92,7 +93,7 @@ def tensor_parallel(sizing: Sizing, gpus: list[GpuInfo], utilization: float, una
 
 
 def _no_divisor(sizing: Sizing, count: int) -> str:
-    from worker.tp_rules import split_sizes
+    from worker.contract.tp_rules import split_sizes
 
     counts = ", ".join(f"{v} {what}" for what, v in split_sizes(sizing.shape).items())
     if count < 2:
@@ -132,11 +133,12 @@ def choose(layouts: list[Layout]) -> Layout | None:
 
 def tp_refusal(cfg: DeployConfig) -> str | None:
     """Why ``workers.tensor_parallel_size`` cannot split ``model.name`` (one line per problem,
-    :func:`worker.tp_rules.tp_problems`), read from the model's config alone; ``None`` when it can,
+    :func:`worker.contract.tp_rules.tp_problems`), read from the model's config alone; ``None`` when it can,
     or when there is no config to read here (resolving the model then says so)."""
     from launcher.models import ModelNotFound
-    from launcher.shapes import ShapeError, read_shape
-    from worker.tp_rules import tp_problems
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
+    from worker.contract.tp_rules import tp_problems
 
     if cfg.workers.tensor_parallel_size == 1:
         return None

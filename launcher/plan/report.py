@@ -1,4 +1,4 @@
-"""Rich tables for a :class:`launcher.plan.Plan`: the sizing table (one row per way to hold the
+"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (one row per way to hold the
 weights: float32, 16-bit, int8 and int4 linear layers, and the planned one when it is none of those),
 the layouts table (data parallel, tensor parallel and layer split side by side) and the
 placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
@@ -10,9 +10,11 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
-from launcher.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
-from launcher.plan import GB, GiB, Plan, Sizing, resize
-from launcher.shapes import UNQUANTIZED, weight_format
+from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
+from launcher.plan.plan import Plan
+from launcher.plan.sizing import Sizing, resize
+from worker.contract.shapes import UNQUANTIZED, weight_format
+from worker.contract.units import GB, GiB
 
 
 def render(plan: Plan, cfg: DeployConfig) -> Group:

@@ -1,4 +1,4 @@
-"""A stand-in for the ``pynvml`` module: the calls ``launcher.placement.nvml_scan`` makes, over
+"""A stand-in for the ``pynvml`` module: the calls ``launcher.plan.placement.nvml_scan`` makes, over
 GPUs described as dicts, with errors injectable per GPU and per call (no GPU needed)."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class FakeNvml:
 
 
 class FakeTopology(FakeNvml):
-    """:class:`FakeNvml` plus the topology queries of ``launcher.interconnect``: ``nvlink`` holds
+    """:class:`FakeNvml` plus the topology queries of ``launcher.plan.interconnect``: ``nvlink`` holds
     the pairs ``(a, b)`` joined by NVLink, ``level`` the PCIe common-ancestor level of the others;
     ``p2p_unsupported`` makes the P2P status query raise (older drivers), leaving NvLinkState."""
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import zmq
 
-KEYS_ENV = "LLAMADEPLOY_CURVE_KEYS"  # the folder of this deployment's keys (router and worker children)
+from worker.contract.env import KEYS_ENV
+
 ROUTER = "router"
 
 

@@ -1,4 +1,4 @@
-"""A tensor-parallel slot (launcher/ranks.py): real rank processes behind Popen's interface, and
+"""A tensor-parallel slot (launcher/supervise/ranks.py): real rank processes behind Popen's interface, and
 the supervisor's crash rules acting on the slot as a whole (fake process table, real router table)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import subprocess
 
 import pytest
 
-from launcher.placement import GpuInfo, WorkerSpec
-from launcher.ranks import RankGroup, rank_args
-from launcher.supervisor import Slot, spawn
+from launcher.plan.placement import GpuInfo, WorkerSpec
+from launcher.supervise.ranks import RankGroup, rank_args
+from launcher.supervise.supervisor import Slot, spawn
 from router.admin_protocol import WorkerState
-from tests.deployment import alive, wait_for
-from tests.unit.test_supervisor_process_table import Harness
+from tests.helpers.deployment import alive, wait_for
+from tests.helpers.supervisor_harness import Harness
 
 GiB = 2**30
 

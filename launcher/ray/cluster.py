@@ -1,11 +1,11 @@
 """The Ray cluster as the launcher sees it: connecting, each node's inventory, and the refusals.
 
-``cluster.backend: ray`` runs every worker slot as a Ray actor (:mod:`launcher.ray_backend`). Before
+``cluster.backend: ray`` runs every worker slot as a Ray actor (:mod:`launcher.ray.backend`). Before
 anything starts, ``llamadeploy up`` and ``plan`` :func:`connect` to ``cluster.address`` (a TCP
 check first: Ray's own connect retries for minutes on an address where nothing listens) and read
 :func:`nodes`: per alive node its CPUs, GPUs (Ray's ``GPU`` resource) and the memory of those GPUs,
 read through NVML by a tiny task pinned to the node (:func:`gpu_probe`), or ``cluster.gpu_memory_gib``
-where NVML cannot be read there. :func:`launcher.ray_placement.place_on_cluster` then lays the
+where NVML cannot be read there. :func:`launcher.ray.placement.place_on_cluster` then lays the
 slots out over the nodes. Every problem is a :class:`ClusterError`: one line naming the key and the fix.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from launcher.config import ClusterConfig
-from launcher.placement import GpuInfo, Inventory
+from launcher.plan.placement import GpuInfo, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def local_ip() -> str:
 
 def gpu_probe() -> list[dict]:
     """On a node: every GPU NVML lists there (index, name, uuid, total and free bytes, capability)."""
-    from launcher.placement import nvml_gpus
+    from launcher.plan.placement import nvml_gpus
 
     return [
         {
@@ -288,9 +288,9 @@ def free_resources() -> dict[str, dict[str, float]] | None:
 
 
 def cluster_inventory(all_nodes: list[NodeInventory]) -> Inventory:
-    """An :class:`~launcher.placement.Inventory` of the whole cluster for :mod:`launcher.plan`: every
+    """An :class:`~launcher.plan.placement.Inventory` of the whole cluster for :mod:`launcher.plan.plan`: every
     node's GPUs, no RAM figure (it is per node; a CPU replica's room is ``kv_cache_gib``)."""
-    from worker.dtypes import cpu_flags
+    from worker.contract.dtypes import cpu_flags
 
     gpus = [g for n in all_nodes for g in n.gpu_info]
     return Inventory(gpus, list(range(sum(n.cpus for n in all_nodes))), None, 0, cpu_flags=cpu_flags())

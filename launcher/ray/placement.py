@@ -1,7 +1,7 @@
 """Placement over a Ray cluster: which node each worker slot runs on, and what Ray reserves for it.
 
-Pure logic over :class:`~launcher.ray_cluster.NodeInventory` (testable without Ray), the cluster
-counterpart of :func:`launcher.placement.place`:
+Pure logic over :class:`~launcher.ray.cluster.NodeInventory` (testable without Ray), the cluster
+counterpart of :func:`launcher.plan.placement.place`:
 
 * GPUs (``devices: auto`` and some node offers GPUs): each node's GPUs form groups of
   ``gpus_per_replica`` (a replica never spans nodes), each group holds ``workers_per_gpu`` slots
@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from launcher.config import ClusterConfig, WorkersConfig
-from launcher.placement import PlacementError, WorkerSpec
-from launcher.ray_cluster import NodeInventory
+from launcher.config import ClusterConfig
+from launcher.plan.placement import PlacementError, WorkerSpec
+from launcher.ray.cluster import NodeInventory
+from worker.contract.settings import WorkersConfig
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@
   ZeroMQ address; once it answers, the supervisor reports every worker process to it again, and
   the running workers re-register (``Identify`` → ``Hello``/``Ready``) with their models loaded.
 * Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and set
-  ``PR_SET_PDEATHSIG`` first thing (:mod:`launcher.lifeline`), so they die with the launcher even
+  ``PR_SET_PDEATHSIG`` first thing (:mod:`worker.contract.lifeline`), so they die with the launcher even
   if it is killed with SIGKILL.
 * :meth:`Supervisor.shutdown` is graceful: the router stops taking requests and the supervisor
   waits up to ``shutdown_grace_s`` for in-flight ones, then workers and router get SIGTERM, then SIGKILL.
@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
-from launcher.config import DeployConfig
-from launcher.lifeline import PARENT_ENV
-from launcher.placement import WorkerSpec
+from launcher.config import SECRET_ENVS, DeployConfig
+from launcher.plan.placement import WorkerSpec
+from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
 from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState
+from worker.contract.env import PARENT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +90,16 @@ def describe_exit(code: int) -> str:
 def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
     """``python ARGS`` in its own session (a terminal's Ctrl-C reaches only the launcher), with
     ``env`` added and stdin a pipe (``stdin_pipe``) or nothing. The child sets its own death signal
-    from :data:`~launcher.lifeline.PARENT_ENV` (no ``preexec_fn``: the launcher runs threads)."""
+    from :data:`~worker.contract.env.PARENT_ENV` (no ``preexec_fn``: the launcher runs threads).
+    The launcher's secret variables are left out: the router has its secrets in its settings file,
+    and no other child has any."""
+    inherited = {k: v for k, v in os.environ.items() if k not in SECRET_ENVS}
     return subprocess.Popen(
         [sys.executable, *args],
         stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
         start_new_session=True,
         text=stdin_pipe,
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
+        env={**inherited, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
     )
 
 
@@ -149,8 +152,11 @@ class Supervisor:
         self.run_dir = run_dir
         self.address = address
         self.clock = clock
-        self.config_path = run_dir / "config.json"
-        self.config_path.write_text(cfg.model_dump_json())
+        # each child reads only its own role's settings: no router secret reaches a worker's file
+        self.router_settings_path = run_dir / "router.json"
+        self.router_settings_path.write_text(cfg.router_settings().model_dump_json())
+        self.worker_settings_path = run_dir / "worker.json"
+        self.worker_settings_path.write_text(cfg.worker_settings().model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
         self.router: subprocess.Popen | None = None  # None while a dead router waits for its restart
         self.router_starts = 0  # router processes started; its restarts = starts - 1
@@ -202,7 +208,7 @@ class Supervisor:
         if self.backend is not None:
             return self.backend.spawn_worker(spec, args, env)
         if spec.tp > 1:
-            from launcher.ranks import RankGroup
+            from launcher.supervise.ranks import RankGroup
 
             return RankGroup.start(spec, args, env, self._spawn)
         return self._spawn(args, env)
@@ -212,7 +218,7 @@ class Supervisor:
             "-m",
             "router.main",
             "--config",
-            str(self.config_path),
+            str(self.router_settings_path),
             "--model-path",
             str(self.model_path),
             "--address",
@@ -264,7 +270,7 @@ class Supervisor:
             "-m",
             "worker.main",
             "--config",
-            str(self.config_path),
+            str(self.worker_settings_path),
             "--worker-id",
             str(wid),
             "--device",

@@ -30,12 +30,10 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from launcher.config import WorkersConfig
+from worker.contract.env import EXPECTED_GPUS_ENV, SLOT_DEVICE_ENV
+from worker.contract.settings import WorkersConfig
 
 log = logging.getLogger(__name__)
-
-EXPECTED_GPUS_ENV = "LLAMADEPLOY_EXPECTED_GPUS"
-SLOT_DEVICE_ENV = "LLAMADEPLOY_SLOT_DEVICE"  # a tensor-parallel rank: the whole slot's label, for its Hello
 
 
 class PlacementError(Exception):
@@ -191,7 +189,7 @@ def discover() -> Inventory:
     Never raises."""
     import psutil
 
-    from worker.dtypes import cpu_flags
+    from worker.contract.dtypes import cpu_flags
 
     scan = nvml_scan()
     probe = cuda_probe() if scan.error else 0

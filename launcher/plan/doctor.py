@@ -20,8 +20,8 @@ from pathlib import Path
 from rich.table import Table
 
 from launcher.config import DeployConfig
-from launcher.placement import GpuInfo, Inventory, PlacementError, nvml_missing_error, place, visible_gpus
-from launcher.plan import GiB
+from launcher.plan.placement import GpuInfo, Inventory, PlacementError, nvml_missing_error, place, visible_gpus
+from worker.contract.units import GiB
 
 TORCH_INDEX = "https://download.pytorch.org/whl/cuXYZ"
 
@@ -129,7 +129,7 @@ def arch_checks(gpus: list[GpuInfo], arch_list: list[str] | None) -> list[Check]
 
 def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
     """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it)."""
-    from worker import dtypes
+    from worker.contract import dtypes
 
     try:
         specs = place(cfg.workers, inv)
@@ -295,11 +295,11 @@ def gpu_checks(inv: Inventory) -> list[Check]:
 
 
 def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
-    """How the GPUs this deployment may use are connected (:func:`launcher.interconnect.gpu_links`).
+    """How the GPUs this deployment may use are connected (:func:`launcher.plan.interconnect.gpu_links`).
     PCIe between two GPUs of one replica is a warning when ``tensor_parallel_size`` > 1: its
     per-layer all-reduces over PCIe make tensor parallelism gain little over one card (PCIe between
     replicas, and data parallel, are unaffected)."""
-    from launcher.interconnect import PCIE, gpu_links
+    from launcher.plan.interconnect import PCIE, gpu_links
 
     name = "GPU interconnect"
     try:
@@ -359,7 +359,8 @@ def library_checks() -> list[Check]:
 def model_check(name: str) -> tuple[Check, object]:
     """The model's config and files, without loading weights; returns the shape for the plan."""
     from launcher.models import ModelNotFound
-    from launcher.shapes import ShapeError, read_shape
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
 
     try:
         shape = read_shape(name)
@@ -383,8 +384,8 @@ def model_check(name: str) -> tuple[Check, object]:
 def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     """The quantization in effect (``model.quantization`` resolved for this model: a GGUF file's
     stored types under ``auto``) and the weights' bytes it holds, by the planning rule
-    (:func:`launcher.shapes.weight_bytes`, the figures ``plan`` uses)."""
-    from launcher.plan import make_plan
+    (:func:`worker.contract.shapes.weight_bytes`, the figures ``plan`` uses)."""
+    from launcher.plan.plan import make_plan
 
     name = "quantization"
     if shape is None:
@@ -403,7 +404,7 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
 
 def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
     """Placement of the configured workers and whether they fit (the plan)."""
-    from launcher.plan import make_plan
+    from launcher.plan.plan import make_plan
 
     try:
         specs = place(cfg.workers, inv)
@@ -430,7 +431,7 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
 
 
 def port_checks(cfg: DeployConfig) -> list[Check]:
-    from launcher.ports import port_problems
+    from launcher.supervise.ports import port_problems
 
     rows = []
     for host, port, key, problem in port_problems(cfg):

@@ -17,8 +17,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from launcher.placement import WorkerSpec
-from launcher.ports import free_port
+from launcher.plan.placement import WorkerSpec
+from launcher.supervise.ports import free_port
 
 log = logging.getLogger(__name__)
 

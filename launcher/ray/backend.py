@@ -2,7 +2,7 @@
 
 :class:`RayBackend` is what ``Supervisor(..., backend=...)`` calls to start a slot: it returns a
 :class:`RayWorker`, a handle with ``subprocess.Popen``'s interface over one
-:class:`~launcher.ray_actor.WorkerActor`, so restarts with backoff, ``failed`` after too many
+:class:`~launcher.ray.actor.WorkerActor`, so restarts with backoff, ``failed`` after too many
 crashes, drain and ``restart-worker``, hung-worker kills and graceful shutdown are the
 supervisor's own, as locally.
 
@@ -11,7 +11,7 @@ one bundle per slot placed there, each bundle pinned to its node by the ``ray.io
 made once at start. A restarted worker gets a new actor in its slot's bundle, so it lands on the
 same node with the same reservation. When that node has left the cluster, the slot is re-placed: a
 new one-bundle group wherever Ray finds room within ``cluster.placement_timeout_s``, else
-:class:`~launcher.supervisor.WorkerStartError` marks the slot ``failed`` with the reason.
+:class:`~launcher.supervise.supervisor.WorkerStartError` marks the slot ``failed`` with the reason.
 
 Test switch: :data:`GPUS_ON_CPU_ENV` in the launcher's environment makes workers that Ray granted
 GPUs compute on CPU (their ``CUDA_VISIBLE_DEVICES`` is still Ray's), for clusters whose GPUs are
@@ -27,10 +27,11 @@ import subprocess
 from pathlib import Path
 
 from launcher.config import DeployConfig
-from launcher.keys import KEYS_ENV, ROUTER, worker_name
-from launcher.ray_actor import RUN_DIR, WorkerActor
-from launcher.ray_placement import RaySpec
-from launcher.supervisor import WorkerStartError
+from launcher.ray.actor import RUN_DIR, WorkerActor
+from launcher.ray.placement import RaySpec
+from launcher.supervise.supervisor import WorkerStartError
+from worker.contract.env import KEYS_ENV
+from worker.contract.keys import ROUTER, worker_name
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class ExitedWorker:
 
 class RayBackend:
     """Starts worker slots as Ray actors (see the module doc). ``specs`` come from
-    :func:`launcher.ray_placement.place_on_cluster`; the process must be connected to Ray."""
+    :func:`launcher.ray.placement.place_on_cluster`; the process must be connected to Ray."""
 
     def __init__(self, cfg: DeployConfig, specs: list[RaySpec], gpus_on_cpu: bool | None = None):
         import ray
@@ -171,8 +172,8 @@ class RayBackend:
         return f"its Ray actor died ({first[:200]})"
 
     def _free_per_node(self) -> dict[str, dict] | None:
-        """Resources not reserved on each alive node, or None (:func:`launcher.ray_cluster.free_resources`)."""
-        from launcher.ray_cluster import free_resources
+        """Resources not reserved on each alive node, or None (:func:`launcher.ray.cluster.free_resources`)."""
+        from launcher.ray.cluster import free_resources
 
         return free_resources()
 
@@ -220,8 +221,8 @@ class RayBackend:
 
     def _payload(self, spec: RaySpec, args: list[str], env: dict[str, str]) -> tuple[list[str], dict, dict]:
         """The worker's arguments and environment with node-local paths, and the files to write there."""
-        files = {"config.json": Path(_arg_value(args, "--config")).read_bytes()}
-        args = _replace_arg(args, "--config", f"{RUN_DIR}/config.json")
+        files = {"worker.json": Path(_arg_value(args, "--config")).read_bytes()}  # the worker's settings only
+        args = _replace_arg(args, "--config", f"{RUN_DIR}/worker.json")
         if self.gpus_on_cpu:
             args = _replace_arg(args, "--device", "cpu")
         env = {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}

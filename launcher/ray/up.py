@@ -1,10 +1,10 @@
 """``llamadeploy up`` and ``plan`` with ``cluster.backend: ray``: every check before anything starts.
 
 :func:`prepare_ray` connects to the cluster, reads its inventory, places the slots, runs the same
-memory plan as locally (:func:`launcher.plan.preflight`, over the cluster's GPUs), resolves the
+memory plan as locally (:func:`launcher.plan.plan.preflight`, over the cluster's GPUs), resolves the
 model and the router's ZeroMQ address (``tcp://`` with CURVE, bound where the nodes reach it),
-then makes the :class:`~launcher.ray_backend.RayBackend`. Any refusal is a
-:class:`~launcher.ray_cluster.ClusterError` (``up`` exits 2 with its one line).
+then makes the :class:`~launcher.ray.backend.RayBackend`. Any refusal is a
+:class:`~launcher.ray.cluster.ClusterError` (``up`` exits 2 with its one line).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from launcher.config import DeployConfig
-from launcher.placement import Inventory, PlacementError
-from launcher.ray_cluster import ClusterError, cluster_inventory, connect, free_resources, local_ip, nodes
-from launcher.ray_placement import RaySpec, missing_room, place_on_cluster
+from launcher.plan.placement import Inventory, PlacementError
+from launcher.ray.cluster import ClusterError, cluster_inventory, connect, free_resources, local_ip, nodes
+from launcher.ray.placement import RaySpec, missing_room, place_on_cluster
 
 __all__ = ["UNKNOWN_MEMORY", "ClusterError", "RayLaunch", "cluster_layout", "prepare_ray", "zmq_address"]
 
@@ -32,7 +32,7 @@ class RayLaunch:
     specs: list[RaySpec]
     model_path: Path
     address: str  # the router's ZeroMQ endpoint, tcp://
-    backend: object  # launcher.ray_backend.RayBackend
+    backend: object  # launcher.ray.backend.RayBackend
 
 
 def cluster_layout(cfg: DeployConfig) -> tuple[Inventory, list[RaySpec], bool]:
@@ -125,8 +125,8 @@ def zmq_address(cfg: DeployConfig, specs: list[RaySpec] = ()) -> str:
 def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
     """Everything ``up`` does before starting the router, for a Ray cluster. Raises ClusterError."""
     from launcher.models import ModelNotFound, resolve_model
-    from launcher.plan import preflight
-    from launcher.ray_backend import RayBackend
+    from launcher.plan.plan import preflight
+    from launcher.ray.backend import RayBackend
 
     inventory, specs, known = cluster_layout(cfg)
     check_room(specs)

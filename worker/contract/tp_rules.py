@@ -14,14 +14,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from worker.llama_family import supports
+from worker.contract.llama_family import supports
 
 KEY = "workers.tensor_parallel_size"
 
 
 def _get(config, *names: str) -> int | None:
     """The first of ``names`` that ``config`` (an HF config object, its config.json as a dict, or
-    :class:`launcher.shapes.ModelShape`) has and sets."""
+    :class:`worker.contract.shapes.ModelShape`) has and sets."""
     for name in names:
         value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
         if value is not None:
