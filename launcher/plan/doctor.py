@@ -393,7 +393,7 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     s = make_plan(cfg, inv, shape).sizing
     fmt = s.fmt
     detail = (
-        f"model.quantization: {cfg.model.quantization} → {fmt.describe()}; compute dtype {s.dtype}; weights "
+        f"model.quantization: {cfg.model.quantization} → {fmt.describe(shape.tie_word_embeddings)}; compute dtype {s.dtype}; weights "
         f"{s.weights / GiB:.2f} GiB = {s.held.linear / GiB:.2f} GiB linear layers + {s.held.replicated / GiB:.2f} "
         "GiB embeddings, LM head and norms (planned bytes at rest; the worker reports the memory it measures)"
     )

@@ -141,6 +141,9 @@ def test_auto_serves_the_gguf_types_we_hold_natively_and_leaves_floats_alone():
         "Q4_1 as stored: linear layers 4 bits + a float32 scale and offset per 32 values; embeddings 8 bits + "
         "a float32 scale per 32 values; LM head the compute dtype; norms the compute dtype"
     )
+    assert q41.describe(tied=True).endswith(
+        "embeddings and LM head (tied) 8 bits + a float32 scale per 32 values; norms the compute dtype"
+    )
     assert weight_format("auto", GgufTypes("Q8_0", "Q8_0", "Q8_0")).head == Held(8, 32)
     assert weight_format("auto", GgufTypes("Q4_K", "F16")).linear == Held(4, 32)
     assert weight_format("none", GgufTypes("Q4_1", "Q8_0")).describe() == "none (Q4_1+Q8_0 dequantized)"

@@ -126,16 +126,19 @@ class WeightFormat:
         """The linear layers' format in a word: ``"int8"``, ``"Q4_1"``, or ``""`` unquantized."""
         return self.name if self.quantized else ""
 
-    def describe(self) -> str:
+    def describe(self, tied: bool = False) -> str:
         """``"int8 at load: linear layers 8 bits + a float32 scale per output channel; embeddings …"``,
-        ``"Q4_1 as stored: …"``, ``"none"`` or ``"none (Q4_1 dequantized)"``."""
+        ``"Q4_1 as stored: …"``, ``"none"`` or ``"none (Q4_1 dequantized)"``; ``tied``: the LM head
+        is the embedding table."""
         if not self.quantized:
             return f"none ({self.name} dequantized)" if self.name else "none"
         origin = "at load" if self.name in QUANT_BITS else "as stored"
-        return (
-            f"{self.name} {origin}: linear layers {self.linear.describe()}; embeddings {self.embedding.describe()}; "
-            f"LM head {self.head.describe()}; norms the compute dtype"
+        tables = (
+            f"embeddings and LM head (tied) {self.embedding.describe()}"
+            if tied
+            else f"embeddings {self.embedding.describe()}; LM head {self.head.describe()}"
         )
+        return f"{self.name} {origin}: linear layers {self.linear.describe()}; {tables}; norms the compute dtype"
 
 
 UNQUANTIZED = WeightFormat()
