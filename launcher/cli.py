@@ -15,6 +15,7 @@ from launcher.bench import bench_command
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
 from launcher.supervise.ports import port_problems
+from router.policies import POLICIES
 from router.settings import connect_host
 from worker.contract.logs import setup_logging
 
@@ -39,7 +40,7 @@ def up(
     host: str | None = typer.Option(None, help="router.host"),
     port: int | None = typer.Option(None, help="router.port"),
     admin_port: int | None = typer.Option(None, help="router.admin_port"),
-    policy: str | None = typer.Option(None, help="router.policy: round_robin | least_loaded"),
+    policy: str | None = typer.Option(None, help=f"router.policy: {' | '.join(POLICIES)}"),
     replicas: int | None = typer.Option(None, help="workers.replicas"),
     devices: str | None = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
     model: str | None = typer.Option(None, help="model.name"),

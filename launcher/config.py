@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from router.settings import DrainSettings, LimitsConfig, RouterConfig, RouterSettings
+from worker.contract.env import ADMIN_TOKEN_ENV, API_KEYS_ENV
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig, WorkerSettings
 
 
@@ -118,9 +119,6 @@ class ConfigError(Exception):
 
 
 SECRET_KEYS = frozenset({"api_keys", "admin_token"})
-API_KEYS_ENV = "LLAMADEPLOY_API_KEYS"  # comma-separated; read by load_config, never passed to a child
-ADMIN_TOKEN_ENV = "LLAMADEPLOY_ADMIN_TOKEN"
-SECRET_ENVS = frozenset({API_KEYS_ENV, ADMIN_TOKEN_ENV})
 
 
 def _describe(err: dict, model: type[BaseModel]) -> str:

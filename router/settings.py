@@ -8,17 +8,17 @@ times the supervisor gives it.
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from router.policies import PolicyName
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
 
 
 class RouterConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    policy: Literal["round_robin", "least_loaded"] = "least_loaded"
+    policy: PolicyName = Field("least_loaded", description="a name in router.policies.POLICIES")
     admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
     admin_port: int = Field(8001, ge=1, le=65535)
     admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")

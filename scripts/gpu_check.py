@@ -32,8 +32,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for launcher.*
+GiB = 2**30  # worker.contract.units.GiB; this script imports the repository only inside its commands
 
-GiB = 2**30
 
 # Llama-3-8B's published config (meta-llama/Meta-Llama-3-8B config.json), weights not needed.
 LLAMA3_8B = {

@@ -14,27 +14,18 @@ stand-in in tests).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
 from worker.contract.budget import GpuFacts, KvBudget, kv_budget, memory_fraction, too_small
-from worker.contract.env import EXPECTED_GPUS_ENV
+from worker.contract.env import expected_from_env
+from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
-
-GiB = 2**30
 
 
 class GpuMismatch(RuntimeError):
     """torch sees other GPUs than the launcher placed this worker on."""
-
-
-def expected_from_env(environ: dict | None = None) -> dict | None:
-    """The launcher's intent ``{"share": float, "gpus": [{index, name, uuid, total_bytes}]}``, or
-    ``None`` when not set (a worker started by hand)."""
-    raw = (environ if environ is not None else os.environ).get(EXPECTED_GPUS_ENV, "")
-    return json.loads(raw) if raw else None
 
 
 def seen_gpus() -> list[dict]:

@@ -32,6 +32,7 @@ from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
 from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
+from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,7 @@ class LlamaModel:
         self.config = config
         self.device, self.dtype = device, dtype
         self.num_layers = config.num_hidden_layers
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads, self.kv_heads, self.head_dim = attention_dims(config)
         self.reduce = None  # sums a row-parallel layer's partial outputs over the ranks
         if tp is not None and tp.world > 1:
             self.heads, self.kv_heads = self.heads // tp.world, self.kv_heads // tp.world
@@ -201,9 +200,7 @@ def random_weights(
     (``model.random_init``): normal(0, 0.02) matrices, unit norms. With ``world`` > 1, rank
     ``rank``'s shards of the same weights (each drawn whole, then cut)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    d = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, d = attention_dims(config)
     hid, inter = config.hidden_size, config.intermediate_size
 
     def mat(name: str, *shape: int) -> tuple[str, torch.Tensor]:

@@ -26,6 +26,7 @@ from worker.attention import KVCache
 from worker.blocks import BlockManager, BlockTable
 from worker.contract.protocol import Generate, SamplingParams
 from worker.contract.settings import WorkerSettings
+from worker.contract.units import GiB
 from worker.engine import Engine
 from worker.runner import ModelRunner
 from worker.scheduler import Plan, Scheduler
@@ -91,7 +92,7 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
         )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
-        num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
+        num_blocks = max(1, int(w.kv_cache_gib * GiB) // (per_token * BLOCK_SIZE))
     if group is not None:
         num_blocks = group.min_int(num_blocks)
     cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)

@@ -316,12 +316,12 @@ def interconnect_check(cfg: DeployConfig, inv: Inventory, nvml=None) -> Check:
         return Check(
             name,
             "ok",
-            f"NVLink between every pair of GPUs {indices}: tensor parallel gains (×1.7 for a 13B model on two cards)",
+            f"NVLink between every pair of GPUs {indices}: tensor parallel gains (about ×1.7 for 13B on two cards)",
         )
     detail = (
         "; ".join(lk.describe() for lk in links)
         + ". Tensor parallelism over PCIe gains little over one card (its all-reduce per layer crosses PCIe: "
-        "×1.3 for 13B on two cards, ×1.7 over NVLink); data parallel is unaffected"
+        "about ×1.3 for 13B on two cards, ×1.7 over NVLink); data parallel is unaffected"
     )
     tp = cfg.workers.tensor_parallel_size
     if tp > 1 and _pcie_inside_a_replica(cfg, inv, pcie):

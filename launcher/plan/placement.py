@@ -22,7 +22,6 @@ process one MIG instance. When NVML cannot be read but CUDA can see GPUs (a cont
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -30,7 +29,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from worker.contract.env import EXPECTED_GPUS_ENV, SLOT_DEVICE_ENV
+from worker.contract.env import EXPECTED_GPUS_ENV, SLOT_DEVICE_ENV, expected_gpus_value
 from worker.contract.settings import WorkersConfig
 
 log = logging.getLogger(__name__)
@@ -162,23 +161,13 @@ class WorkerSpec:
     def env(self) -> dict[str, str]:
         """Environment the supervisor sets for this worker before it imports torch.
 
-        ``LLAMADEPLOY_EXPECTED_GPUS`` is JSON ``{"share": f, "gpus": [{index, name, uuid,
-        total_bytes}]}`` (empty on CPU); the worker compares it with what torch sees.
+        ``LLAMADEPLOY_EXPECTED_GPUS`` (:func:`worker.contract.env.expected_gpus_value`; empty on
+        CPU) says which GPUs the worker should see; it compares them with what torch sees.
         """
         env = {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices, EXPECTED_GPUS_ENV: ""}
         if self.device == "cuda":
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            gpus = [
-                {
-                    "index": g.index,
-                    "name": g.name,
-                    "uuid": g.uuid,
-                    "total_bytes": g.total_bytes,
-                    "parent_uuid": g.parent_uuid,
-                }
-                for g in self.gpu_info
-            ]
-            env[EXPECTED_GPUS_ENV] = json.dumps({"share": self.share, "gpus": gpus})
+            env[EXPECTED_GPUS_ENV] = expected_gpus_value(self.gpu_info, self.share)
         return env
 
 

@@ -16,7 +16,6 @@ Import-light: Ray imports this module on every node.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,7 +24,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-from worker.contract.env import NODE_ID_ENV, NODE_IP_ENV
+from worker.contract.env import (
+    EXPECTED_GPUS_ENV,
+    NODE_ID_ENV,
+    NODE_IP_ENV,
+    PARENT_ENV,
+    SECRET_ENVS,
+    expected_gpus_value,
+)
 from worker.contract.env import RAY_GPU_IDS_ENV as GPU_IDS_ENV
 
 RUN_DIR = "{RUN}"  # in arguments and environment values: the actor's private folder on its node
@@ -40,16 +46,7 @@ def expected_gpus(gpu_ids: list[str], share: float) -> str:
     by_index = {str(g.index): g for g in nvml_gpus() if not g.is_mig}
     if not gpu_ids or any(i not in by_index for i in gpu_ids):
         return ""
-    gpus = [by_index[i] for i in gpu_ids]
-    return json.dumps(
-        {
-            "share": share,
-            "gpus": [
-                {"index": g.index, "name": g.name, "uuid": g.uuid, "total_bytes": g.total_bytes, "parent_uuid": ""}
-                for g in gpus
-            ],
-        }
-    )
+    return expected_gpus_value([by_index[i] for i in gpu_ids], share)
 
 
 FOLDER_PREFIX = "llamadeploy-worker-"
@@ -100,22 +97,23 @@ class WorkerActor:
         run = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))  # mode 0700
         write_files(run, files)
         gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-        child = {**os.environ, **{k: v.replace(RUN_DIR, str(run)) for k, v in env.items()}}
+        inherited = {k: v for k, v in os.environ.items() if k not in SECRET_ENVS}
+        child = {**inherited, **{k: v.replace(RUN_DIR, str(run)) for k, v in env.items()}}
         child.update(
             {
                 NODE_ID_ENV: ray.get_runtime_context().get_node_id(),
                 NODE_IP_ENV: ray.util.get_node_ip_address(),
                 GPU_IDS_ENV: ",".join(gpu_ids),
                 "PYTHONUNBUFFERED": "1",
-                "LLAMADEPLOY_PARENT_PID": str(os.getpid()),  # worker.contract.env.PARENT_ENV: die with this actor
+                PARENT_ENV: str(os.getpid()),  # die with this actor
             }
         )
         if gpu_ids:
             child["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # Ray's ids are NVML's physical indices
-            child["LLAMADEPLOY_EXPECTED_GPUS"] = "" if on_cpu else expected_gpus(gpu_ids, share)
+            child[EXPECTED_GPUS_ENV] = "" if on_cpu else expected_gpus(gpu_ids, share)
         else:
             child["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot sees no GPU
-            child["LLAMADEPLOY_EXPECTED_GPUS"] = ""
+            child[EXPECTED_GPUS_ENV] = ""
         cpus = str(int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)) or 1)
         for var in THREAD_VARS:
             child.setdefault(var, cpus)

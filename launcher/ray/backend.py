@@ -29,6 +29,7 @@ from pathlib import Path
 from launcher.config import DeployConfig
 from launcher.ray.actor import RUN_DIR, WorkerActor
 from launcher.ray.placement import RaySpec
+from launcher.supervise.launch import WorkerLaunch
 from launcher.supervise.supervisor import WorkerStartError
 from worker.contract.env import KEYS_ENV
 from worker.contract.keys import ROUTER, worker_name
@@ -38,16 +39,6 @@ log = logging.getLogger(__name__)
 GPUS_ON_CPU_ENV = "LLAMADEPLOY_TEST_GPUS_ON_CPU"  # test only: Ray's GPUs are declared, the model runs on CPU
 NODE_LABEL = "ray.io/node-id"
 ACTOR_CONCURRENCY = 4  # wait() blocks one thread; signals and info take others
-
-
-def _arg_value(args: list[str], flag: str) -> str:
-    return args[args.index(flag) + 1]
-
-
-def _replace_arg(args: list[str], flag: str, value: str) -> list[str]:
-    out = list(args)
-    out[out.index(flag) + 1] = value
-    return out
 
 
 class RayWorker:
@@ -219,22 +210,21 @@ class RayBackend:
 
     # ---- starting ---------------------------------------------------------------------
 
-    def _payload(self, spec: RaySpec, args: list[str], env: dict[str, str]) -> tuple[list[str], dict, dict]:
-        """The worker's arguments and environment with node-local paths, and the files to write there."""
-        files = {"worker.json": Path(_arg_value(args, "--config")).read_bytes()}  # the worker's settings only
-        args = _replace_arg(args, "--config", f"{RUN_DIR}/worker.json")
-        if self.gpus_on_cpu:
-            args = _replace_arg(args, "--device", "cpu")
-        env = {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
+    def _payload(self, spec: RaySpec, launch: WorkerLaunch) -> tuple[list[str], dict, dict]:
+        """The worker's arguments and environment with node-local paths, and the files to write
+        there: its settings file (no router secret is in it) and its CURVE keys."""
+        files = {"worker.json": Path(launch.settings).read_bytes()}
+        env = {k: v for k, v in launch.env.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
         if KEYS_ENV in env:
             keys = Path(env[KEYS_ENV])
             for name in (f"{worker_name(spec.worker_id)}.public", f"{worker_name(spec.worker_id)}.secret"):
                 files[f"curve/{name}"] = (keys / name).read_bytes()
             files[f"curve/{ROUTER}.public"] = (keys / f"{ROUTER}.public").read_bytes()
             env[KEYS_ENV] = f"{RUN_DIR}/curve"
-        return args, env, files
+        there = launch.on_node(RUN_DIR, env, "cpu" if self.gpus_on_cpu else None)
+        return there.argv(), dict(there.env), files
 
-    def spawn_worker(self, spec: RaySpec, args: list[str], env: dict[str, str]):
+    def spawn_worker(self, spec: RaySpec, launch: WorkerLaunch):
         """Start worker ``spec`` in its bundle; blocks until its process runs (at most
         ``cluster.placement_timeout_s``). Raises WorkerStartError when no node can hold it."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -242,7 +232,7 @@ class RayBackend:
         ray = self._ray
         spec = self.specs[spec.worker_id]
         group, index, _node = self._home(spec)
-        worker_args, worker_env, files = self._payload(spec, args, env)
+        worker_args, worker_env, files = self._payload(spec, launch)
         actor = self._actor_cls.options(
             num_cpus=spec.bundle_cpus,
             num_gpus=spec.bundle_gpus,

@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 
 from launcher.config import ClusterConfig
 from launcher.plan.placement import GpuInfo, Inventory
+from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
 
-GiB = 2**30
 NAMESPACE = "llamadeploy"  # the Ray namespace of a deployment's actors and placement groups
 CONNECT_CHECK_S = 3.0  # the TCP check before ray.init
 PROBE_TIMEOUT_S = 30.0

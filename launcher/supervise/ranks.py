@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from launcher.plan.placement import WorkerSpec
+from launcher.supervise.launch import WorkerLaunch
 from launcher.supervise.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -27,21 +28,11 @@ REAP_TIMEOUT_S = 5.0  # SIGKILLed ranks are gone within milliseconds; this bound
 CLEAN_STOP_GRACE_S = 5.0  # followers stopped cleanly: rank 0 is stopping too, and gets this long to finish
 
 
-def rank_args(args: list[str], spec: WorkerSpec, rank: int, dist_init: str) -> list[str]:
-    """Worker arguments for rank ``rank``: ``args`` with ``--cpus`` narrowed to the rank's cores
-    (:meth:`WorkerSpec.rank_cpus`) and ``--rank R --world-size N --dist-init URL`` added."""
-    out = list(args)
-    if "--cpus" in out:
-        i = out.index("--cpus")
-        out[i + 1] = ",".join(map(str, spec.rank_cpus(rank)))
-    return [*out, "--rank", str(rank), "--world-size", str(spec.tp), "--dist-init", dist_init]
-
-
 class RankGroup:
     """The ``spec.tp`` processes of one tensor-parallel slot, behind Popen's interface.
 
-    :meth:`start` spawns them (each with :meth:`WorkerSpec.rank_env` over ``env``, so each sees
-    only its own GPU before torch is imported). ``returncode`` is ``None`` while every rank runs,
+    :meth:`start` spawns them (each as :meth:`WorkerLaunch.for_rank` says, so each sees only its
+    own GPU before torch is imported). ``returncode`` is ``None`` while every rank runs,
     then the exit code of the first rank seen exited (rank 0's when it is among them), and
     ``exited_rank`` says which rank that was.
     """
@@ -54,14 +45,15 @@ class RankGroup:
         self._clean_stop_at: float | None = None
 
     @classmethod
-    def start(cls, spec: WorkerSpec, args: list[str], env: dict[str, str], spawn: Spawn) -> RankGroup:
-        """Spawn ranks 0..tp-1 with ``spawn(args, env)``; if one cannot be spawned, the ones
-        already started are killed and the error is raised."""
+    def start(cls, spec: WorkerSpec, launch: WorkerLaunch, spawn: Spawn) -> RankGroup:
+        """Spawn ranks 0..tp-1 of ``launch`` with ``spawn(args, env)``; if one cannot be spawned,
+        the ones already started are killed and the error is raised."""
         dist_init = f"tcp://127.0.0.1:{free_port()}"
         procs: list[subprocess.Popen] = []
         try:
             for rank in range(spec.tp):
-                procs.append(spawn(rank_args(args, spec, rank, dist_init), {**env, **spec.rank_env(rank)}))
+                one = launch.for_rank(spec, rank, dist_init)
+                procs.append(spawn(one.argv(), dict(one.env)))
         except BaseException:
             cls(procs, dist_init).kill()
             raise

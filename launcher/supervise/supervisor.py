@@ -32,11 +32,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config import SECRET_ENVS, DeployConfig
+from launcher.config import DeployConfig
 from launcher.plan.placement import WorkerSpec
 from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
+from launcher.supervise.launch import WorkerLaunch
 from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState
-from worker.contract.env import PARENT_ENV
+from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class Supervisor:
         backend=None,
     ):
         self.cfg = cfg
-        self.backend = backend  # None: local processes; else an object with spawn_worker(spec, args, env)
+        self.backend = backend  # None: local processes; else an object with spawn_worker(spec, launch)
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_path = model_path
         self.run_dir = run_dir
@@ -201,17 +202,17 @@ class Supervisor:
     def _spawn(self, args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> subprocess.Popen:
         return spawn(args, env, stdin_pipe)
 
-    def _spawn_worker(self, spec: WorkerSpec, args: list[str], env: dict[str, str]):
+    def _spawn_worker(self, spec: WorkerSpec, launch: WorkerLaunch):
         """Start one worker slot and return its handle: a Popen, or anything with Popen's ``pid``,
         ``returncode``, ``poll()``, ``wait(timeout)``, ``send_signal(sig)`` and ``kill()`` (a group
         of ranks, a Ray actor). Raises :class:`WorkerStartError` when the slot cannot be started."""
         if self.backend is not None:
-            return self.backend.spawn_worker(spec, args, env)
+            return self.backend.spawn_worker(spec, launch)
         if spec.tp > 1:
             from launcher.supervise.ranks import RankGroup
 
-            return RankGroup.start(spec, args, env, self._spawn)
-        return self._spawn(args, env)
+            return RankGroup.start(spec, launch, self._spawn)
+        return self._spawn(launch.argv(), dict(launch.env))
 
     def _router_args(self) -> list[str]:
         return [
@@ -266,26 +267,11 @@ class Supervisor:
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
         spec = slot.spec
-        args = [
-            "-m",
-            "worker.main",
-            "--config",
-            str(self.worker_settings_path),
-            "--worker-id",
-            str(wid),
-            "--device",
-            spec.device,
-            "--model-path",
-            str(self.model_path),
-            "--address",
-            self.address,
-        ]
-        if spec.cpus:
-            args += ["--cpus", ",".join(map(str, spec.cpus))]
+        launch = WorkerLaunch.for_slot(spec, self.worker_settings_path, self.model_path, self.address, self.child_env)
         slot.restart_at, slot.kill_reason = None, ""
         try:
             # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
-            slot.proc = self._spawn_worker(spec, args, {**spec.env, **self.child_env})
+            slot.proc = self._spawn_worker(spec, launch)
         except WorkerStartError as exc:
             slot.failed, slot.last_exit = True, str(exc)
             log.error("worker %d cannot be started: %s; marked failed", wid, exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-GiB = 2**30
+from worker.contract.units import GiB
 
 
 class NVMLError(Exception):

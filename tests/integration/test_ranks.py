@@ -7,17 +7,18 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import replace
 
 import pytest
 
 from launcher.plan.placement import GpuInfo, WorkerSpec
-from launcher.supervise.ranks import RankGroup, rank_args
+from launcher.supervise.launch import WorkerLaunch
+from launcher.supervise.ranks import RankGroup
 from launcher.supervise.supervisor import Slot, spawn
 from router.admin_protocol import WorkerState
 from tests.helpers.deployment import alive, wait_for
 from tests.helpers.supervisor_harness import Harness
-
-GiB = 2**30
+from worker.contract.units import GiB
 
 # A stand-in rank: writes what it was started with, then waits to be stopped.
 RANK = (
@@ -34,9 +35,14 @@ def gpu_spec(tp: int = 2) -> WorkerSpec:
     return WorkerSpec(0, "cuda", gpus=(2, 3), gpu_info=info, tp=tp)
 
 
+def stand_in(spec: WorkerSpec, program: str, env: dict[str, str] | None = None) -> WorkerLaunch:
+    """Slot ``spec``'s launch with ``python -c program`` in place of the worker."""
+    launch = WorkerLaunch.for_slot(spec, "RUN/worker.json", "/model", "ipc://unused", env or {})
+    return replace(launch, program=("-c", program))
+
+
 def start_group(tmp_path, spec: WorkerSpec) -> RankGroup:
-    args = ["-c", RANK, "--worker-id", "0", "--cpus", ",".join(map(str, spec.cpus)) or "0"]
-    return RankGroup.start(spec, args, {"OUT": str(tmp_path)}, spawn)
+    return RankGroup.start(spec, stand_in(spec, RANK, {"OUT": str(tmp_path)}), spawn)
 
 
 def started_ranks(tmp_path, n: int) -> list[dict]:
@@ -62,7 +68,7 @@ def test_each_rank_gets_its_rank_its_own_gpu_and_one_fresh_rendezvous_per_start(
     finally:
         group.kill()
         group.wait(10)
-    again = RankGroup.start(gpu_spec(), ["-c", "pass"], {}, spawn)
+    again = RankGroup.start(gpu_spec(), stand_in(gpu_spec(), "pass"), spawn)
     again.wait(30)
     assert again.dist_init != group.dist_init
 
@@ -84,7 +90,9 @@ def test_a_signal_reaches_every_rank_and_wait_returns_rank_0s_code(tmp_path):
     assert group.wait(30) == -signal.SIGTERM
     assert all(p.returncode == -signal.SIGTERM for p in group.procs)
     with pytest.raises(subprocess.TimeoutExpired):
-        blocked = RankGroup.start(WorkerSpec(0, "cpu", tp=2), ["-c", "import time; time.sleep(30)"], {}, spawn)
+        blocked = RankGroup.start(
+            WorkerSpec(0, "cpu", tp=2), stand_in(WorkerSpec(0, "cpu", tp=2), "import time; time.sleep(30)"), spawn
+        )
         try:
             blocked.wait(0.2)
         finally:
@@ -97,9 +105,11 @@ def test_ranks_split_the_cores_when_there_are_enough_else_share_them():
     assert [four.rank_cpus(r) for r in range(2)] == [(4, 5), (6, 7, 8)]
     one = WorkerSpec(0, "cpu", cpus=(3,), tp=2)
     assert [one.rank_cpus(r) for r in range(2)] == [(3,), (3,)]
-    argv = rank_args(["-m", "worker.main", "--cpus", "4,5,6,7,8"], four, 1, "tcp://127.0.0.1:9")
-    want = ["-m", "worker.main", "--cpus", "6,7,8", "--rank", "1", "--world-size", "2"]
-    assert argv == [*want, "--dist-init", "tcp://127.0.0.1:9"]
+    slot = WorkerLaunch.for_slot(four, "RUN/worker.json", "/model", "ipc://x", {})
+    assert flag(slot.argv(), "--cpus") == "4,5,6,7,8" and "--rank" not in slot.argv()
+    argv = slot.for_rank(four, 1, "tcp://127.0.0.1:9").argv()
+    assert argv[:2] == ["-m", "worker.main"] and flag(argv, "--cpus") == "6,7,8"
+    assert argv[-6:] == ["--rank", "1", "--world-size", "2", "--dist-init", "tcp://127.0.0.1:9"]
 
 
 def test_rank_env_shows_one_gpu_and_the_label_names_the_slot():

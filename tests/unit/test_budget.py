@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget, memory_fraction, too_small
+from worker.contract.units import GiB
 from worker.gpus import apply_memory_fraction, capabilities, measure_gpus, memory_reserved_total, reset_peaks
 
-GiB = 2**30
 MiB = 2**20
 LLAMA2_7B_KV = 512 * 1024  # bytes per token, 16-bit
 

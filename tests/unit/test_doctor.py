@@ -16,8 +16,7 @@ from launcher.plan.doctor import (
     wheel_runs_on,
 )
 from launcher.plan.placement import GpuInfo, GpuProblem, Inventory
-
-GiB = 2**30
+from worker.contract.units import GiB
 
 
 def gpu(i: int, used_gib: float = 0.5, name: str = "NVIDIA L4") -> GpuInfo:

@@ -80,3 +80,22 @@ def test_no_import_cycles():
 def test_the_scan_sees_function_level_imports():
     graph = _graph()
     assert "launcher.plan.shape" in graph["launcher.plan.plan"]  # imported inside preflight()
+
+
+def test_every_package_is_installed():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {_module(p) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+    assert listed == found, "pyproject.toml [tool.setuptools] packages must list every package folder"
+
+
+def test_the_contract_is_torch_free():
+    heavy = {"torch", "transformers", "safetensors", "accelerate"}
+    found = []
+    for path in (ROOT / "worker" / "contract").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{_module(path)} imports {n}" for n in names if n.split(".")[0] in heavy]
+    assert not found, found

@@ -9,11 +9,10 @@ import os
 import pytest
 
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, discover, place, visible_gpus
-from worker.contract.env import EXPECTED_GPUS_ENV
+from worker.contract.env import EXPECTED_GPUS_ENV, expected_from_env
 from worker.contract.settings import WorkersConfig
-from worker.gpus import GpuMismatch, check_gpus, expected_from_env, layer_fractions
-
-GiB = 2**30
+from worker.contract.units import GiB
+from worker.gpus import GpuMismatch, check_gpus, layer_fractions
 
 
 def gpu(i: int, total_gib: float = 80, used_gib: float = 0.5, name: str = "NVIDIA A100-SXM4-80GB") -> GpuInfo:

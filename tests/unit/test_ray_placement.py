@@ -19,8 +19,7 @@ from launcher.ray.placement import missing_room, place_on_cluster
 from launcher.ray.up import unreachable
 from tests.helpers.deployment import free_port
 from worker.contract.settings import WorkersConfig
-
-GiB = 2**30
+from worker.contract.units import GiB
 
 
 def node(name: str, gpus: int, cpus: int = 8, head: bool = False) -> NodeInventory:

@@ -6,8 +6,7 @@ import pytest
 
 from launcher.config import ConfigError, DeployConfig, parse_config
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, place
-
-GiB = 2**30
+from worker.contract.units import GiB
 
 
 def workers(**keys):

@@ -10,6 +10,7 @@ the config of a ``model.name``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -59,6 +60,33 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, elemen
     The same formula as vLLM's ``get_cache_block_size`` (vllm/worker/cache_engine.py) per token.
     """
     return 2 * num_layers * num_kv_heads * head_dim * element_bytes
+
+
+def _field(config, *names: str):
+    """The first of ``names`` that ``config`` (a mapping or an object) sets, else ``None``."""
+    for name in names:
+        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def attention_heads(config) -> tuple[int, int]:
+    """``(heads, kv_heads)`` of a Llama-family decoder ``config``: an HF config object, its
+    config.json as a dict, or a :class:`ModelShape`. ``num_key_value_heads`` defaults to the heads
+    (multi-head attention, no GQA), as transformers does. Raises ``ValueError`` when the config
+    names no heads."""
+    heads = _field(config, "num_attention_heads", "num_heads")
+    if heads is None:
+        raise ValueError("the model config has no num_attention_heads")
+    return int(heads), int(_field(config, "num_key_value_heads", "num_kv_heads") or heads)
+
+
+def attention_dims(config) -> tuple[int, int, int]:
+    """``(heads, kv_heads, head_dim)``: :func:`attention_heads`, and ``head_dim`` defaulting to
+    ``hidden_size // num_attention_heads`` (the one home of transformers' defaults)."""
+    heads, kv_heads = attention_heads(config)
+    return heads, kv_heads, int(_field(config, "head_dim") or _field(config, "hidden_size") // heads)
 
 
 # ---- the weights' bytes as held: the one planning rule of plan, up's preflight, the placement and
@@ -198,7 +226,7 @@ class WeightBytes:
 def linear_shapes(shape: ModelShape, tp: int = 1) -> tuple[tuple[int, int], ...]:
     """One decoder layer's linear weights as ``(N out, K in)`` on one of ``tp`` ranks: q, k, v, gate
     and up split along N (column-parallel), o and down along K (row-parallel), as
-    :mod:`worker.tp_rules` shards them."""
+    :mod:`worker.contract.tp_rules` shards them."""
     h, i = shape.hidden_size, shape.intermediate_size
     q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     return ((q // tp, h), (kv // tp, h), (kv // tp, h), (h, q // tp), (i // tp, h), (i // tp, h), (h, i // tp))
@@ -245,8 +273,7 @@ def weight_bytes(shape: ModelShape, dtype: str, fmt: WeightFormat = UNQUANTIZED,
 def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
     """Build a shape from a parsed HF ``config.json`` (``text_config`` used when nested).
 
-    ``num_key_value_heads`` defaults to ``num_attention_heads`` (multi-head attention) and
-    ``head_dim`` to ``hidden_size // num_attention_heads``. Raises :class:`ShapeError`.
+    Heads, KV heads and head_dim as :func:`attention_dims` reads them. Raises :class:`ShapeError`.
     """
     data = data.get("text_config") or data
     need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -254,14 +281,14 @@ def from_hf_config(data: dict, name: str = "", source: str = "") -> ModelShape:
         raise ShapeError(
             f"{source or name}: config has no integer {', '.join(missing)} (plan understands Llama-style configs)"
         )
-    heads = data["num_attention_heads"]
+    heads, kv_heads, head_dim = attention_dims(data)
     return ModelShape(
         name=name or str(data.get("_name_or_path") or data.get("model_type") or "model"),
         hidden_size=data["hidden_size"],
         num_layers=data["num_hidden_layers"],
         num_heads=heads,
-        num_kv_heads=data.get("num_key_value_heads") or heads,
-        head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate_size=data["intermediate_size"],
         vocab_size=data["vocab_size"],
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 
 from worker.contract.llama_family import supports
+from worker.contract.shapes import attention_heads
 
 KEY = "workers.tensor_parallel_size"
 
@@ -36,10 +37,7 @@ def _has(config, name: str) -> bool:
 def split_sizes(config) -> dict[str, int]:
     """The three counts a split divides: ``{"attention heads", "KV heads", "MLP width"}``. KV heads
     default to the attention heads (no GQA), as transformers does."""
-    heads = _get(config, "num_attention_heads", "num_heads")
-    if heads is None:
-        raise ValueError("the model config has no num_attention_heads")
-    kv = _get(config, "num_key_value_heads", "num_kv_heads") or heads
+    heads, kv = attention_heads(config)
     width = _get(config, "intermediate_size")
     if width is None:
         raise ValueError("the model config has no intermediate_size")
