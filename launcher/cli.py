@@ -350,6 +350,20 @@ def ray_layout(cfg: DeployConfig):
     return inventory, specs
 
 
+def _plan_inventory(gpus: str | None):
+    """This machine's inventory, with ``--gpus`` (idle hypothetical GPUs) in place of its GPUs."""
+    from launcher.plan.placement import Inventory, discover
+    from launcher.plan.plan import parse_gpus
+
+    inventory = discover()
+    if not gpus:
+        return inventory
+    try:
+        return Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
+    except ValueError as exc:
+        fail(str(exc))
+
+
 @app.command()
 def plan(
     config: Path | None = CONFIG_ARG,
@@ -358,7 +372,10 @@ def plan(
         None,
         help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB",
     ),
-    dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
+    dtype: str | None = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default model.dtype)"),
+    quantization: str | None = typer.Option(
+        None, help="auto | none | int8 | int4: the linear layers' weights (default model.quantization)"
+    ),
     max_model_len: int | None = typer.Option(None, help="model.max_model_len"),
     max_num_seqs: int | None = typer.Option(None, help="workers.max_num_seqs"),
     gpus_per_replica: int | None = typer.Option(None, help="workers.gpus_per_replica"),
@@ -370,25 +387,21 @@ def plan(
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
     """
     from launcher.models import ModelNotFound
-    from launcher.plan.placement import Inventory, discover
-    from launcher.plan.plan import make_plan, parse_gpus
+    from launcher.plan.plan import make_plan
     from launcher.plan.report import render
     from launcher.plan.shape import read_shape
-    from launcher.plan.sizing import DTYPE_BYTES
+    from launcher.plan.sizing import QUANTIZATIONS
     from worker.contract.shapes import ShapeError
 
-    if dtype is not None and dtype not in (*DTYPE_BYTES, "auto"):
-        fail(f"--dtype: expected one of auto, {', '.join(DTYPE_BYTES)} (got {dtype!r})")
-    inventory = discover()
-    if gpus:
-        try:
-            inventory = Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
-        except ValueError as exc:
-            fail(str(exc))
+    if dtype in QUANTIZATIONS[1:]:
+        fail(f"--dtype {dtype}: int8 and int4 are a quantization of the weights; use --quantization {dtype}")
+    inventory = _plan_inventory(gpus)
     cfg = load_or_exit(
         config,
         {
             "model.name": model,
+            "model.dtype": dtype,
+            "model.quantization": quantization,
             "model.max_model_len": max_model_len,
             "workers.max_num_seqs": max_num_seqs,
             "workers.gpus_per_replica": gpus_per_replica,
@@ -404,7 +417,7 @@ def plan(
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
         fail(str(exc))
-    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype, specs=specs)
+    result = make_plan(cfg, inventory, shape, specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
 
