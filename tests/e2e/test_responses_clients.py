@@ -150,7 +150,7 @@ def test_openai_java_function_calling_round_trip(deployment):
         },
     ]
     ask = {"content": [{"text": "What is the quality of the OpenAI Java SDK?", "type": "input_text"}], "role": "user"}
-    body = {"input": [ask], "model": MODEL, "max_output_tokens": 200, "tool_choice": "required", "tools": tools}
+    body = {"input": [ask], "model": MODEL, "max_output_tokens": 60, "tool_choice": "required", "tools": tools}
     first = post(deployment, body)
     openai_java_reads(first)
     call = first["output"][0]
@@ -174,7 +174,12 @@ def test_openai_java_structured_output_schema_with_dollar_schema(deployment):
     fmt = {"name": "json-schema-from-Place", "schema": schema, "type": "json_schema", "strict": True}
     answer = post(
         deployment,
-        {"input": "Paris is in France. Give the city and country.", "model": MODEL, "text": {"format": fmt}},
+        {
+            "input": "Paris is in France. Give the city and country.",
+            "model": MODEL,
+            "text": {"format": fmt},
+            "max_output_tokens": 60,
+        },
     )
     openai_java_reads(answer)
     place = json.loads(answer["output"][0]["content"][0]["text"])
@@ -186,7 +191,8 @@ def test_openai_java_create_streaming(deployment):
     """ResponsesStreamingExample.java: createStreaming adds "stream": true; the SSE reader
     (openai-java-core/.../core/handlers/SseHandler.kt) throws on any event with a top-level "error"
     key; the example prints outputTextDelta() events."""
-    events = events_of(deployment, {"input": "Tell me a story in one line.", "model": MODEL, "stream": True})
+    body = {"input": "Tell me a story in one line.", "model": MODEL, "stream": True, "max_output_tokens": 40}
+    events = events_of(deployment, body)
     assert all("error" not in data and "sequence_number" in data for _, data in events)
     deltas = [d for _, d in events if d["type"] == "response.output_text.delta"]
     assert deltas and all({"item_id", "output_index", "content_index", "logprobs"} <= set(d) for d in deltas)
@@ -207,7 +213,7 @@ def lc4j_body(stream: bool, tool_choice: str | None = None, extra_input: list | 
         "stream": stream,
         "store": False,
         "temperature": 0.0,
-        "max_output_tokens": 100,
+        "max_output_tokens": 60,
         "parallel_tool_calls": True,
         "truncation": "disabled",
         "include": ["reasoning.encrypted_content"],

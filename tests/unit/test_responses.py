@@ -4,12 +4,19 @@ schema and the ``openai`` SDK's types (tests/openai_schema)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import json
 
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from router.app import error_middleware
 from router.errors import ApiError
 from router.responses.output import OutputBuilder
 from router.responses.request import ResponsesRequest, input_messages, refuse_stateful, to_chat
 from router.responses.shaping import ResponseShaper
+from router.responses.stream import stream_response
 from router.schemas import parse
 from router.shaping import Choice
 from router.tools import tool_mode
@@ -215,3 +222,67 @@ def test_whitespace_before_an_auto_tool_call_makes_no_message():
     )
     assert [i["type"] for i in response["output"]] == ["function_call"]
     check_response(response)
+
+
+def stream_through(tokens: list[Tokens], failure: ApiError | None, status: int = 200) -> list[tuple[str, dict]]:
+    """Run :func:`stream_response` behind a real aiohttp server (in this process, with the router's
+    error middleware) with these worker events, then ``failure`` raised as the relay raises a lost
+    worker or a timeout; checks the HTTP status and returns every ``(event line, data)`` sent (or
+    the error body as one pair)."""
+    req = request(input="x")
+    chat = to_chat(req)
+
+    async def events():
+        for tok in tokens:
+            yield tok
+        if failure is not None:
+            raise failure
+
+    async def handler(http: web.Request) -> web.StreamResponse:
+        choice = Choice(0, True, None, None, None)
+        return await stream_response(http, ResponseShaper(req, chat, "m"), choice, events(), 30, 5)
+
+    async def main() -> str:
+        app = web.Application(middlewares=[error_middleware()])
+        app.router.add_post("/", handler)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/")
+            assert resp.status == status
+            return await resp.text()
+
+    text = asyncio.run(main())
+    if status != 200:
+        return [("", json.loads(text))]
+    out, kind = [], None
+    for line in text.splitlines():
+        if line.startswith("event: "):
+            kind = line[len("event: ") :]
+        elif line.startswith("data: "):
+            out.append((kind, json.loads(line[len("data: ") :])))
+    return out
+
+
+def test_a_stream_numbers_its_events_and_ends_with_the_whole_response():
+    sent = stream_through([Tokens(request_id="r", text_delta="Hi", token_ids=[1]), finished(" there")], None)
+    for i, (kind, data) in enumerate(sent):
+        check_event(data, kind)
+        assert data["sequence_number"] == i
+    assert [d["type"] for _, d in sent][:2] == ["response.created", "response.in_progress"]
+    assert sent[-1][1]["type"] == "response.completed"
+    assert check_response(sent[-1][1]["response"]).output_text == "Hi there"
+
+
+def test_a_failure_after_the_stream_started_is_an_error_event_then_response_failed():
+    lost = ApiError(502, "worker 1 was lost (killed by SIGKILL)", code="worker_lost")
+    sent = stream_through([Tokens(request_id="r", text_delta="Hi", token_ids=[1])], lost)
+    for kind, data in sent:
+        check_event(data, kind)
+    error, failed = sent[-2][1], sent[-1][1]
+    assert error["type"] == "error" and error["code"] == "worker_lost" and "SIGKILL" in error["message"]
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "server_error", "message": lost.message}
+
+
+def test_a_refusal_before_the_stream_started_is_the_http_error():
+    [(_, body)] = stream_through([], ApiError(429, "queue full", code="worker_error"), status=429)
+    assert body["error"]["message"] == "queue full" and body["error"]["type"] == "rate_limit_error"
