@@ -14,9 +14,9 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
-from launcher.config import DeployConfig
 from router.responses.request import ResponsesRequest
 from router.schemas import ChatRequest, CompletionRequest
+from router.settings import RouterSettings
 from router.state import API
 
 ERROR = {
@@ -119,7 +119,7 @@ def _model_schemas(*models: tuple[type[BaseModel], str]) -> dict:
     return out
 
 
-def build_openapi(cfg: DeployConfig) -> dict:
+def build_openapi(cfg: RouterSettings) -> dict:
     """The document for a router running ``cfg`` (its limits and whether API keys are required)."""
     lim = cfg.limits
     description = (
@@ -168,7 +168,7 @@ def build_openapi(cfg: DeployConfig) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _cached(cfg_json: str) -> bytes:
-    return json.dumps(build_openapi(DeployConfig.model_validate_json(cfg_json))).encode()
+    return json.dumps(build_openapi(RouterSettings.model_validate_json(cfg_json))).encode()
 
 
 async def openapi_handler(request: web.Request) -> web.Response:

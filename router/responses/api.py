@@ -27,7 +27,7 @@ from router.schemas import ChatRequest, parse
 from router.shaping import Choice
 from router.state import API, REQUEST_ID, Api
 from router.tools import ToolMode, tool_mode
-from worker.protocol import SamplingParams
+from worker.contract.protocol import SamplingParams
 
 RENAMED = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
 _CHAT_WORDS = re.compile(r"\b(messages|max_tokens|response_format)\b")

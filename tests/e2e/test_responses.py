@@ -13,7 +13,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
-from tests.deployment import MODEL
+from tests.helpers.deployment import MODEL
 from tests.openai_schema import check_event, check_response
 
 WEATHER = {

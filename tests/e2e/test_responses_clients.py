@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.deployment import MODEL
+from tests.helpers.deployment import MODEL
 from tests.openai_schema import check_event, check_response
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/java/Responses.java"

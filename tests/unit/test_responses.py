@@ -21,7 +21,7 @@ from router.schemas import parse
 from router.shaping import Choice
 from router.tools import tool_mode
 from tests.openai_schema import check_event, check_response
-from worker.protocol import Tokens, Usage
+from worker.contract.protocol import Tokens, Usage
 
 WEATHER = {
     "type": "function",
