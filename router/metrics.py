@@ -38,7 +38,7 @@ from worker.contract.protocol import EngineLoad, Tokens
 log = logging.getLogger(__name__)
 
 PREFIX = "llamadeploy"
-GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 QUIET_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers"})
 
 # Buckets as vLLM's (seconds).

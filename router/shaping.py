@@ -193,4 +193,15 @@ class Shaper:
 def total_usage(prompt_tokens: int, choices: list[Choice]) -> dict:
     """OpenAI counts the prompt once and the completion tokens of every choice."""
     completion = sum(c.usage.completion_tokens for c in choices if c.usage is not None)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(choices)},
+    }
+
+
+def cached_tokens(choices: list[Choice]) -> int:
+    """Prompt tokens the worker found in its prefix cache: the most any choice's worker found
+    (the prompt is counted once, as in ``prompt_tokens``)."""
+    return max((c.usage.cached_tokens for c in choices if c.usage is not None), default=0)

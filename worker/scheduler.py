@@ -133,7 +133,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.table, seq.computed = self.blocks.allocate(seq.token_ids, use_cache=use_cache)
-            seq.cached_at_admission = seq.computed
+            if not seq.preemptions:  # a re-admission finds its own blocks: not a hit of the prompt
+                seq.cached_at_admission = seq.computed
             self.running.append(seq)
             left = seq.num_tokens - seq.computed
             if left == 1:

@@ -122,7 +122,12 @@ class Sequence:
         usage = None
         if self.finish_reason is not None:
             n = len(self.output)
-            usage = Usage(prompt_tokens=len(self.prompt), completion_tokens=n, total_tokens=len(self.prompt) + n)
+            usage = Usage(
+                prompt_tokens=len(self.prompt),
+                completion_tokens=n,
+                total_tokens=len(self.prompt) + n,
+                cached_tokens=min(self.cached_at_admission, len(self.prompt)),
+            )
         return Tokens(
             request_id=self.request_id,
             text_delta=delta,

@@ -92,6 +92,7 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
 
 class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True):
