@@ -36,6 +36,7 @@ import zmq.asyncio
 from launcher.keys import ServerKeys
 from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
+from router.events import EventLog
 from router.policies import make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
@@ -205,6 +206,7 @@ class WorkerPool:
         self.link = WorkerLink(address, self.on_message, curve)
         self._tasks: list[asyncio.Task] = []
         self.changed = asyncio.Event()  # set on every state change (drain waits on it)
+        self.events = EventLog()  # recent state changes, starts and migrations, for the status page
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -353,6 +355,7 @@ class WorkerPool:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.heartbeat = pid, None
+            self.events.process_started(worker_id, pid, restarts)
             self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
@@ -383,6 +386,7 @@ class WorkerPool:
     def _set(self, w: Worker, state: State) -> None:
         if w.state != state:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
+            self.events.state_changed(w.worker_id, w.state, state, w.exit_reason, w.load_seconds)
             w.state = state
             self.changed.set()
 
