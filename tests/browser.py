@@ -77,24 +77,33 @@ class Browser:
         self.driver.quit()
 
     def network(self) -> list[str]:
-        """Every URL requested so far (this call drains Chrome's log into :attr:`requests`)."""
+        """The URLs requested since the last call (this call drains Chrome's log; :attr:`requests`
+        keeps them all)."""
+        new = []
         for entry in self.driver.get_log("performance"):
             message = json.loads(entry["message"])["message"]
             params = message.get("params", {})
             if message.get("method") == "Network.requestWillBeSent":
-                self.requests.append(params["request"]["url"])
+                new.append(params["request"]["url"])
             elif message.get("method") == "Network.responseReceived":
                 self.responses[params["response"]["url"]] = params["response"].get("mimeType", "")
-        return self.requests
+        self.requests.extend(new)
+        return new
 
     def foreign_requests(self, *origins: str) -> list[str]:
-        """URLs requested from anywhere but ``origins`` (``http://host:port``); data: and blob:
-        URLs are made by the page itself and never leave the browser."""
+        """URLs requested since the last look from anywhere but ``origins`` (``http://host:port``);
+        data: and blob: URLs are made by the page itself and never leave the browser."""
         allowed = {urlsplit(o)[:2] for o in origins}
         return [u for u in self.network() if not u.startswith(("data:", "blob:")) and urlsplit(u)[:2] not in allowed]
 
     def open(self, url: str) -> None:
         self.driver.get(url)
+
+    def leave(self) -> None:
+        """Go to a blank page and forget the requests so far (a page still polling another
+        deployment stops before the next test looks at the log)."""
+        self.driver.get("about:blank")
+        self.network()
 
     def find(self, css: str):
         from selenium.webdriver.common.by import By

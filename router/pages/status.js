@@ -167,7 +167,12 @@ function renderTable(table, activity) {
       el("td", { class: "num", text: w.restarts }),
       el("td", { class: "num", text: formatBytes(w.mem_bytes) }),
       el("td", { class: "num", text: formatDuration(w.uptime_s) }),
-      el("td", { class: "num", text: w.failed_requests ? `${w.served} (${w.failed_requests} failed)` : w.served }),
+      el(
+        "td",
+        { class: "num", title: "requests finished; below: those that ended early (cancelled, failed or lost)" },
+        String(w.served),
+        w.failed_requests ? el("div", { class: "reason", text: `${w.failed_requests} ended early` }) : null,
+      ),
       el("td", { class: "admin-col actions", hidden: !admin }, admin ? actions(w) : []),
     );
   });
