@@ -32,7 +32,7 @@ from router.errors import ApiError
 from router.state import API
 
 PAGES_DIR = Path(__file__).parent / "pages"
-PAGES = {"/": "index.html", "/status": "status.html"}
+PAGES = {"/": "index.html", "/status": "status.html", "/favicon.ico": "icon.svg"}  # browsers ask for the icon
 ASSET_PREFIX = "/pages/"
 ADMIN_HEADER = "X-Admin-Token"
 ADMIN_ACTIONS = {"drain": admin.drain, "undrain": admin.undrain, "restart": admin.restart, "start": admin.start}
@@ -65,7 +65,7 @@ def _file_response(path: Path) -> web.Response:
 
 
 async def page(request: web.Request) -> web.Response:
-    """``/`` (chat) and ``/status``."""
+    """``/`` (chat), ``/status`` and the icon at ``/favicon.ico``."""
     return _file_response(PAGES_DIR / PAGES[request.path])
 
 

@@ -48,9 +48,11 @@ def keyed(tmp_path_factory, browser):
             "supervisor": {"restart_backoff_s": 3},  # the page shows it dead for that long
         },
     )
-    d.start()
-    yield d
-    d.stop()
+    try:
+        d.start()
+        yield d
+    finally:
+        d.stop()  # also when it never became ready: nothing of it is left running
 
 
 def only_router(browser: Browser, *deployments: Deployment, expected: tuple[str, ...] = ()) -> None:

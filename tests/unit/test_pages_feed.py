@@ -83,6 +83,7 @@ def test_event_log_drain_and_undrain():
         ("/", True),
         ("/status", True),
         ("/pages/chat.js", True),
+        ("/favicon.ico", True),
         ("/health/ready", True),
         ("/v1/models", False),
         ("/workers", False),
