@@ -49,7 +49,7 @@ def keyed(tmp_path_factory, browser):
         },
     )
     try:
-        d.start()
+        d.start(timeout=420)  # it starts while the shared deployment runs: on 2 cores, give it time
         yield d
     finally:
         d.stop()  # also when it never became ready: nothing of it is left running
