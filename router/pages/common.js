@@ -149,8 +149,8 @@ export function formatBytes(bytes) {
 
 export function formatDuration(seconds) {
   if (!seconds) return "–";
-  if (seconds < 60) return `${Math.round(seconds)} s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
+  if (seconds < 60) return `${Math.floor(seconds)} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.floor(seconds % 60)} s`;
   const h = Math.floor(seconds / 3600);
   if (h < 48) return `${h} h ${Math.floor((seconds % 3600) / 60)} min`;
   return `${Math.floor(h / 24)} d ${h % 24} h`;

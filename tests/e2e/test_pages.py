@@ -44,7 +44,7 @@ def keyed(tmp_path_factory, browser):
         tmp_path_factory.mktemp("pages-keyed"),
         {
             "router": {"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN},
-            "workers": {"replicas": 1},
+            "workers": {"replicas": 1, "kv_cache_gib": 0.25},  # small: it runs beside the shared one
             "supervisor": {"restart_backoff_s": 3},  # the page shows it dead for that long
         },
     )
