@@ -3,6 +3,8 @@ paths the pages open without an API key."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from router.activity import Activity
@@ -106,3 +108,30 @@ def test_the_pages_ship_no_external_reference():
             assert word not in text, (path.name, word)
         if path.suffix == ".html":  # no inline script (the CSP would block it), no remote URL
             assert "<script>" not in text and "http://" not in text and "https://" not in text, path.name
+
+
+def test_the_pool_logs_a_death_and_the_migration_it_caused():
+    """Fed where it happens: the pool's state change and the generation's move to another worker."""
+    from router.generation import stream_tokens
+    from tests.unit.test_supervisor_pool import PARAMS, collect, run, step, two_workers
+    from worker.protocol import Tokens
+
+    async def scenario():
+        pool = two_workers()
+        task = asyncio.create_task(collect(stream_tokens(pool, [1, 2], PARAMS, max_retries=1, max_migrations=1)))
+        await step()
+        first, gen = pool.generates()[0]
+        pool.frame(first, Tokens(request_id=gen.request_id, text_delta="Hi", token_ids=[5]))
+        await step()
+        pool.mark_lost(first, "killed by SIGKILL")
+        await step()
+        second, gen = pool.generates()[1]
+        pool.frame(second, Tokens(request_id=gen.request_id, text_delta="!", token_ids=[6], finish_reason="stop"))
+        await task
+        return pool.events.recent(), first, second
+
+    events, first, second = run(scenario())
+    kinds = [(e["kind"], e["worker_id"]) for e in events]
+    assert kinds[:2] == [("migrated", first), ("died", first)], kinds
+    assert events[0]["detail"].startswith(f"a request moved to worker {second} after 1 tokens")
+    assert events[1]["detail"] == "killed by SIGKILL"
