@@ -1,9 +1,9 @@
 """The router's aiohttp applications: the public OpenAI API and the loopback admin API.
 
 ``create_app`` builds the public app (``/v1/*``, health, ``/workers``, the pages of
-:mod:`router.ui`); ``create_admin_app`` builds the admin app (drain, restart, supervisor reports) that listens on its own address,
-loopback by default. Both share one :class:`~router.workers.WorkerPool`, started and stopped
-with the public app (``cleanup_ctx``).
+:mod:`router.ui`); ``create_admin_app`` builds the admin app (drain, restart, supervisor
+reports) that listens on its own address, loopback by default. Both share one
+:class:`~router.workers.WorkerPool`, started and stopped with the public app (``cleanup_ctx``).
 """
 
 from __future__ import annotations
