@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.activity import Activity
 from router.workers import State, WorkerPool
-from worker.protocol import Tokens
+from worker.contract.protocol import Tokens
 
 log = logging.getLogger(__name__)
 

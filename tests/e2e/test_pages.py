@@ -15,8 +15,8 @@ import signal
 import httpx
 import pytest
 
-from tests.browser import Browser, chromium_paths
-from tests.deployment import Deployment, wait_for
+from tests.helpers.browser import Browser, chromium_paths
+from tests.helpers.deployment import Deployment, wait_for
 
 QUESTION = "What is the capital of France?"  # the README's
 API_KEY = "page-key"

@@ -113,7 +113,7 @@ def test_the_pages_ship_no_external_reference():
 def test_the_pool_logs_a_death_and_the_migration_it_caused():
     """Fed where it happens: the pool's state change and the generation's move to another worker."""
     from router.generation import stream_tokens
-    from tests.unit.test_supervisor_pool import PARAMS, collect, run, step, two_workers
+    from tests.helpers.router_pool import PARAMS, collect, run, step, two_workers
     from worker.protocol import Tokens
 
     async def scenario():
