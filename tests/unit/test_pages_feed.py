@@ -113,20 +113,19 @@ def test_the_pages_ship_no_external_reference():
 def test_the_pool_logs_a_death_and_the_migration_it_caused():
     """Fed where it happens: the pool's state change and the generation's move to another worker."""
     from router.generation import stream_tokens
-    from tests.helpers.router_pool import PARAMS, collect, run, step, two_workers
-    from worker.protocol import Tokens
+    from tests.helpers.router_pool import PARAMS, collect, run, say, step, two_workers
 
     async def scenario():
         pool = two_workers()
         task = asyncio.create_task(collect(stream_tokens(pool, [1, 2], PARAMS, max_retries=1, max_migrations=1)))
         await step()
-        first, gen = pool.generates()[0]
-        pool.frame(first, Tokens(request_id=gen.request_id, text_delta="Hi", token_ids=[5]))
+        say(pool, "Hi", [5])
         await step()
+        first, _ = pool.generates()[0]
         pool.mark_lost(first, "killed by SIGKILL")
         await step()
-        second, gen = pool.generates()[1]
-        pool.frame(second, Tokens(request_id=gen.request_id, text_delta="!", token_ids=[6], finish_reason="stop"))
+        second, _ = pool.generates()[1]
+        say(pool, "!", [6], finish="stop", total=2)
         await task
         return pool.events.recent(), first, second
 
