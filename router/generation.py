@@ -158,6 +158,7 @@ async def stream_tokens(
                 got.migrations,
                 max_migrations,
             )
+            pool.events.migrated(moving[0], worker.worker_id, len(got.ids), moving[1].message)
         try:
             async with aclosing(
                 _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)

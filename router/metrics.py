@@ -32,6 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from router.activity import Activity
 from router.workers import State, WorkerPool
 from worker.contract.protocol import EngineLoad, Tokens
 
@@ -39,7 +40,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "llamadeploy"
 GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
-QUIET_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers"})
+QUIET_PATHS = frozenset(
+    {"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers", "/activity"}
+)  # polled
 
 # Buckets as vLLM's (seconds).
 TTFT_BUCKETS = (
@@ -222,6 +225,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.activity = Activity()  # recent throughput and TTFT for the status page (router.activity)
         ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
         r.register(WorkerCollector(pool))
 
@@ -250,10 +254,13 @@ class RequestTimer:
             m.waiting.dec()
             m.running.inc()
             m.ttft.labels(wid).observe(now - self.started)
+            m.activity.first_token(now - self.started)
         elif self.last is not None and self.last[0] == tok.request_id:  # not across a retry
             m.itl.labels(wid).observe(now - self.last[1])
         self.last = (tok.request_id, now)
+        m.activity.tokens(len(tok.token_ids))
         if tok.finish_reason is not None:
+            m.activity.finished()
             m.request_success.labels(wid, tok.finish_reason).inc()
             if tok.usage is not None:
                 m.prompt_tokens.labels(wid).inc(tok.usage.prompt_tokens)

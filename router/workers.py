@@ -49,6 +49,7 @@ from router.admin_protocol import (
     WorkerTable,
 )
 from router.errors import ApiError
+from router.events import EventLog
 from router.policies import make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
@@ -227,6 +228,7 @@ class WorkerPool:
         self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()  # set (and replaced) on every change: see wait_change
         self.tell_supervisor: Callable[[SupervisorEvent], None] = lambda event: None  # its event channel
+        self.events = EventLog()  # recent state changes, starts and migrations, for the status page
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -394,6 +396,7 @@ class WorkerPool:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.load = pid, None
+            self.events.process_started(worker_id, pid, restarts)
             self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
@@ -424,6 +427,7 @@ class WorkerPool:
     def _set(self, w: Worker, state: State) -> None:
         if w.state != state:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
+            self.events.state_changed(w.worker_id, w.state, state, w.exit_reason, w.load_seconds)
             w.state = state
             self._notify()
             if state == State.READY:
