@@ -81,7 +81,12 @@ def test_max_tokens_zero_returns_the_prompt_alone():
     c = body["choices"][0]
     assert c["text"] == "The cat sat"
     assert c["logprobs"]["token_logprobs"] == [None, -2.0, -3.0] and c["logprobs"]["top_logprobs"] == [None, {}, {}]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert body["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 0,
+        "total_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert [ch["text"] for ch in chunks] == ["The cat sat", ""] and chunks[-1]["finish_reason"] == "length"
 
 
