@@ -21,6 +21,7 @@ from router.connections import ConnectionGuard, connection_cap
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
+from router.responses.api import create_response
 from router.state import API, REQUEST_ID, Api
 from router.workers import State
 from worker.contract.logs import REQUEST_ID as LOG_REQUEST_ID
@@ -132,6 +133,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_post("/v1/completions", openai_api.completions)
+    app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/models", openai_api.models)
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", health)
