@@ -30,6 +30,8 @@ from router import admin
 from router.auth import OPEN_PATHS, token_matches
 from router.errors import ApiError
 from router.state import API
+from router.workers import WorkerPool
+from worker.contract.protocol import EngineLoad
 
 PAGES_DIR = Path(__file__).parent / "pages"
 PAGES = {"/": "index.html", "/status": "status.html", "/favicon.ico": "icon.svg"}  # browsers ask for the icon
@@ -78,6 +80,20 @@ async def asset(request: web.Request) -> web.Response:
     return _file_response(path)
 
 
+def prefix_counters(pool: WorkerPool) -> dict[str, dict[str, int]]:
+    """Each worker's prefix-cache counters from its last load report, keyed by worker id as a
+    string: ``hit_tokens``, ``queried_tokens``, ``preemptions`` (0 before its first report)."""
+    out = {}
+    for wid, w in sorted(pool.workers.items()):
+        load = w.load or EngineLoad()
+        out[str(wid)] = {
+            "hit_tokens": load.prefix_hit_tokens,
+            "queried_tokens": load.prefix_queried_tokens,
+            "preemptions": load.preemptions,
+        }
+    return out
+
+
 async def activity(request: web.Request) -> web.Response:
     """The status page's feed: ``history`` (:meth:`router.activity.Activity.history`), ``events``
     (newest first, :meth:`router.events.EventLog.recent`), ``prefix_cache`` per worker id
@@ -85,20 +101,12 @@ async def activity(request: web.Request) -> web.Response:
     ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured)."""
     api = request.app[API]
     metrics = api.metrics
-    prefix = {}
-    for wid, w in sorted(api.pool.workers.items()):
-        hb = w.heartbeat
-        prefix[str(wid)] = {
-            "hit_tokens": hb.prefix_hit_tokens if hb else 0,
-            "queried_tokens": hb.prefix_queried_tokens if hb else 0,
-            "preemptions": hb.preemptions if hb else 0,
-        }
     return web.json_response(
         {
             "model": api.model_name,
             "history": metrics.activity.history() if metrics is not None else None,
             "events": api.pool.events.recent(EVENTS_SHOWN),
-            "prefix_cache": prefix,
+            "prefix_cache": prefix_counters(api.pool),
             "admin_controls": bool(api.cfg.router.admin_token),
         }
     )

@@ -134,3 +134,18 @@ def test_the_pool_logs_a_death_and_the_migration_it_caused():
     assert kinds[:2] == [("migrated", first), ("died", first)], kinds
     assert events[0]["detail"].startswith(f"a request moved to worker {second} after 1 tokens")
     assert events[1]["detail"] == "killed by SIGKILL"
+
+
+def test_the_feed_reads_each_workers_prefix_counters_from_its_load_report():
+    """/activity's ``prefix_cache``: the last EngineLoad's counters, zeros before the first report."""
+    from router.ui import prefix_counters
+    from tests.helpers.router_pool import two_workers
+    from worker.contract.protocol import EngineLoad
+
+    pool = two_workers()
+    first, second = sorted(pool.workers)
+    pool.workers[second].load = EngineLoad(prefix_hit_tokens=48, prefix_queried_tokens=54, preemptions=2)
+    assert prefix_counters(pool) == {
+        str(first): {"hit_tokens": 0, "queried_tokens": 0, "preemptions": 0},
+        str(second): {"hit_tokens": 48, "queried_tokens": 54, "preemptions": 2},
+    }
