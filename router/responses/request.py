@@ -192,7 +192,9 @@ def chat_tool_choice(req: ResponsesRequest) -> str | dict | None:
                 f"tool_choice of type {str(choice.get('type'))[:60]!r} is not supported (only function tools)",
                 "unsupported_parameter",
             )
-        return {"type": "function", "function": {"name": choice.get("name")}}
+        if not isinstance(choice.get("name"), str):
+            raise bad("tool_choice.name", "must be the name of one of tools (a string)")
+        return {"type": "function", "function": {"name": choice["name"]}}
     if choice in ("auto", "none") and not req.tools:
         return None  # nothing to choose from: the same answer
     return choice

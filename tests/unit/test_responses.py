@@ -140,6 +140,14 @@ def test_tool_choice_and_text_format_translate():
     assert to_chat(request(input="x", tool_choice="auto")).tool_choice is None  # no tools: the same answer
 
 
+@pytest.mark.parametrize("choice", [{"type": "function"}, {"type": "function", "name": 5}])
+def test_a_function_tool_choice_without_a_name_is_a_400_naming_it(choice):
+    """Not chat's "should be 'none', 'auto' or 'required'", which hides what is missing."""
+    with pytest.raises(ApiError) as info:
+        to_chat(request(input="x", tools=[WEATHER], tool_choice=choice))
+    assert (info.value.status, info.value.param) == (400, "tool_choice.name")
+
+
 def finished(text: str, finish: str = "stop") -> Tokens:
     return Tokens(
         request_id="r",
