@@ -16,7 +16,8 @@ Policy (vLLM's v1 scheduler and nano-vllm's, first come first served):
   free with one block to spare per running sequence (so the running ones can grow), and fewer than
   ``max_num_seqs`` run. It reserves what it needs now, not the padded worst case of the batch: a
   long document does not cap how many short chats run beside it. The head of the queue is never
-  overtaken.
+  overtaken. A sequence that must score its prompt (prompt logprobs, :mod:`worker.prompt_logprobs`)
+  takes no prefix-cache hit: every position is computed (its blocks still serve later requests).
 * The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
   which the router's count mirrors), a request that could never fit the whole cache alone is
   refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
@@ -126,11 +127,14 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running)):
+            # A sequence scoring its prompt (prompt logprobs) computes every position: no cache hits
+            use_cache = not getattr(seq, "needs_prompt_logprobs", False)
+            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running), use_cache=use_cache):
                 break
             self.waiting.popleft()
-            seq.table, seq.computed = self.blocks.allocate(seq.token_ids)
-            seq.cached_at_admission = seq.computed
+            seq.table, seq.computed = self.blocks.allocate(seq.token_ids, use_cache=use_cache)
+            if not seq.preemptions:  # a re-admission finds its own blocks: not a hit of the prompt
+                seq.cached_at_admission = seq.computed
             self.running.append(seq)
             left = seq.num_tokens - seq.computed
             if left == 1:
