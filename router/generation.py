@@ -90,6 +90,23 @@ class _Progress:
     retries: int = 0
     migrations: int = 0
 
+    def take(self, event: Tokens) -> Tokens:
+        """Record ``event``'s token ids and the prompt's logprobs; returns the event to hand on (without
+        prompt logprobs when a migrated attempt scored the prompt again: the client has them)."""
+        self.ids.extend(event.token_ids)
+        if event.prompt_logprobs is not None:
+            if self.prompt_logprobs is None:
+                self.prompt_logprobs = event.prompt_logprobs
+            else:
+                event = msgspec.structs.replace(event, prompt_logprobs=None)
+        return event
+
+    def keep(self, event: Tokens) -> None:
+        """Hold ``event``'s text, TTFT and logprobs until the finish (buffered requests)."""
+        self.parts.append(event.text_delta)
+        self.ttft = self.ttft if event.ttft_s is None else event.ttft_s
+        self.logprobs.extend(event.logprobs or [])
+
     def merged(self, last: Tokens) -> Tokens:
         """One event with everything received, ending like ``last`` (buffered requests)."""
         return Tokens(
@@ -233,16 +250,9 @@ async def _attempt(
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None
-            got.ids.extend(event.token_ids)
-            if event.prompt_logprobs is not None:
-                if got.prompt_logprobs is None:
-                    got.prompt_logprobs = event.prompt_logprobs
-                else:  # a migrated attempt scored the prompt again: the client has them already
-                    event = msgspec.structs.replace(event, prompt_logprobs=None)
+            event = got.take(event)
             if buffered:
-                got.parts.append(event.text_delta)
-                got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
-                got.logprobs.extend(event.logprobs or [])
+                got.keep(event)
                 if not finished:
                     continue
                 event = got.merged(event)

@@ -77,6 +77,15 @@ async def measure(url: str, body: dict, wins: list[list[int]], ctx: int, paralle
     return nlls, per_window
 
 
+def read_text(file: Path) -> str:
+    """``file``'s text; exit 2 naming it when it cannot be read as UTF-8."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        typer.echo(f"--perplexity {file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
 def run_perplexity(
     base_url: str,
     file: Path,
@@ -94,11 +103,7 @@ def run_perplexity(
     Exits 2 for a text too short or unreadable, 1 when the server fails a window."""
     from launcher.bench.runner import load_tokenizer
 
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        typer.echo(f"--perplexity {file}: {exc}", err=True)
-        raise typer.Exit(2) from None
+    text = read_text(file)
     model = model or served_model(base_url, api_key)
     _, tok = load_tokenizer(tokenizer_name or model or "smollm2-135m-instruct")
     ids = tok(text)["input_ids"]
