@@ -303,3 +303,25 @@ def test_the_kernel_table_travels_in_ready():
         encode(Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=16, weight_bytes=5, kernels=table))
     )
     assert msg.kernels == table and msg.weight_bytes == 5
+
+
+def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_measure():
+    from launcher.config import DeployConfig
+    from launcher.doctor_kernels import kernel_check
+    from launcher.shapes import ModelShape
+
+    cfg = DeployConfig.model_validate({"model": {"quantization": "int4"}, "workers": {"max_num_seqs": 2}})
+    tiny = ModelShape("tiny", 64, 2, 4, 2, 16, 128, 96, tie_word_embeddings=True)
+    row = kernel_check(cfg, tiny, "cpu", "float32")
+    assert row.status == "ok", row.detail
+    lines = row.detail.splitlines()
+    assert lines[0] == "cpu, float32, model.quantization int4, rows 1-2:"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "128x64 int4/g32",
+        "64x64 int4/g32",
+        "256x64 int4/g32",
+        "64x128 int4/g32",
+        "96x64 int8/channel",
+    ]
+    big = ModelShape("70b", 8192, 80, 64, 8, 128, 28672, 32000)
+    assert kernel_check(cfg, big, "cpu", "float32").status == "skip"
