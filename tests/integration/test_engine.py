@@ -15,8 +15,8 @@ from launcher.models import resolve_model
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager
+from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.engine import Engine
-from worker.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.runner import ModelRunner
 from worker.scheduler import Scheduler
 

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from worker.attention import KVCache, build_batch
+from worker.contract import quant_rules as rules
+from worker.contract.protocol import KernelChoice, KernelPick, Ready, decode_for_router, encode
+from worker.contract.tp_rules import tp_problems
 from worker.llama import LlamaModel, random_weights
-from worker.protocol import KernelChoice, KernelPick, Ready, decode_for_router, encode
-from worker.quant import rules
 from worker.quant.autotune import Pick, buckets, choose, tune
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.kernels import Candidate, Kernel, candidates, check
 from worker.quant.linear import Linears, gather_rows
-from worker.tp_rules import tp_problems
 
 CPU = torch.device("cpu")
 
@@ -307,8 +307,8 @@ def test_the_kernel_table_travels_in_ready():
 
 def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_measure():
     from launcher.config import DeployConfig
-    from launcher.doctor_kernels import kernel_check
-    from launcher.shapes import ModelShape
+    from launcher.plan.doctor_kernels import kernel_check
+    from worker.contract.shapes import ModelShape
 
     cfg = DeployConfig.model_validate({"model": {"quantization": "int4"}, "workers": {"max_num_seqs": 2}})
     tiny = ModelShape("tiny", 64, 2, 4, 2, 16, 128, 96, tie_word_embeddings=True)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from worker.protocol import KernelChoice, KernelPick
-from worker.quant import rules
+from worker.contract import quant_rules as rules
+from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, full_precision
@@ -51,7 +51,7 @@ class Dispatch:
 
 class Linears:
     """Builds each linear layer's callable. ``quantization``: ``int8`` / ``int4`` quantize a float
-    weight passed to :meth:`__call__` (:mod:`worker.quant.rules`), and store the embedding table
+    weight passed to :meth:`__call__` (:mod:`worker.contract.quant_rules`), and store the embedding table
     and the LM head (:meth:`embedding`, :meth:`head`) as int8 rows, one copy when they are tied;
     anything else leaves weights as they come (float, or a :class:`QuantizedWeight` read from a
     quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
@@ -113,7 +113,7 @@ class Linears:
         return self.rows8[key]
 
     def quantize(self, weight: Weight) -> Weight:
-        """``weight`` [N, K] as :mod:`worker.quant.rules` cuts it, when a float weight is to be
+        """``weight`` [N, K] as :mod:`worker.contract.quant_rules` cuts it, when a float weight is to be
         quantized; else as it is. Raises ``ValueError`` for a K the groups do not divide."""
         if self.bits is None or isinstance(weight, QuantizedWeight):
             return weight
