@@ -158,7 +158,9 @@ def kernels_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     if device == "cuda" and not _cuda_runs():
         return Check("kernels", "skip", "the workers would run on GPUs this process cannot use")
     caps = [g.capability for g in gpu_info if g.capability]
-    return kernel_check(cfg, shape, device, dtypes.resolve(cfg.model.dtype, device, caps, inv.cpu_flags))
+    return Check(
+        "kernels", *kernel_check(cfg, shape, device, dtypes.resolve(cfg.model.dtype, device, caps, inv.cpu_flags))
+    )
 
 
 def _cuda_runs() -> bool:

@@ -51,23 +51,22 @@ def measure(cfg: DeployConfig, shape, device: str, dtype_name: str) -> list[str]
     ]
 
 
-def kernel_check(cfg: DeployConfig, shape, device: str, dtype_name: str):
-    """The doctor row (``launcher.plan.doctor.Check``) for the kernel table on ``device`` in ``dtype_name``."""
-    from launcher.plan.doctor import Check
-
+def kernel_check(cfg: DeployConfig, shape, device: str, dtype_name: str) -> tuple[str, str, str]:
+    """The doctor row for the kernel table on ``device`` in ``dtype_name``: ``(status, detail,
+    fix)``, status ``ok``, ``skip`` or ``fail`` (``launcher.plan.doctor`` makes it a row)."""
     if shape is None:
-        return Check("kernels", "skip", "no model config to take the weight shapes from")
+        return "skip", "no model config to take the weight shapes from", ""
     size = sum(n * k for n, k in shapes(shape).values()) * 4
     if size > MAX_BYTES:
-        return Check(
-            "kernels",
+        return (
             "skip",
             f"the model's distinct weights take {size / 2**30:.1f} GiB; not measured here "
             "(each worker's table is in GET /workers and its start-up log)",
+            "",
         )
     try:
         lines = measure(cfg, shape, device, dtype_name)
     except RuntimeError as exc:
-        return Check("kernels", "fail", str(exc), "set model.quantization: none or another model.dtype")
+        return "fail", str(exc), "set model.quantization: none or another model.dtype"
     head = f"{device}, {dtype_name}, model.quantization {cfg.model.quantization}, rows 1-{cfg.workers.max_num_seqs}:"
-    return Check("kernels", "ok", "\n".join([head, *lines]))
+    return "ok", "\n".join([head, *lines]), ""

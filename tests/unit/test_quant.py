@@ -312,9 +312,9 @@ def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_mea
 
     cfg = DeployConfig.model_validate({"model": {"quantization": "int4"}, "workers": {"max_num_seqs": 2}})
     tiny = ModelShape("tiny", 64, 2, 4, 2, 16, 128, 96, tie_word_embeddings=True)
-    row = kernel_check(cfg, tiny, "cpu", "float32")
-    assert row.status == "ok", row.detail
-    lines = row.detail.splitlines()
+    status, detail, _ = kernel_check(cfg, tiny, "cpu", "float32")
+    assert status == "ok", detail
+    lines = detail.splitlines()
     assert lines[0] == "cpu, float32, model.quantization int4, rows 1-2:"
     assert [line.split(":")[0] for line in lines[1:]] == [
         "128x64 int4/g32",
@@ -324,4 +324,4 @@ def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_mea
         "96x64 int8/channel",
     ]
     big = ModelShape("70b", 8192, 80, 64, 8, 128, 28672, 32000)
-    assert kernel_check(cfg, big, "cpu", "float32").status == "skip"
+    assert kernel_check(cfg, big, "cpu", "float32")[0] == "skip"
