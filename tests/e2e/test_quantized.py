@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deployment import Deployment
+from tests.helpers.deployment import Deployment
 
 
 @pytest.fixture(scope="module")
