@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 WARMUP = 2  # untimed calls first: oneDNN builds its primitive, caches warm
 REPEATS = 5  # timed calls; the best is the figure
 MAX_TUNED_ROWS = 128  # larger steps (a big prefill) run the largest bucket's pick: compute-bound there
+SLOW_ROUND_S = 0.05  # past this per round of calls, two rounds are enough
 PRUNE = 8.0  # a kernel this many times slower than the best at a bucket is not timed at larger ones
 MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster where it is used
 
@@ -78,15 +79,17 @@ class Choice:
 def best_times(
     fns: list[Callable], x: torch.Tensor, timer: Callable[[], float], sync: Callable[[], None]
 ) -> list[float]:
-    """The fastest of :data:`REPEATS` calls of each ``fn(x)``, in seconds, after :data:`WARMUP`
-    calls each. The calls take turns (one of each per round), so a burst of load from other
+    """The fastest of :data:`REPEATS` calls of each ``fn(x)`` (two when a round of them takes over
+    :data:`SLOW_ROUND_S`), in seconds, after :data:`WARMUP` calls each. The calls take turns (one of each per round), so a burst of load from other
     processes slows every candidate alike instead of one of them."""
     for fn in fns:
         for _ in range(WARMUP):
             fn(x)
     sync()
     best = [float("inf")] * len(fns)
-    for _ in range(REPEATS):
+    for rep in range(REPEATS):
+        if rep == 2 and sum(best) > SLOW_ROUND_S:
+            break  # slow calls vary less, and the start-up is waiting: two rounds will do
         for i, fn in enumerate(fns):
             start = timer()
             fn(x)
