@@ -15,6 +15,7 @@ from launcher.bench import bench_command
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
 from launcher.supervise.ports import port_problems
+from router.admin_protocol import HAS_NO_PROCESS, WorkerState
 from router.policies import POLICIES
 from router.settings import connect_host
 from worker.contract.logs import setup_logging
@@ -48,12 +49,6 @@ def up(
     force: bool = typer.Option(False, "--force", help="start even when the memory plan says it does not fit"),
 ) -> None:
     """Start the router and one worker per replica; serve until Ctrl-C or SIGTERM."""
-    dev: object = devices
-    if devices and devices not in ("auto", "cpu"):
-        try:
-            dev = [int(d) for d in devices.split(",")]
-        except ValueError:
-            fail(f"--devices: expected auto, cpu or GPU indices like 0,1 (got {devices!r})")
     cfg = load_or_exit(
         config,
         {
@@ -62,7 +57,7 @@ def up(
             "router.admin_port": admin_port,
             "router.policy": policy,
             "workers.replicas": replicas,
-            "workers.devices": dev,
+            "workers.devices": devices_option(devices),
             "model.name": model,
             "logging.format": log_format,
         },
@@ -72,21 +67,41 @@ def up(
         if problem:
             fail(problem)
 
-    from launcher.models import ModelNotFound, resolve_model
     from launcher.plan.layouts import tp_refusal
-    from launcher.plan.placement import PlacementError, discover, place
-    from launcher.plan.plan import preflight
 
     if problem := tp_refusal(cfg):
         fail(problem)
-    if cfg.cluster.backend == "ray":
-        from launcher.ray.up import ClusterError, prepare_ray
+    sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
-        try:
-            ray_launch = prepare_ray(cfg, force)
-        except ClusterError as exc:
-            fail(str(exc))
-        sys.exit(serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address))
+
+def devices_option(devices: str | None) -> object:
+    """``--devices`` as the config takes it: ``auto``, ``cpu`` or a list of GPU indices (exit 2 otherwise)."""
+    if not devices or devices in ("auto", "cpu"):
+        return devices
+    try:
+        return [int(d) for d in devices.split(",")]
+    except ValueError:
+        fail(f"--devices: expected auto, cpu or GPU indices like 0,1 (got {devices!r})")
+
+
+def up_on_ray(cfg: DeployConfig, force: bool) -> int:
+    """Place the slots on the Ray cluster and serve; exit 2 when the cluster cannot hold them."""
+    from launcher.ray.up import ClusterError, prepare_ray
+
+    try:
+        ray_launch = prepare_ray(cfg, force)
+    except ClusterError as exc:
+        fail(str(exc))
+    return serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address)
+
+
+def up_here(cfg: DeployConfig, force: bool) -> int:
+    """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
+    find the model and serve; exit 2 on a placement, plan or model problem."""
+    from launcher.models import ModelNotFound, resolve_model
+    from launcher.plan.placement import PlacementError, discover, place
+    from launcher.plan.plan import preflight
+
     inventory = discover()
     try:
         specs = place(cfg.workers, inventory)
@@ -100,7 +115,7 @@ def up(
         model_path = resolve_model(cfg.model.name)
     except ModelNotFound as exc:
         fail(str(exc))
-    sys.exit(serve(cfg, specs, model_path))
+    return serve(cfg, specs, model_path)
 
 
 def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str | None = None) -> int:
@@ -129,7 +144,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
         sup.start()
         log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
         with loading_progress(
-            lambda: sup.admin.try_call("GET", "/admin/workers", timeout=2.0),
+            sup.admin.try_table,
             len(specs),
             enabled=cfg.logging.format == "text",
             console=console,
@@ -172,10 +187,20 @@ def _admin_client(config: Path | None, admin_url: str | None):
 
 def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
     """One admin API call; exits 1 with a message that says what to check when it fails."""
+    return _or_exit(client, lambda: client.call(method, path, timeout=timeout))
+
+
+def admin_table(client, timeout: float = 5.0):
+    """``GET /admin/workers`` as a typed :class:`router.admin_protocol.WorkerTable`; exits 1 with a
+    message when the router does not answer, refuses, or answers with something else."""
+    return _or_exit(client, lambda: client.table(timeout=timeout))
+
+
+def _or_exit(client, call):
     from launcher.supervise.admin_client import AdminError
 
     try:
-        return client.call(method, path, timeout=timeout)
+        return call()
     except AdminError as exc:
         hint = (
             " (the token is router.admin_token or LLAMADEPLOY_ADMIN_TOKEN)" if str(exc).startswith("HTTP 401") else ""
@@ -187,6 +212,8 @@ def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
             "with another admin port, pass --admin-url http://127.0.0.1:PORT",
             1,
         )
+    except ValueError as exc:  # a table that does not match this launcher's contract (another version)
+        fail(f"the admin API at {client.base} answered a table this launcher cannot read: {exc}", 1)
 
 
 ADMIN_URL = typer.Option(None, "--admin-url", help="the router's admin API (default: from deploy.yaml)")
@@ -201,59 +228,59 @@ def status(
     """Show every worker: device, pid, state, load, restarts, uptime, memory."""
     import json
 
-    from rich.table import Table
+    import msgspec
 
     client = _admin_client(config, admin_url)
-    info = admin_call(client, "GET", "/admin/workers")
+    info = admin_table(client)
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(json.dumps(msgspec.to_builtins(info), indent=2))
         return
-    table = Table(title=f"llamadeploy workers (policy {info['policy']})")
-    for col in (
-        "id",
-        "node",
-        "device",
-        "pid",
-        "state",
-        "in-flight",
-        "run/wait",
-        "kv cache",
-        "served",
-        "restarts",
-        "uptime",
-        "memory",
-    ):
-        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
-    colors = {"ready": "green", "draining": "yellow", "starting": "cyan", "dead": "red", "failed": "bold red"}
-    for w in info["workers"]:
-        state = f"[{colors.get(w['state'], 'white')}]{w['state']}[/]"
-        kv = w.get("kv_used_tokens", 0) / w["kv_budget_tokens"] if w.get("kv_budget_tokens") else 0.0
-        table.add_row(
-            str(w["id"]),
-            w.get("node_ip") or "local",
-            w["device"],
-            str(w["pid"]),
-            state,
-            str(w["in_flight"]),
-            f"{w.get('running', 0)}/{w.get('waiting', 0)}",
-            f"{kv:.0%}",
-            str(w["served"]),
-            str(w["restarts"]),
-            f"{w['uptime_s']:.0f}s",
-            f"{w['mem_bytes'] / 2**20:.0f} MiB",
-        )
     out = report_console()
-    out.print(table)
-    if router := info.get("router"):
-        out.print(
-            f"router: pid {router['pid']}, restarts {router['restarts']}, uptime {router['uptime_s']:.0f}s",
-            highlight=False,
-        )
-    for w in info["workers"]:
-        if w["state"] in ("dead", "failed", "stopped") and w.get("exit_reason"):
-            out.print(f"worker {w['id']} {w['state']}: {w['exit_reason']}", highlight=False)
-    if not info.get("accepting", True):
+    out.print(worker_table(info))
+    if info.router is not None:
+        r = info.router
+        out.print(f"router: pid {r.pid}, restarts {r.restarts}, uptime {r.uptime_s:.0f}s", highlight=False)
+    for w in info.workers:
+        if w.state in HAS_NO_PROCESS and w.exit_reason:
+            out.print(f"worker {w.id} {w.state.value}: {w.exit_reason}", highlight=False)
+    if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
+
+
+STATE_COLORS = {
+    WorkerState.READY: "green",
+    WorkerState.DRAINING: "yellow",
+    WorkerState.STARTING: "cyan",
+    WorkerState.DEAD: "red",
+    WorkerState.FAILED: "bold red",
+}
+STATUS_COLUMNS = ("id", "node", "device", "pid", "state", "in-flight", "run/wait", "kv cache", "served", "restarts")
+
+
+def worker_table(info):
+    """The rich table ``status`` prints for a :class:`router.admin_protocol.WorkerTable`."""
+    from rich.table import Table
+
+    table = Table(title=f"llamadeploy workers (policy {info.policy})")
+    for col in (*STATUS_COLUMNS, "uptime", "memory"):
+        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
+    for w in info.workers:
+        kv = w.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0
+        table.add_row(
+            str(w.id),
+            w.node_ip or "local",
+            w.device,
+            str(w.pid),
+            f"[{STATE_COLORS.get(w.state, 'white')}]{w.state.value}[/]",
+            str(w.in_flight),
+            f"{w.running}/{w.waiting}",
+            f"{kv:.0%}",
+            str(w.served),
+            str(w.restarts),
+            f"{w.uptime_s:.0f}s",
+            f"{w.mem_bytes / 2**20:.0f} MiB",
+        )
+    return table
 
 
 @app.command("restart-worker")
@@ -281,31 +308,60 @@ def restart_worker(
     if wait:
         with console.status(f"waiting for worker {worker_id} to be ready"):
             w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)
-        if w.get("state") != "ready":
+        if w is None or w.state != WorkerState.READY:
             fail(
-                f"worker {worker_id} is {w.get('state', 'unreachable')}"
-                + (f" ({w['exit_reason']})" if w.get("exit_reason") else ""),
+                f"worker {worker_id} is {w.state.value if w else 'unreachable'}"
+                + (f" ({w.exit_reason})" if w and w.exit_reason else ""),
                 1,
             )
-        console.print(f"worker {worker_id} ready (pid {w['pid']}, restarts {w['restarts']})", highlight=False)
+        console.print(f"worker {worker_id} ready (pid {w.pid}, restarts {w.restarts})", highlight=False)
 
 
-def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float) -> dict:
+def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float):
     """Poll the admin API until worker ``worker_id`` runs a new process that is ready or failed
-    (or ``timeout`` passes); returns its last table entry."""
+    (or ``timeout`` passes); returns its last :class:`~router.admin_protocol.WorkerInfo` (None:
+    never read)."""
     import time
 
     deadline = time.monotonic() + timeout
-    w: dict = {}
+    w = None
     while time.monotonic() < deadline:
-        info = client.try_call("GET", "/admin/workers", timeout=5.0)
-        w = next((x for x in (info or {}).get("workers", []) if x["id"] == worker_id), w)
-        if w.get("pid") != old_pid and w.get("state") in ("ready", "failed"):
+        info = client.try_table(timeout=5.0)
+        w = next((x for x in (info.workers if info else []) if x.id == worker_id), w)
+        if w is not None and w.pid != old_pid and w.state in (WorkerState.READY, WorkerState.FAILED):
             break
-        if w.get("state") == "failed" and not w.get("start_requested"):
+        if w is not None and w.state == WorkerState.FAILED and not w.start_requested:
             break  # the start was tried and refused (no room for the slot): no new process is coming
         time.sleep(0.5)
     return w
+
+
+def ray_layout(cfg: DeployConfig):
+    """The Ray cluster's GPUs and the slots ``up`` would place on them: ``(inventory, specs)``;
+    exit 2 when the cluster cannot be read or does not report its GPUs' memory."""
+    from launcher.ray.up import UNKNOWN_MEMORY, ClusterError, cluster_layout
+
+    try:
+        inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
+    except ClusterError as exc:
+        fail(str(exc))
+    if not known:
+        fail(UNKNOWN_MEMORY)
+    return inventory, specs
+
+
+def _plan_inventory(gpus: str | None):
+    """This machine's inventory, with ``--gpus`` (idle hypothetical GPUs) in place of its GPUs."""
+    from launcher.plan.placement import Inventory, discover
+    from launcher.plan.plan import parse_gpus
+
+    inventory = discover()
+    if not gpus:
+        return inventory
+    try:
+        return Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @app.command()
@@ -316,7 +372,10 @@ def plan(
         None,
         help="plan for these idle GPUs (numbered 0..n-1, devices: auto) instead of this machine's: 8x80GB, 24GiB,24GiB",
     ),
-    dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16 | int8 | int4 (default model.dtype)"),
+    dtype: str | None = typer.Option(None, help="auto | float32 | bfloat16 | float16 (default model.dtype)"),
+    quantization: str | None = typer.Option(
+        None, help="auto | none | int8 | int4: the linear layers' weights (default model.quantization)"
+    ),
     max_model_len: int | None = typer.Option(None, help="model.max_model_len"),
     max_num_seqs: int | None = typer.Option(None, help="workers.max_num_seqs"),
     gpus_per_replica: int | None = typer.Option(None, help="workers.gpus_per_replica"),
@@ -328,25 +387,21 @@ def plan(
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
     """
     from launcher.models import ModelNotFound
-    from launcher.plan.placement import Inventory, discover
-    from launcher.plan.plan import make_plan, parse_gpus
+    from launcher.plan.plan import make_plan
     from launcher.plan.report import render
     from launcher.plan.shape import read_shape
-    from launcher.plan.sizing import DTYPE_BYTES
+    from launcher.plan.sizing import QUANTIZATIONS
     from worker.contract.shapes import ShapeError
 
-    if dtype is not None and dtype not in (*DTYPE_BYTES, "auto"):
-        fail(f"--dtype: expected one of auto, {', '.join(DTYPE_BYTES)} (got {dtype!r})")
-    inventory = discover()
-    if gpus:
-        try:
-            inventory = Inventory(parse_gpus(gpus), inventory.cpus, None, inventory.ram_available_bytes)
-        except ValueError as exc:
-            fail(str(exc))
+    if dtype in QUANTIZATIONS[1:]:
+        fail(f"--dtype {dtype}: int8 and int4 are a quantization of the weights; use --quantization {dtype}")
+    inventory = _plan_inventory(gpus)
     cfg = load_or_exit(
         config,
         {
             "model.name": model,
+            "model.dtype": dtype,
+            "model.quantization": quantization,
             "model.max_model_len": max_model_len,
             "workers.max_num_seqs": max_num_seqs,
             "workers.gpus_per_replica": gpus_per_replica,
@@ -357,19 +412,12 @@ def plan(
     )
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
-        from launcher.ray.up import UNKNOWN_MEMORY, ClusterError, cluster_layout
-
-        try:
-            inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
-        except ClusterError as exc:
-            fail(str(exc))
-        if not known:
-            fail(UNKNOWN_MEMORY)
+        inventory, specs = ray_layout(cfg)
     try:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError) as exc:
         fail(str(exc))
-    result = make_plan(cfg, inventory, shape, None if dtype == "auto" else dtype, specs=specs)
+    result = make_plan(cfg, inventory, shape, specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
 

@@ -4,8 +4,8 @@ Restart is cooperative: the router drains the worker (no new requests, wait for 
 to a timeout), then sends it ``Shutdown``; the worker exits with code 0 and the launcher's
 supervisor starts it again on the same device, where it says Hello and rejoins once ready. A
 worker without a process (``failed``, or ``dead`` and waiting for its backoff) cannot be told
-anything: restarting or starting it sets ``start_requested``, which the supervisor reads from
-``GET /admin/workers`` within a second and acts on.
+anything: restarting or starting it sets ``start_requested`` and pushes a
+:class:`~router.admin_protocol.StartRequested` event to the supervisor, which starts it at once.
 
 The supervisor's own reports, typed in :mod:`router.admin_protocol`: ``POST .../started`` (a new
 process: pid, restart count) and ``POST .../exited`` (a process ended: reason, failed).
@@ -111,8 +111,7 @@ async def started(request: web.Request) -> web.Response:
     """The supervisor started a process (:class:`~router.admin_protocol.Started`)."""
     api = request.app[API]
     wid = _worker_id(request)
-    report: Started = await _report(request, Started)
-    api.pool.on_started(wid, report.pid, report.restarts, report.device)
+    api.pool.on_report(wid, await _report(request, Started))
     return web.json_response({"worker": api.pool.get(wid).info()})
 
 
@@ -120,8 +119,7 @@ async def exited(request: web.Request) -> web.Response:
     """The supervisor reports that a worker process ended (:class:`~router.admin_protocol.Exited`)."""
     api = request.app[API]
     wid = _worker_id(request)
-    report: Exited = await _report(request, Exited)
-    api.pool.mark_lost(wid, report.reason, failed=report.failed)
+    api.pool.on_report(wid, await _report(request, Exited))
     return web.json_response({"worker": api.pool.get(wid).info()})
 
 

@@ -7,9 +7,12 @@ loudly at decode time instead of silently turning off hung-worker kills and rest
 * ``GET /admin/workers`` (and the public ``GET /workers``) → :class:`WorkerTable`.
 * ``POST /admin/workers/{id}/started`` ← :class:`Started` (the supervisor spawned a process).
 * ``POST /admin/workers/{id}/exited`` ← :class:`Exited` (a process ended; ``failed`` = given up on).
+* Router → supervisor, pushed as they happen on the supervisor's event socket: :class:`WorkerReady`,
+  :class:`WorkerDown`, :class:`StartRequested` (:mod:`router.supervisor_events`).
 
 :class:`WorkerState` is the one worker-state enum of the project: the router's table holds it and
-the supervisor decides on it. This module must stay import-light (msgspec only): both sides import it.
+the supervisor decides on it. This module must stay import-light (msgspec and the wire protocol
+only): both sides import it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import enum
 
 import msgspec
 
-from worker.contract.protocol import KernelChoice
+from worker.contract.protocol import EngineLoad, KernelChoice
 
 
 class WorkerState(str, enum.Enum):
@@ -39,9 +42,10 @@ class WorkerState(str, enum.Enum):
 HAS_NO_PROCESS = frozenset({WorkerState.FAILED, WorkerState.DEAD, WorkerState.STOPPED})
 
 
-class WorkerInfo(msgspec.Struct, kw_only=True):
-    """One row of the worker table. Load figures come from the worker's last heartbeat (0 when
-    there is none); ``steps``/``last_step_age_s`` are None when its engine does not report them."""
+class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
+    """One row of the worker table: the slot as the router sees it, plus every figure of the
+    worker's last heartbeat (the :class:`~worker.contract.protocol.EngineLoad` fields, inherited: a new
+    figure there is a new column here; their defaults when there is none)."""
 
     id: int
     state: WorkerState
@@ -52,26 +56,21 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     failed_requests: int = 0
     restarts: int = 0
     uptime_s: float = 0.0
-    running: int = 0
-    waiting: int = 0
-    peak_running: int = 0
-    kv_used_tokens: int = 0
     kv_budget_tokens: int = 0
-    mem_bytes: int = 0
     max_num_seqs: int = 0
     max_waiting: int = 0
     load_seconds: float = 0.0
     exit_reason: str = ""
     start_requested: bool = False  # an operator asked for a start; the supervisor acts on it
     heartbeats: int = 0
-    steps: int | None = None
-    last_step_age_s: float | None = None
     node_id: str = ""  # the cluster node it runs on ("" when local)
     node_ip: str = ""
     gpu_ids: str = ""  # GPU ids the cluster scheduler assigned ("" when local)
-    gpu_uuids: list[str] = []  # the GPUs the worker's torch sees
+    gpu_uuids: list[str] = msgspec.field(default_factory=list)  # the GPUs the worker's torch sees
     weight_bytes: int = 0  # bytes of the weights its model holds (from its Ready)
-    kernels: list[KernelChoice] = []  # the kernel table it measured at start (from its Ready)
+    kernels: list[KernelChoice] = msgspec.field(
+        default_factory=list
+    )  # the kernel table it measured at start (its Ready)
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):
@@ -105,6 +104,51 @@ class Exited(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "exited"
     failed: bool = False
     pid: int = 0
+
+
+# ---- router -> supervisor: pushed events ---------------------------------------------------
+
+
+class SupervisorEvent(msgspec.Struct, tag=True, forbid_unknown_fields=True):
+    """What the router tells the supervisor about slot ``worker_id``, pushed as it happens over
+    the supervisor's event socket (ZeroMQ PUSH → PULL, msgpack, tagged by class name): the
+    supervisor waits on it instead of reading the worker table."""
+
+    worker_id: int
+
+
+class WorkerReady(SupervisorEvent):
+    """Process ``pid`` of the slot is ready (again, after a router restart)."""
+
+    pid: int
+
+
+class WorkerDown(SupervisorEvent):
+    """The router declared process ``pid`` dead (``reason``: silent, stalled); if it still runs it
+    is hung, and the supervisor kills it so that it restarts."""
+
+    pid: int
+    reason: str
+
+
+class StartRequested(SupervisorEvent):
+    """An operator asked (admin API) to start the slot, which has no process (failed, dead, stopped)."""
+
+
+Event = WorkerReady | WorkerDown | StartRequested
+
+_events_out = msgspec.msgpack.Encoder()
+_events_in = msgspec.msgpack.Decoder(Event)
+
+
+def encode_event(event: SupervisorEvent) -> bytes:
+    """One event as its msgpack frame."""
+    return _events_out.encode(event)
+
+
+def decode_event(frame: bytes) -> Event:
+    """One event frame. Raises ``msgspec.ValidationError``/``DecodeError`` (both ValueError)."""
+    return _events_in.decode(frame)
 
 
 _json = msgspec.json.Encoder()

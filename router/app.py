@@ -1,9 +1,9 @@
 """The router's aiohttp applications: the public OpenAI API and the loopback admin API.
 
-``create_app`` builds the public app (``/v1/*``, health, ``/workers``); ``create_admin_app``
-builds the admin app (drain, restart, supervisor reports) that listens on its own address,
-loopback by default. Both share one :class:`~router.workers.WorkerPool`, started and stopped
-with the public app (``cleanup_ctx``).
+``create_app`` builds the public app (``/v1/*``, health, ``/workers``, the pages of
+:mod:`router.ui`); ``create_admin_app`` builds the admin app (drain, restart, supervisor
+reports) that listens on its own address, loopback by default. Both share one
+:class:`~router.workers.WorkerPool`, started and stopped with the public app (``cleanup_ctx``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import uuid
 
 from aiohttp import web
 
-from router import admin, admin_protocol, openai_api
+from router import admin, admin_protocol, openai_api, ui
 from router.auth import auth_middleware
 from router.connections import ConnectionGuard, connection_cap
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
+from router.responses.api import create_response
 from router.state import API, REQUEST_ID, Api
 from router.workers import State
 from worker.contract.logs import REQUEST_ID as LOG_REQUEST_ID
@@ -114,7 +115,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
             metrics_middleware,
             error_middleware(),
             guard.middleware,
-            auth_middleware(lambda r: r.app[API].cfg.router.api_keys),
+            auth_middleware(lambda r: r.app[API].cfg.router.api_keys, is_open=ui.is_open),
         ],
         client_max_size=api.cfg.limits.max_body_bytes,
     )
@@ -132,6 +133,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.cleanup_ctx.append(pool_ctx)
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_post("/v1/completions", openai_api.completions)
+    app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/models", openai_api.models)
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", health)
@@ -139,6 +141,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.router.add_get("/workers", workers)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/openapi.json", openapi_handler)
+    ui.add_routes(app)  # the chat page at /, the status page at /status
     return app
 
 

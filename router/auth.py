@@ -47,13 +47,18 @@ class Unauthorized(ApiError):
         )
 
 
-def auth_middleware(secrets_of: Callable[[web.Request], list[str]], what: str = "API key"):
-    """Require a bearer token from ``secrets_of(request)`` when that list is non-empty."""
+def auth_middleware(
+    secrets_of: Callable[[web.Request], list[str]],
+    what: str = "API key",
+    is_open: Callable[[str], bool] = OPEN_PATHS.__contains__,
+):
+    """Require a bearer token from ``secrets_of(request)`` when that list is non-empty, on every
+    path but those ``is_open`` accepts (default: the health probes)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler):
         secrets = secrets_of(request)
-        if secrets and request.path not in OPEN_PATHS and not token_matches(bearer_token(request), secrets):
+        if secrets and not is_open(request.path) and not token_matches(bearer_token(request), secrets):
             raise Unauthorized(what)
         return await handler(request)
 

@@ -9,6 +9,8 @@ worker serving it is lost (process gone, silent, stalled, or leaving while shutt
   text again (it was delivered), and generates only the rest of ``max_tokens``; its final
   ``usage`` counts the prompt and all generated tokens once. So the client's stream goes on with
   no duplicated text, no gap and one ``finish_reason``. Up to ``max_migrations`` moves per request.
+  Prompt logprobs (echo) come from the first attempt that sent them; the new worker, which
+  recomputes the prompt anyway, scores it again and that copy is dropped.
 * **Retry** from the start, when nothing was generated yet (or, for a request whose client has seen
   nothing, when no migration is left), up to ``max_retries`` times.
 * Otherwise the loss surfaces as :class:`UpstreamError` (502): an error event once a stream started.
@@ -21,12 +23,13 @@ client gone), the request is cancelled on the worker and released from the pool'
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+
+import msgspec
 
 from router.errors import ApiError
 from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
@@ -66,9 +69,10 @@ async def _choose(pool: WorkerPool, tried: set[int], last_loss: str, prompt: lis
         try:
             return pool.pick(admitting=False, prompt=prompt)  # a worker already tried may be back (restarted)
         except NoWorker:
-            if time.monotonic() > deadline or not any(w.state in COMING_BACK for w in pool.workers.values()):
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(w.state in COMING_BACK for w in pool.workers.values()):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
-        await asyncio.sleep(0.25)
+        await pool.wait_change(left)  # a worker's state changed: it may be ready now
 
 
 @dataclass
@@ -81,9 +85,27 @@ class _Progress:
     parts: list[str] = field(default_factory=list)  # text not yet handed on (buffered requests)
     ttft: float | None = None
     logprobs: list = field(default_factory=list)  # TokenLogprob of every token, when asked (buffered requests)
+    prompt_logprobs: list | None = None  # the prompt's, from the first attempt that sent them
     delivered: bool = False  # text reached the client: a restart from scratch would duplicate it
     retries: int = 0
     migrations: int = 0
+
+    def take(self, event: Tokens) -> Tokens:
+        """Record ``event``'s token ids and the prompt's logprobs; returns the event to hand on (without
+        prompt logprobs when a migrated attempt scored the prompt again: the client has them)."""
+        self.ids.extend(event.token_ids)
+        if event.prompt_logprobs is not None:
+            if self.prompt_logprobs is None:
+                self.prompt_logprobs = event.prompt_logprobs
+            else:
+                event = msgspec.structs.replace(event, prompt_logprobs=None)
+        return event
+
+    def keep(self, event: Tokens) -> None:
+        """Hold ``event``'s text, TTFT and logprobs until the finish (buffered requests)."""
+        self.parts.append(event.text_delta)
+        self.ttft = self.ttft if event.ttft_s is None else event.ttft_s
+        self.logprobs.extend(event.logprobs or [])
 
     def merged(self, last: Tokens) -> Tokens:
         """One event with everything received, ending like ``last`` (buffered requests)."""
@@ -95,6 +117,7 @@ class _Progress:
             usage=last.usage,
             ttft_s=self.ttft,
             logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     def after_loss(self, loss: _Lost, request_tag: str) -> bool:
@@ -113,6 +136,7 @@ class _Progress:
                 self.max_retries,
             )
             self.ids, self.parts, self.ttft = [], [], None  # nothing of it reached the client
+            self.logprobs, self.prompt_logprobs = [], None
             return False
         moved = f" after {self.migrations} migration(s)" if self.migrations else ""
         raise UpstreamError(502, f"{loss.message}; the request could not be completed{moved}", code="worker_lost")
@@ -151,6 +175,7 @@ async def stream_tokens(
                 got.migrations,
                 max_migrations,
             )
+            pool.events.migrated(moving[0], worker.worker_id, len(got.ids), moving[1].message)
         try:
             async with aclosing(
                 _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)
@@ -164,6 +189,21 @@ async def stream_tokens(
             if moving is not None and on_migration is not None:
                 on_migration(loss.reason)
         tried.add(worker.worker_id)
+
+
+def _is_departure(event: Failed) -> bool:
+    """A 503 without ``retry_after_s``: the worker is leaving with the request in flight (it moves)."""
+    return event.code == SHUTTING_DOWN and event.retry_after_s is None
+
+
+def _failure(event: Failed) -> Exception:
+    """What a worker's ``Failed`` becomes: :class:`_Lost` when the worker is leaving, else the
+    worker's status as :class:`UpstreamError` (``Retry-After`` when it refused for capacity)."""
+    if _is_departure(event):
+        return _Lost("shutting_down", event.message)
+    wait = event.retry_after_s if event.retry_after_s is not None else 1 if event.code == 429 else None
+    retry_after = {"Retry-After": str(max(1, round(wait)))} if wait is not None else None
+    return UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
 
 
 async def _attempt(
@@ -187,11 +227,11 @@ async def _attempt(
         len(prompt),
         f", resuming after {len(got.ids)} generated" if got.ids else "",
     )
-    queue = pool.register(worker, rid)
+    req = pool.register(worker, rid)
     finished = ok = False  # finished: the worker is done with it, no Cancel needed
     try:
         await pool.send_generate(
-            worker,
+            req,
             Generate(
                 request_id=rid,
                 prompt_token_ids=prompt,
@@ -201,24 +241,18 @@ async def _attempt(
             ),
         )
         while True:
-            event = await queue.get()
+            event = await req.events.get()
             if isinstance(event, WorkerLost):
                 raise _Lost(event.reason, str(event))
             if isinstance(event, Failed):
-                if event.code == SHUTTING_DOWN and event.retry_after_s is None:
-                    raise _Lost("shutting_down", event.message)
-                finished = True
-                wait = event.retry_after_s if event.retry_after_s is not None else 1 if event.code == 429 else None
-                retry_after = {"Retry-After": str(max(1, round(wait)))} if wait is not None else None
-                raise UpstreamError(event.code, event.message, code="worker_error", headers=retry_after)
+                finished = not _is_departure(event)
+                raise _failure(event)
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None
-            got.ids.extend(event.token_ids)
+            event = got.take(event)
             if buffered:
-                got.parts.append(event.text_delta)
-                got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
-                got.logprobs.extend(event.logprobs or [])
+                got.keep(event)
                 if not finished:
                     continue
                 event = got.merged(event)
@@ -228,5 +262,5 @@ async def _attempt(
                 return
     finally:
         if not finished:
-            await pool.cancel(rid)
-        pool.finish(rid, ok=ok)
+            await pool.cancel(req)
+        pool.finish(req, ok=ok)

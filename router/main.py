@@ -15,6 +15,7 @@ from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
 from router.settings import RouterSettings
 from router.state import Api
+from router.supervisor_events import EventSender
 from router.workers import WorkerPool
 from worker.contract import keys
 from worker.contract.lifeline import die_with_parent
@@ -66,10 +67,11 @@ async def wait_for_takeover() -> int | None:
 
 
 async def run_router(
-    cfg: RouterSettings, model_path: str, address: str, restarts: int = 0, standby: bool = False
+    cfg: RouterSettings, model_path: str, address: str, restarts: int = 0, standby: bool = False, events: str = ""
 ) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
-    time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so."""
+    time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so.
+    ``events``: the supervisor's event address (:mod:`router.supervisor_events`; "" without one)."""
     from transformers import AutoTokenizer
 
     raise_file_limit()  # before create_app, which sizes the connection cap from it
@@ -91,6 +93,9 @@ async def run_router(
         stall_timeout_s=cfg.workers.stall_timeout_s,
         curve=curve,
     )
+    sender = EventSender(events) if events else None
+    if sender is not None:
+        pool.tell_supervisor = sender.send
     api = Api(cfg, pool, tokenizer)
     runners = await start_servers(api)
     stop = asyncio.Event()
@@ -99,6 +104,8 @@ async def run_router(
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the launcher decides when we stop
     await stop.wait()
     await stop_servers(api, runners)
+    if sender is not None:
+        sender.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,11 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding"
     )
+    ap.add_argument("--events", default="", help="the supervisor's event socket (ZeroMQ), where this router pushes")
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = RouterSettings.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby))
+    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby, args.events))
 
 
 if __name__ == "__main__":

@@ -32,14 +32,17 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from router.activity import Activity
 from router.workers import State, WorkerPool
-from worker.contract.protocol import Tokens
+from worker.contract.protocol import EngineLoad, Tokens
 
 log = logging.getLogger(__name__)
 
 PREFIX = "llamadeploy"
-GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
-QUIET_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+QUIET_PATHS = frozenset(
+    {"/health", "/health/live", "/health/ready", "/metrics", "/workers", "/admin/workers", "/activity"}
+)  # polled
 
 # Buckets as vLLM's (seconds).
 TTFT_BUCKETS = (
@@ -111,6 +114,27 @@ E2E_BUCKETS = (
 )
 
 
+# The heartbeat's figures exported per worker: EngineLoad field -> (kind, name, help). Counters
+# run since the worker process started; a worker without a heartbeat reports EngineLoad()'s defaults.
+LOAD_METRICS = {
+    "running": ("gauge", "worker_num_requests_running", "Sequences in the worker's running batch (heartbeat)"),
+    "waiting": ("gauge", "worker_num_requests_waiting", "Sequences queued in the worker (heartbeat)"),
+    "prefix_hit_tokens": ("counter", "prefix_cache_hit_tokens", "Prompt tokens found in the worker's prefix cache"),
+    "prefix_queried_tokens": (
+        "counter",
+        "prefix_cache_queried_tokens",
+        "Prompt tokens looked up in the worker's prefix cache",
+    ),
+    "preemptions": ("counter", "num_preemptions", "Sequences preempted (KV blocks freed, recomputed later)"),
+    "kv_blocks_free": ("gauge", "kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)"),
+}
+
+
+def _family(kind: str, name: str, doc: str, labels: tuple[str, ...] = ("worker_id",)):
+    family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+    return family(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+
 class WorkerCollector:
     """Per-worker gauges and counters, read from the pool at scrape time."""
 
@@ -118,64 +142,33 @@ class WorkerCollector:
         self.pool = pool
 
     def collect(self):
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker_id",)) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
-
-        state = gauge("worker_state", "1 for the worker's current state", ("worker_id", "state"))
-        running = gauge("worker_num_requests_running", "Sequences in the worker's running batch (heartbeat)")
-        waiting = gauge("worker_num_requests_waiting", "Sequences queued in the worker (heartbeat)")
-        in_flight = gauge("worker_requests_in_flight", "Requests the router has dispatched to the worker")
-        kv_ratio = gauge("kv_cache_usage_ratio", "Reserved KV-cache tokens / KV budget (0..1)")
-        kv_budget = gauge("kv_cache_budget_tokens", "KV-cache budget of the worker in tokens")
-        memory = gauge(
+        state = _family("gauge", "worker_state", "1 for the worker's current state", ("worker_id", "state"))
+        in_flight = _family("gauge", "worker_requests_in_flight", "Requests the router has dispatched to the worker")
+        kv_ratio = _family("gauge", "kv_cache_usage_ratio", "Reserved KV-cache tokens / KV budget (0..1)")
+        kv_budget = _family("gauge", "kv_cache_budget_tokens", "KV-cache budget of the worker in tokens")
+        memory = _family(
+            "gauge",
             "worker_memory_used_bytes",
             "Device memory in use: torch allocated on GPU, RSS on CPU",
             ("worker_id", "device"),
         )
-        load = gauge("model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
-        restarts = CounterMetricFamily(
-            f"{PREFIX}_worker_restarts", "Times the worker process was replaced", labels=["worker_id"]
-        )
-
-        def counter(name: str, doc: str) -> CounterMetricFamily:  # since the worker process started
-            return CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["worker_id"])
-
-        hits = counter("prefix_cache_hit_tokens", "Prompt tokens found in the worker's prefix cache")
-        queried = counter("prefix_cache_queried_tokens", "Prompt tokens looked up in the worker's prefix cache")
-        preempted = counter("num_preemptions", "Sequences preempted (KV blocks freed, recomputed later)")
-        blocks_free = gauge("kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)")
+        load_time = _family("gauge", "model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
+        restarts = _family("counter", "worker_restarts", "Times the worker process was replaced")
+        figures = {name: _family(*spec) for name, spec in LOAD_METRICS.items()}
         for w in sorted(self.pool.workers.values(), key=lambda w: w.worker_id):
             wid = str(w.worker_id)
-            hb = w.heartbeat
+            load = w.load or EngineLoad()
             for s in State:
                 state.add_metric([wid, s.value], 1.0 if w.state == s else 0.0)
-            running.add_metric([wid], hb.running if hb else 0)
-            waiting.add_metric([wid], hb.waiting if hb else 0)
+            for name, family in figures.items():
+                family.add_metric([wid], getattr(load, name))
             in_flight.add_metric([wid], w.in_flight)
-            kv_ratio.add_metric([wid], hb.kv_used_tokens / w.kv_budget_tokens if hb and w.kv_budget_tokens else 0.0)
+            kv_ratio.add_metric([wid], load.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0)
             kv_budget.add_metric([wid], w.kv_budget_tokens)
-            memory.add_metric([wid, w.device], hb.mem_bytes if hb else 0)
-            load.add_metric([wid], w.load_seconds)
+            memory.add_metric([wid, w.device], load.mem_bytes)
+            load_time.add_metric([wid], w.load_seconds)
             restarts.add_metric([wid], w.restarts)
-            hits.add_metric([wid], hb.prefix_hit_tokens if hb else 0)
-            queried.add_metric([wid], hb.prefix_queried_tokens if hb else 0)
-            preempted.add_metric([wid], hb.preemptions if hb else 0)
-            blocks_free.add_metric([wid], hb.kv_blocks_free if hb else 0)
-        yield from (
-            state,
-            running,
-            waiting,
-            in_flight,
-            kv_ratio,
-            kv_budget,
-            memory,
-            load,
-            restarts,
-            hits,
-            queried,
-            preempted,
-            blocks_free,
-        )
+        yield from (state, in_flight, kv_ratio, kv_budget, memory, load_time, restarts, *figures.values())
 
 
 class Metrics:
@@ -232,6 +225,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.activity = Activity()  # recent throughput and TTFT for the status page (router.activity)
         ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
         r.register(WorkerCollector(pool))
 
@@ -260,10 +254,13 @@ class RequestTimer:
             m.waiting.dec()
             m.running.inc()
             m.ttft.labels(wid).observe(now - self.started)
+            m.activity.first_token(now - self.started)
         elif self.last is not None and self.last[0] == tok.request_id:  # not across a retry
             m.itl.labels(wid).observe(now - self.last[1])
         self.last = (tok.request_id, now)
+        m.activity.tokens(len(tok.token_ids))
         if tok.finish_reason is not None:
+            m.activity.finished()
             m.request_success.labels(wid, tok.finish_reason).inc()
             if tok.usage is not None:
                 m.prompt_tokens.labels(wid).inc(tok.usage.prompt_tokens)

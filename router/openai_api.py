@@ -16,6 +16,7 @@ from aiohttp import web
 from jinja2 import TemplateError
 
 from router.bodies import check_prompt_chars, read_json, request_timeout, timeout_error
+from router.echo import EchoChoice
 from router.errors import ApiError
 from router.generation import stream_tokens
 from router.metrics import request_timer
@@ -42,6 +43,42 @@ def check_model(api: Api, name: str | None) -> None:
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
     """Apply the limits and the context length; build the worker's parameters."""
     lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
+    _check_lengths(api, req, prompt_len, max_tokens)
+    stops = _checked_stops(req, lim)
+    bias = req.logit_bias_ids()
+    vocab = len(api.tokenizer)
+    if any(t >= vocab for t in bias):
+        raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
+    max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
+    if req.min_tokens and req.min_tokens > max_new:
+        raise ApiError(
+            400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens", code="invalid_value"
+        )
+    if isinstance(req, ChatRequest):
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    else:
+        logprobs = req.logprobs
+    return SamplingParams(
+        max_tokens=max_new,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        seed=req.seed,
+        stop=stops,
+        ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias,
+        min_tokens=req.min_tokens or 0,
+        logprobs=logprobs,
+    )
+
+
+def _check_lengths(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> None:
+    """The prompt within ``limits.max_prompt_tokens``, ``max_tokens`` within ``limits.max_tokens``
+    and both within the model's context; else 400 as OpenAI words it."""
+    lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
     max_prompt = api.max_prompt_tokens
     if prompt_len > max_prompt:
         raise ApiError(
@@ -66,6 +103,10 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
             param="max_tokens",
             code="context_length_exceeded",
         )
+
+
+def _checked_stops(req: Sampling, lim) -> list[str]:
+    """The request's stop strings, within ``limits.max_stop_strings`` and ``limits.max_stop_length``."""
     stops = req.stop_list()
     if len(stops) > lim.max_stop_strings:
         raise ApiError(
@@ -81,35 +122,7 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
             param="stop",
             code="stop_too_long",
         )
-    temperature = 1.0 if req.temperature is None else req.temperature
-    bias = req.logit_bias_ids()
-    vocab = len(api.tokenizer)
-    if any(t >= vocab for t in bias):
-        raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
-    max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
-    if req.min_tokens and req.min_tokens > max_new:
-        raise ApiError(
-            400, f"min_tokens={req.min_tokens} is over max_tokens={max_new}", param="min_tokens", code="invalid_value"
-        )
-    if isinstance(req, ChatRequest):
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    else:
-        logprobs = req.logprobs
-    return SamplingParams(
-        max_tokens=max_new,
-        temperature=temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or 0,
-        seed=req.seed,
-        stop=stops,
-        ignore_eos=req.ignore_eos,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        logit_bias=bias,
-        min_tokens=req.min_tokens or 0,
-        logprobs=logprobs,
-    )
+    return stops
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -193,18 +206,35 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt = await tokenize_chat(api, req)
     params = sampling_params(api, req, len(prompt), req.max_completion_tokens or req.max_tokens)
     params.grammar = grammar
-    return await respond(request, api, req, prompt, params, chat=True, tools=tools)
+    return await respond(request, api, req, [prompt], [params], chat=True, tools=tools)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    """Each prompt gets ``n`` choices (indices prompt × n + i, as OpenAI numbers them); ``echo``
+    and ``max_tokens: 0`` as :mod:`router.echo` says."""
     api = request.app[API]
     req = parse(CompletionRequest, await read_json(request))
     check_model(api, req.model)
-    prompt = await tokenize_prompt(api, req.prompt)
-    if not prompt:
+    if req.max_tokens == 0 and not req.echo:
+        raise ApiError(400, "max_tokens: 0 is only allowed with echo: true (the prompt alone)", param="max_tokens")
+    prompts = [await tokenize_prompt(api, p) for p in req.prompt]
+    if not all(prompts):
         raise ApiError(400, "prompt is empty after tokenization", param="prompt")
-    params = sampling_params(api, req, len(prompt), req.max_tokens)
-    return await respond(request, api, req, prompt, params, chat=False)
+    asked = 1 if req.max_tokens == 0 else req.max_tokens  # max_tokens 0: one token, dropped
+    params = [sampling_params(api, req, len(p), asked) for p in prompts]
+    make_choice = None
+    if req.echo:
+        for p in params:
+            p.prompt_logprobs = req.logprobs
+        loop = asyncio.get_running_loop()
+        shown = [
+            p if isinstance(p, str) else await loop.run_in_executor(None, api.tokenizer.decode, p) for p in req.prompt
+        ]
+
+        def make_choice(k: int, texts, top) -> Choice:
+            return EchoChoice(k, texts, top, shown[k // req.n], prompts[k // req.n], req.max_tokens != 0)
+
+    return await respond(request, api, req, prompts, params, chat=False, make_choice=make_choice)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -229,13 +259,16 @@ async def respond(
     request: web.Request,
     api: Api,
     req: Sampling,
-    prompt: list[int],
-    params: SamplingParams,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
     chat: bool,
     tools: ToolMode | None = None,
+    make_choice=None,
 ) -> web.StreamResponse:
-    """Fan out ``req.n`` generations (choice ``i`` seeded with :func:`choice_seed`) and answer with
-    one JSON body or one SSE stream whose chunks carry each choice's ``index``."""
+    """Fan out ``req.n`` generations per prompt (choice ``k`` = prompt ``k // n``'s ``i = k % n``-th,
+    seeded with :func:`choice_seed`) and answer with one JSON body or one SSE stream whose chunks
+    carry each choice's ``index``. ``make_choice(k, texts, top)`` builds a choice other than the
+    plain :class:`Choice` (echo)."""
     shaper = Shaper(
         WorkerPool.new_request_id()[4:],
         api.model_name,
@@ -244,17 +277,23 @@ async def respond(
     )
     timeout = request_timeout(request, api)
     timer = request_timer(request)
-    top = params.logprobs
+    top = params[0].logprobs
     if top is not None:
         await api.grammar_checker.ready()
     texts = api.token_texts if top is not None else None
-    choices = [Choice(i, chat, tools, texts, top) for i in range(req.n)]
+    count = len(prompts) * req.n
+    if make_choice is None:
+        choices = [Choice(k, chat, tools, texts, top) for k in range(count)]
+    else:
+        choices = [make_choice(k, texts, top) for k in range(count)]
+    prompt_tokens = sum(len(p) for p in prompts)  # each prompt counted once, whatever n
 
-    def events(i: int):
-        p = params if i == 0 else msgspec.structs.replace(params, seed=choice_seed(params.seed, i))
+    def events(k: int):
+        base, i = params[k // req.n], k % req.n
+        p = base if i == 0 else msgspec.structs.replace(base, seed=choice_seed(base.seed, i))
         return stream_tokens(
             api.pool,
-            prompt,
+            prompts[k // req.n],
             p,
             api.cfg.router.max_retries,
             request.get(REQUEST_ID, ""),
@@ -264,9 +303,9 @@ async def respond(
             on_migration=timer.on_migration,
         )
 
-    merged = timer.wrap(merge_events([events(i) for i in range(req.n)]))  # one request in the gauges
+    merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges
     if req.stream:
-        return await respond_stream(request, shaper, choices, merged, timeout, len(prompt))
+        return await respond_stream(request, shaper, choices, merged, timeout, prompt_tokens)
     try:
         async with asyncio.timeout(timeout):
             async with aclosing(merged) as stream:
@@ -274,4 +313,4 @@ async def respond(
                     choices[i].feed(tok)
     except TimeoutError:
         raise timeout_error(timeout) from None
-    return web.json_response(shaper.whole([c.whole() for c in choices], total_usage(len(prompt), choices)))
+    return web.json_response(shaper.whole([c.whole() for c in choices], total_usage(prompt_tokens, choices)))

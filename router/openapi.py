@@ -14,6 +14,7 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
+from router.responses.request import ResponsesRequest
 from router.schemas import ChatRequest, CompletionRequest
 from router.settings import RouterSettings
 from router.state import API
@@ -82,7 +83,11 @@ def _get(
     return {"get": op}
 
 
-def _post(summary: str, body_schema: str) -> dict:
+def _post(
+    summary: str,
+    body_schema: str,
+    answer: str = "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
+) -> dict:
     return {
         "post": {
             "summary": summary,
@@ -93,7 +98,7 @@ def _post(summary: str, body_schema: str) -> dict:
             },
             "responses": {
                 "200": {
-                    "description": "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
+                    "description": answer,
                     "content": {
                         "application/json": {"schema": JSON_OBJECT},
                         "text/event-stream": {"schema": {"type": "string"}},
@@ -130,6 +135,12 @@ def build_openapi(cfg: RouterSettings) -> dict:
         "paths": {
             "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest"),
             "/v1/completions": _post("Create a text completion", "CompletionRequest"),
+            "/v1/responses": _post(
+                "Create a model response (stateless: nothing is stored)",
+                "ResponsesRequest",
+                "The `response` object; with `stream: true`, Server-Sent Events whose `event:` is each JSON "
+                "`type`, ending with `response.completed`, `response.incomplete` or `response.failed`",
+            ),
             "/v1/models": _get("List the served model"),
             "/health": _get("Ready to serve (200) or not (503)", open_=True),
             "/health/ready": _get("Same as /health", open_=True),
@@ -140,7 +151,11 @@ def build_openapi(cfg: RouterSettings) -> dict:
         },
         "components": {
             "schemas": {
-                **_model_schemas((ChatRequest, "ChatCompletionRequest"), (CompletionRequest, "CompletionRequest")),
+                **_model_schemas(
+                    (ChatRequest, "ChatCompletionRequest"),
+                    (CompletionRequest, "CompletionRequest"),
+                    (ResponsesRequest, "ResponsesRequest"),
+                ),
                 "Error": ERROR,
             }
         },

@@ -1,6 +1,6 @@
 """OpenAI request bodies, validated strictly: wrong types are 400s, not silent coercions.
 
-Fields OpenAI defines that we do not implement (``echo``, ``suffix``, ``best_of > 1``, the legacy
+Fields OpenAI defines that we do not implement (``suffix``, ``best_of > 1``, the legacy
 ``functions``/``function_call``, non-text ``modalities``, ``audio``, ``prediction``,
 ``web_search_options``) are refused with a 400 naming them rather than ignored. Unknown extra
 fields are ignored, as OpenAI-compatible servers (vLLM) do, so newer clients keep working.
@@ -279,8 +279,16 @@ class ChatRequest(Sampling):
         return v
 
 
+MAX_PROMPTS = 64  # prompts × n of one completions request (each is a generation of its own)
+
+
 class CompletionRequest(Sampling):
-    prompt: Text | list[Text] | list[StrictInt]
+    """``prompt`` is normalised to a list of prompts, each a string or token ids (OpenAI takes a
+    string, a list of strings, token ids or a list of token-id lists). ``max_tokens: 0`` is allowed
+    with ``echo`` only (the prompt alone, scored: :mod:`router.echo`)."""
+
+    prompt: Text | list[Text] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(None, ge=0, description="0: with echo, the prompt alone")
     echo: StrictBool = False
     logprobs: StrictInt | None = Field(None, ge=0, le=5)
     suffix: Text | None = None
@@ -295,25 +303,20 @@ class CompletionRequest(Sampling):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, str):
-            if not v:
-                raise ValueError("prompt must not be empty")
-            return v
-        if not v:
+    def _prompts(cls, v):
+        if isinstance(v, str) or (v and isinstance(v[0], int)):
+            v = [v]
+        if not v or any(not p for p in v):
             raise ValueError("prompt must not be empty")
-        if isinstance(v[0], str):
-            if len(v) != 1 or not v[0]:
-                raise ValueError("exactly one non-empty prompt string is supported")
-            return v[0]
+        if len(v) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts")
         return v
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported")
-        return v
+    @model_validator(mode="after")
+    def _bounded(self):
+        if len(self.prompt) * self.n > MAX_PROMPTS:
+            raise ValueError(f"n: {len(self.prompt)} prompts × n={self.n} is over {MAX_PROMPTS} choices")
+        return self
 
 
 def parse(model: type[Body], data: object) -> Body:

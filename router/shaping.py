@@ -98,14 +98,9 @@ class Choice:
             return {"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": self.index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    def feed(self, tok: Tokens) -> list[dict]:
-        lps = list(tok.logprobs or [])
-        self.parts.append(tok.text_delta)
-        self.lps += lps
-        out: list[dict] = []
-        if self.chat and not self.started:
-            self.started = True
-            out.append(self._chunk({"role": "assistant", "content": ""}, None, None))
+    def _text_and_calls(self, tok: Tokens) -> tuple[str, list]:
+        """The event's text to relay and the tool calls it completed (the tool-call parser holds
+        back call markup); at the finish, what the parser held and this choice's finish reason."""
         text, calls = tok.text_delta, []
         if self.streamer is not None:
             text, calls = self.streamer.feed(tok.text_delta)
@@ -116,6 +111,17 @@ class Choice:
                 text, calls = text + rest, calls + more
                 if self.calls and self.finish_reason == "stop":
                     self.finish_reason = "tool_calls"
+        return text, calls
+
+    def feed(self, tok: Tokens) -> list[dict]:
+        lps = list(tok.logprobs or [])
+        self.parts.append(tok.text_delta)
+        self.lps += lps
+        out: list[dict] = []
+        if self.chat and not self.started:
+            self.started = True
+            out.append(self._chunk({"role": "assistant", "content": ""}, None, None))
+        text, calls = self._text_and_calls(tok)
         if not self.chat:
             if text or lps or tok.finish_reason:
                 out.append(self._chunk(text, lps, self.finish_reason))
@@ -187,4 +193,15 @@ class Shaper:
 def total_usage(prompt_tokens: int, choices: list[Choice]) -> dict:
     """OpenAI counts the prompt once and the completion tokens of every choice."""
     completion = sum(c.usage.completion_tokens for c in choices if c.usage is not None)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(choices)},
+    }
+
+
+def cached_tokens(choices: list[Choice]) -> int:
+    """Prompt tokens the worker found in its prefix cache: the most any choice's worker found
+    (the prompt is counted once, as in ``prompt_tokens``)."""
+    return max((c.usage.cached_tokens for c in choices if c.usage is not None), default=0)

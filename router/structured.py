@@ -91,10 +91,7 @@ def _walk(node: Any, param: str, where: str, depth: int) -> None:
         return
     if not isinstance(node, dict):
         raise _bad(param, f"{where} must be a schema (an object or a boolean), got {type(node).__name__}")
-    for key in COUNT_KEYWORDS:
-        v = node.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT):
-            raise _bad(param, f"{where}.{key} must be an integer in [0, {MAX_COUNT}]")
+    _check_counts(node, param, where)
     patterns = [node["pattern"]] if "pattern" in node else []
     if isinstance(node.get("patternProperties"), dict):
         patterns += list(node["patternProperties"])
@@ -108,6 +105,14 @@ def _walk(node: Any, param: str, where: str, depth: int) -> None:
         raise _bad(param, f"{where}.$ref must be a string")
     for child_where, child in _children(node, param, where):
         _walk(child, param, child_where, depth + 1)
+
+
+def _check_counts(node: dict, param: str, where: str) -> None:
+    """The counting keywords (``minItems``, ``maxLength``, ...) are integers in ``[0, MAX_COUNT]``."""
+    for key in COUNT_KEYWORDS:
+        v = node.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT):
+            raise _bad(param, f"{where}.{key} must be an integer in [0, {MAX_COUNT}]")
 
 
 def _children(node: dict, param: str, where: str):

@@ -103,36 +103,7 @@ def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:
     """The messages for ``apply_chat_template`` and its extra keyword arguments (``tools`` when the
     template renders them, ``native``)."""
     offered = req.tools if req.tools and req.tool_choice != "none" else None
-    out: list[dict] = []
-    for m in req.messages:
-        role = "system" if m.role == "developer" else m.role
-        text = m.text()
-        if native:
-            msg: dict = {"role": role, "content": text}
-            if m.tool_calls:
-                msg["tool_calls"] = [
-                    {
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.function.name, "arguments": _loads(c.function.arguments)},
-                    }
-                    for c in m.tool_calls
-                ]
-            if m.tool_call_id is not None:
-                msg["tool_call_id"] = m.tool_call_id
-            if m.name is not None and role == "tool":
-                msg["name"] = m.name
-            out.append(msg)
-            continue
-        if m.tool_calls:
-            calls = "\n".join(
-                f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _loads(c.function.arguments)}, ensure_ascii=False)}\n{CLOSE}"
-                for c in m.tool_calls
-            )
-            text = f"{text}\n{calls}" if text else calls
-        if role == "tool":
-            role, text = "user", f"<tool_response>\n{text}\n</tool_response>"
-        out.append({"role": role, "content": text})
+    out = [_native_message(m) if native else _hermes_message(m) for m in req.messages]
     kwargs: dict = {}
     if offered and native:
         kwargs["tools"] = [t.model_dump(exclude_none=True) for t in offered]
@@ -145,6 +116,42 @@ def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:
         else:
             out.insert(0, {"role": "system", "content": listing})
     return out, kwargs
+
+
+def _native_message(m) -> dict:
+    """One message for a template that renders tool calls and tool results itself."""
+    role = "system" if m.role == "developer" else m.role
+    msg: dict = {"role": role, "content": m.text()}
+    if m.tool_calls:
+        msg["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": _loads(c.function.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        msg["tool_call_id"] = m.tool_call_id
+    if m.name is not None and role == "tool":
+        msg["name"] = m.name
+    return msg
+
+
+def _hermes_message(m) -> dict:
+    """One message in the Hermes convention, for a template that knows no tools: calls as
+    ``<tool_call>`` blocks in the text, a tool's result as a user turn in ``<tool_response>``."""
+    role = "system" if m.role == "developer" else m.role
+    text = m.text()
+    if m.tool_calls:
+        calls = "\n".join(
+            f"{OPEN}\n{json.dumps({'name': c.function.name, 'arguments': _loads(c.function.arguments)}, ensure_ascii=False)}\n{CLOSE}"
+            for c in m.tool_calls
+        )
+        text = f"{text}\n{calls}" if text else calls
+    if role == "tool":
+        role, text = "user", f"<tool_response>\n{text}\n</tool_response>"
+    return {"role": role, "content": text}
 
 
 def _loads(arguments: str):
@@ -181,35 +188,27 @@ def _call(obj, names: list[str]) -> Call | None:
     return Call(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
+def _call_in(text: str, names: list[str]) -> Call | None:
+    """The call ``text`` holds as JSON (``{"name": ..., "arguments": ...}``), or None."""
+    try:
+        return _call(json.loads(text), names)
+    except ValueError:
+        return None
+
+
 def parse_calls(text: str, mode: ToolMode) -> tuple[str | None, list[Call]]:
     """``(content, calls)`` from a finished answer. Forced: the whole text is the call. Auto: every
     ``<tool_call>`` block naming a known function (the first only without ``parallel_tool_calls``);
     the text outside the blocks is the content (``None`` when empty). No call found: the text is
     the content."""
     if mode.forced:
-        try:
-            call = _call(json.loads(text), mode.names)
-        except ValueError:
-            call = None
+        call = _call_in(text, mode.names)
         return (None, [call]) if call else (text, [])
-    calls: list[Call] = []
-    for m in _BLOCK.finditer(text):
-        try:
-            call = _call(json.loads(m.group(1)), mode.names)
-        except ValueError:
-            call = None
-        if call:
-            calls.append(call)
+    calls = [call for m in _BLOCK.finditer(text) if (call := _call_in(m.group(1), mode.names))]
     if not calls:
         stripped = text.strip()
-        if stripped.startswith("{"):
-            try:
-                call = _call(json.loads(stripped), mode.names)
-            except ValueError:
-                call = None
-            if call:
-                return None, [call]
-        return text, []
+        call = _call_in(stripped, mode.names) if stripped.startswith("{") else None
+        return (None, [call]) if call else (text, [])
     if not mode.parallel:
         calls = calls[:1]
     rest = _BLOCK.sub("", text).strip()

@@ -2,9 +2,10 @@
 
 Every message from a worker arrives through the ZeroMQ link (:mod:`router.worker_link`, which
 checks sender and schema) at :meth:`WorkerPool.on_message`, which updates the table (``Hello``,
-``Ready``, ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the per-request
-``asyncio.Queue`` that the HTTP handler waits on. The launcher's supervisor reports each process start (pid,
-restart count) and exit at once through the admin API; as a fallback, a watchdog declares a
+``Ready``, ``Heartbeat``, ``Bye``) and routes ``Tokens``/``Failed`` to the request's one record,
+:class:`RouterRequest` (held by the worker that owns it), whose queue the HTTP handler waits on.
+The launcher's supervisor reports each process start (pid, restart count) and exit at once
+through the admin API; as a fallback, a watchdog declares a
 worker dead after ``heartbeat_timeout_s`` of silence, or after ``stall_timeout_s`` with work and no
 engine step while it still heartbeats (its engine loop is stuck: a hung CUDA call, a deadlock);
 the supervisor then kills the hung process, and its requests move to other workers.
@@ -27,14 +28,28 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
+from router.admin_protocol import (
+    HAS_NO_PROCESS,
+    Exited,
+    RouterInfo,
+    Started,
+    StartRequested,
+    SupervisorEvent,
+    WorkerDown,
+    WorkerInfo,
+    WorkerReady,
+    WorkerState,
+    WorkerTable,
+)
 from router.errors import ApiError
+from router.events import EventLog
 from router.policies import make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
@@ -43,6 +58,7 @@ from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Cancel,
+    EngineLoad,
     Failed,
     Generate,
     Heartbeat,
@@ -73,6 +89,17 @@ class WorkerLost(Exception):
         self.reason = reason
 
 
+@dataclass(eq=False)
+class RouterRequest:
+    """One attempt of a request on one worker, the router's only record of it: its wire id, the
+    worker that owns it (which holds the record in :attr:`Worker.requests` until it is finished)
+    and the queue its events (``Tokens``, ``Failed``, :class:`WorkerLost`) go to."""
+
+    request_id: str
+    worker: Worker = field(repr=False)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
 @dataclass
 class Worker:
     """The router's view of one worker slot (its id survives restarts)."""
@@ -84,16 +111,15 @@ class Worker:
     max_num_seqs: int = 1
     max_waiting: int = 0
     kv_budget_tokens: int = 0
-    in_flight: int = 0
     served: int = 0
     failed_requests: int = 0
     restarts: int = 0
     started_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     load_seconds: float = 0.0
-    heartbeat: Heartbeat | None = None
+    load: EngineLoad | None = None  # from its last heartbeat (None: none since its process started)
     heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
-    requests: set[str] = field(default_factory=set)
+    requests: dict[str, RouterRequest] = field(default_factory=dict)  # in flight here, by request id
     exit_reason: str = ""  # why its last process ended
     registered: bool = False  # this router process has had a Hello from the slot
     node_id: str = ""  # from its Hello: the cluster node ("" when local)
@@ -105,19 +131,24 @@ class Worker:
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
 
     @property
+    def in_flight(self) -> int:
+        """Requests the router has sent this worker and not yet finished."""
+        return len(self.requests)
+
+    @property
     def busy(self) -> bool:
         """It has work: requests the router sent it, or sequences its last heartbeat reported."""
-        hb = self.heartbeat
-        return bool(self.in_flight or (hb is not None and (hb.running or hb.waiting)))
+        load = self.load
+        return bool(self.in_flight or (load is not None and (load.running or load.waiting)))
 
     def stalled_for(self, now: float) -> float:
         """Seconds its engine has had work but made no step (0 when it is idle, making progress,
         or does not report its steps): the engine loop is stuck while its I/O thread heartbeats."""
-        hb = self.heartbeat
-        if hb is None or not self.busy or (hb.steps is None and hb.last_step_age_s is None):
+        load = self.load
+        if load is None or not self.busy or (load.steps is None and load.last_step_age_s is None):
             return 0.0
         stalled = now - self.progress_at
-        return stalled if hb.steps is not None else min(stalled, hb.last_step_age_s)
+        return stalled if load.steps is not None else min(stalled, load.last_step_age_s)
 
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
@@ -127,10 +158,10 @@ class Worker:
         return self.max_num_seqs + self.max_waiting
 
     def report(self) -> WorkerInfo:
-        """This slot as one row of the admin API's worker table."""
-        hb = self.heartbeat
+        """This slot as one row of the admin API's worker table (every figure of its last load report)."""
         up = self.state in (State.READY, State.DRAINING)
         return WorkerInfo(
+            **msgspec.structs.asdict(self.load or EngineLoad()),
             id=self.worker_id,
             device=self.device,
             pid=self.pid,
@@ -140,20 +171,13 @@ class Worker:
             failed_requests=self.failed_requests,
             restarts=self.restarts,
             uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
-            running=hb.running if hb else 0,
-            waiting=hb.waiting if hb else 0,
-            peak_running=hb.peak_running if hb else 0,
-            kv_used_tokens=hb.kv_used_tokens if hb else 0,
             kv_budget_tokens=self.kv_budget_tokens,
-            mem_bytes=hb.mem_bytes if hb else 0,
             max_num_seqs=self.max_num_seqs,
             max_waiting=self.max_waiting,
             load_seconds=round(self.load_seconds, 2),
             exit_reason=self.exit_reason,
             start_requested=self.start_requested,
             heartbeats=self.heartbeats,
-            steps=hb.steps if hb else None,
-            last_step_age_s=hb.last_step_age_s if hb else None,
             node_id=self.node_id,
             node_ip=self.node_ip,
             gpu_ids=self.gpu_ids,
@@ -203,12 +227,12 @@ class WorkerPool:
         self._orphans: collections.OrderedDict[str, None] = collections.OrderedDict()  # cancelled unknown ids
         self._posting: set[asyncio.Task] = set()
         self.workers: dict[int, Worker] = {}
-        self.queues: dict[str, asyncio.Queue] = {}
-        self.owner: dict[str, int] = {}
         self.accepting = True
         self.link = WorkerLink(address, self.on_message, curve)
         self._tasks: list[asyncio.Task] = []
-        self.changed = asyncio.Event()  # set on every state change (drain waits on it)
+        self._changed = asyncio.Event()  # set (and replaced) on every change: see wait_change
+        self.tell_supervisor: Callable[[SupervisorEvent], None] = lambda event: None  # its event channel
+        self.events = EventLog()  # recent state changes, starts and migrations, for the status page
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -248,49 +272,58 @@ class WorkerPool:
             return self.policy.pick(room)
         return self.policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
 
-    def register(self, worker: Worker, request_id: str) -> asyncio.Queue:
-        """Count ``request_id`` against ``worker`` at once; returns its event queue. The caller
-        must :meth:`finish` it on every path."""
-        q: asyncio.Queue = asyncio.Queue()
-        self.queues[request_id] = q
-        self.owner[request_id] = worker.worker_id
-        worker.in_flight += 1
-        worker.requests.add(request_id)
-        return q
+    def register(self, worker: Worker, request_id: str) -> RouterRequest:
+        """Count ``request_id`` against ``worker`` at once; returns its record, whose ``events`` the
+        caller reads. The caller must :meth:`finish` it on every path."""
+        req = RouterRequest(request_id, worker)
+        worker.requests[request_id] = req
+        return req
 
-    async def send_generate(self, worker: Worker, gen: Generate) -> None:
+    async def send_generate(self, req: RouterRequest, gen: Generate) -> None:
         """Send a registered request; an unreachable worker puts :class:`WorkerLost` on its queue."""
-        self.affinity.record(worker.worker_id, gen.prompt_token_ids)
+        wid = req.worker.worker_id
+        self.affinity.record(wid, gen.prompt_token_ids)
         try:
-            await self._send(worker.worker_id, gen)
+            await self._send(wid, gen)
         except zmq.ZMQError:
-            q = self.queues.get(gen.request_id)
-            if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker.worker_id} is unreachable", "unreachable"))
+            req.events.put_nowait(WorkerLost(f"worker {wid} is unreachable", "unreachable"))
 
-    async def cancel(self, request_id: str) -> None:
-        """Tell the owning worker to stop ``request_id`` (no-op if it is gone)."""
-        wid = self.owner.get(request_id)
-        if wid is not None and self.workers[wid].state not in (State.DEAD, State.FAILED):
+    async def cancel(self, req: RouterRequest) -> None:
+        """Tell the owning worker to stop the request (no-op if it is gone)."""
+        if req.worker.state not in (State.DEAD, State.FAILED):
             try:
-                await self._send(wid, Cancel(request_id=request_id))
+                await self._send(req.worker.worker_id, Cancel(request_id=req.request_id))
             except zmq.ZMQError:
                 pass
 
-    def finish(self, request_id: str, ok: bool) -> None:
-        """Release ``request_id``: on every ending path (done, error, cancel, timeout, loss)."""
-        self.queues.pop(request_id, None)
-        wid = self.owner.pop(request_id, None)
-        if wid is None:
+    def finish(self, req: RouterRequest, ok: bool) -> None:
+        """Release the request: on every ending path (done, error, cancel, timeout, loss)."""
+        w = req.worker
+        if w.requests.pop(req.request_id, None) is None:
             return
-        w = self.workers[wid]
-        w.in_flight -= 1
-        w.requests.discard(request_id)
         if ok:
             w.served += 1
         else:
             w.failed_requests += 1
-        self.changed.set()
+        self._notify()
+
+    def owner_of(self, request_id: str) -> RouterRequest | None:
+        """The record of ``request_id``, whichever worker holds it (None: not in flight)."""
+        return next((w.requests[request_id] for w in self.workers.values() if request_id in w.requests), None)
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return at the next change of any worker's state or load (a state set, a request
+        finished), or after ``timeout_s``: what waiting for a worker awaits instead of polling."""
+        changed = self._changed
+        try:
+            await asyncio.wait_for(changed.wait(), timeout=max(0.0, timeout_s))
+        except TimeoutError:
+            pass
+
+    def _notify(self) -> None:
+        """Wake every :meth:`wait_change` (a fresh event each time: no waiter misses a change)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     @staticmethod
     def new_request_id() -> str:
@@ -323,16 +356,13 @@ class WorkerPool:
         return await self.wait_idle([w], timeout_s)
 
     async def wait_idle(self, workers: list[Worker], timeout_s: float) -> bool:
+        """Wait until none of ``workers`` has a request in flight; False if ``timeout_s`` passed first."""
         deadline = time.monotonic() + timeout_s
         while any(w.in_flight for w in workers):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), timeout=min(left, 0.5))
-            except TimeoutError:
-                pass
+            await self.wait_change(left)
         return True
 
     def undrain(self, worker_id: int) -> None:
@@ -341,22 +371,36 @@ class WorkerPool:
             self._set(w, State.READY)
 
     def request_start(self, worker_id: int) -> bool:
-        """Ask the supervisor (it reads the table once a second) to start a worker that has no
-        process: ``failed``, ``dead`` or ``stopped``. Returns False when it has one."""
+        """Ask the supervisor (an event on its channel) to start a worker that has no process:
+        ``failed``, ``dead`` or ``stopped``. Returns False when it has one. ``start_requested``
+        shows in the table until the supervisor answers with its report (:meth:`on_report`)."""
         w = self.get(worker_id)
         if w.state not in HAS_NO_PROCESS:
             return False
         w.start_requested = True
+        self.tell_supervisor(StartRequested(worker_id=worker_id))
         return True
+
+    def on_report(self, worker_id: int, report: Started | Exited) -> None:
+        """The supervisor's report on a slot: a process started, or one ended (``failed``: given
+        up on). A start, or a start that failed, answers a requested start: the one place its flag
+        is cleared."""
+        if isinstance(report, Started):
+            self.on_started(worker_id, report.pid, report.restarts, report.device)
+        else:
+            self.mark_lost(worker_id, report.reason, failed=report.failed)
+        if isinstance(report, Started) or report.failed:
+            self.workers[worker_id].start_requested = False
 
     def on_started(self, worker_id: int, pid: int, restarts: int, device: str) -> None:
         """The supervisor started a process for this slot (before it says Hello)."""
         w = self.workers.setdefault(worker_id, Worker(worker_id, device=device))
-        w.restarts, w.start_requested = restarts, False
+        w.restarts = restarts
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
-            w.pid, w.heartbeat = pid, None
+            w.pid, w.load = pid, None
+            self.events.process_started(worker_id, pid, restarts)
             self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
@@ -369,26 +413,29 @@ class WorkerPool:
 
     def mark_lost(self, worker_id: int, reason: str, failed: bool = False, kind: str = "exited") -> None:
         """The worker process is gone, silent or stalled (or given up on): its in-flight requests
-        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere."""
+        get :class:`WorkerLost` (``kind`` is its label) and move elsewhere. ``dead`` is told to
+        the supervisor (:class:`~router.admin_protocol.WorkerDown`), which kills the process if
+        it still runs."""
         w = self.workers.setdefault(worker_id, Worker(worker_id))
-        w.exit_reason, w.heartbeat = reason, None  # its last load report no longer holds
+        w.exit_reason, w.load = reason, None  # its last load report no longer holds
         if failed:
-            w.start_requested = False  # a requested start ended here too: the supervisor must not retry it
             self._set(w, State.FAILED)
         elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
             self._set(w, State.DEAD)
-        for rid in list(w.requests):
-            q = self.queues.get(rid)
-            if q is not None:
-                q.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
+            self.tell_supervisor(WorkerDown(worker_id=worker_id, pid=w.pid, reason=reason))  # alive there: hung
+        for req in list(w.requests.values()):
+            req.events.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
     # ---- internals --------------------------------------------------------------------
 
     def _set(self, w: Worker, state: State) -> None:
         if w.state != state:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
+            self.events.state_changed(w.worker_id, w.state, state, w.exit_reason, w.load_seconds)
             w.state = state
-            self.changed.set()
+            self._notify()
+            if state == State.READY:
+                self.tell_supervisor(WorkerReady(worker_id=w.worker_id, pid=w.pid))
 
     async def _send(self, worker_id: int, msg) -> None:
         await self.link.send(worker_id, msg)
@@ -397,10 +444,10 @@ class WorkerPool:
         """A schema-checked message from the peer with identity ``worker-<wid>`` (the link checked
         both): route request events to their owner, update the table; drop what the sender may not say."""
         if isinstance(msg, (Tokens, Failed)):
-            owner = self.owner.get(msg.request_id)
-            if owner == wid:
-                self.queues[msg.request_id].put_nowait(msg)
-            elif owner is not None:
+            sender = self.workers.get(wid)
+            if sender is not None and (req := sender.requests.get(msg.request_id)) is not None:
+                req.events.put_nowait(msg)
+            elif self.owner_of(msg.request_id) is not None:
                 log.warning(
                     "dropped %s for %s from worker %d, which does not own it", type(msg).__name__, msg.request_id, wid
                 )
@@ -451,41 +498,47 @@ class WorkerPool:
 
     def _on_control(self, wid: int, msg) -> None:
         w = self.workers.get(wid)
-        if not isinstance(msg, Hello) and (w is None or not w.registered):
+        if isinstance(msg, Hello):
+            self._on_hello(wid, w, msg)
+            return
+        if w is None or not w.registered:
             self._ask_identify(wid)  # a heartbeat (or Ready) from before this router's time
             if w is None or isinstance(msg, Ready):
                 return  # a Ready counts only after this router's Hello
-        if isinstance(msg, Hello):
-            if w is None:
-                w = self.workers[wid] = Worker(wid)
-            elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
-                self.mark_lost(wid, "replaced by a new process", kind="replaced")
-            # The restart count comes from the supervisor (``on_started``), which also sees the
-            # processes that crash before saying Hello; a Hello never counts one.
-            w.pid, w.device, w.start_requested, w.registered = msg.pid, msg.device, False, True
-            w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
-            w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
-            w.started_at, w.last_seen, w.heartbeat = time.time(), time.monotonic(), None
-            self._set(w, State.STARTING)
-            return
-        if w is None:
-            return  # a heartbeat from a worker that has not said Hello (e.g. router restarted)
         w.last_seen = time.monotonic()
         if isinstance(msg, Ready):
-            w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
-            w.gpu_uuids = list(msg.gpu_uuids)
-            w.weight_bytes, w.kernels = msg.weight_bytes, list(msg.kernels)
-            self.affinity.configure(wid, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
-            if w.state == State.STARTING:
-                self._set(w, State.READY)
+            self._on_ready(w, msg)
         elif isinstance(msg, Heartbeat):
-            if not w.busy or w.heartbeat is None or msg.steps != w.heartbeat.steps:
+            if not w.busy or w.load is None or msg.load.steps != w.load.steps:
                 w.progress_at = w.last_seen
-            w.heartbeat = msg
+            w.load = msg.load
             w.heartbeats += 1
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason
             self._set(w, State.STOPPED)
+
+    def _on_hello(self, wid: int, w: Worker | None, msg: Hello) -> None:
+        """A worker process introduces itself (a new one, or one re-registering): ``starting``."""
+        if w is None:
+            w = self.workers[wid] = Worker(wid)
+        elif w.pid != msg.pid and w.requests:  # the old process died without us hearing of it
+            self.mark_lost(wid, "replaced by a new process", kind="replaced")
+        # The restart count comes from the supervisor (``on_started``), which also sees the
+        # processes that crash before saying Hello; a Hello never counts one.
+        w.pid, w.device, w.registered = msg.pid, msg.device, True
+        w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
+        w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
+        w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None
+        self._set(w, State.STARTING)
+
+    def _on_ready(self, w: Worker, msg: Ready) -> None:
+        """The worker's model is loaded and warm: it takes requests (``ready``)."""
+        w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
+        w.gpu_uuids = list(msg.gpu_uuids)
+        w.weight_bytes, w.kernels = msg.weight_bytes, list(msg.kernels)
+        self.affinity.configure(w.worker_id, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
+        if w.state == State.STARTING:
+            self._set(w, State.READY)
 
     async def _watchdog(self) -> None:
         interval = min(1.0, self.heartbeat_timeout_s / 4)

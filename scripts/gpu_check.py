@@ -230,6 +230,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     from launcher.plan.plan import parse_gpus
     from launcher.plan.shape import read_shape
     from launcher.plan.sizing import planned_budget, size
+    from worker.contract.shapes import weight_format
 
     cfg = load_config(deploy)
     inv = discover()
@@ -241,6 +242,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
         cfg.model.max_model_len,
         cfg.workers.max_num_seqs,
         max(cfg.workers.prefill_budgets(on_gpu=True)),
+        weight_format(cfg.model.quantization, shape.gguf_types),
     )
     want = int(seqs * cfg.model.max_model_len)
     lo, hi = 0.001, 1.0

@@ -56,8 +56,24 @@ install_torch() {
   fi
 }
 
+# The browser tests' headless Chromium and its WebDriver (Debian's packages), when missing and apt can
+# install them (root); otherwise those tests skip and say why. Set SKIP_BROWSER=1 to leave them out.
+install_browser() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "${SKIP_BROWSER:-0}" = "1" ] || [ "$(id -u)" != "0" ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "chromium and chromium-driver not installed (needs root and apt): the browser tests will skip"
+    return 0
+  fi
+  echo "installing chromium and chromium-driver (apt) for the browser tests"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null \
+    || echo "apt could not install chromium and chromium-driver: the browser tests will skip"
+}
+
 main() {
   cd "$(dirname "$0")/.."
+  install_browser
   local py=${PYTHON:-python3}
   if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv

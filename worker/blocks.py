@@ -88,20 +88,21 @@ class BlockManager:
             hashes.append(parent)
         return hits, hashes
 
-    def can_allocate(self, token_ids: Seq[int], reserve: int = 0) -> bool:
+    def can_allocate(self, token_ids: Seq[int], reserve: int = 0, use_cache: bool = True) -> bool:
         """Whether :meth:`allocate` would succeed with ``reserve`` free blocks left over."""
-        hits, _ = self._prefix_hits(token_ids)
+        hits, _ = self._prefix_hits(token_ids) if use_cache else ([], [])
         taken = sum(1 for b in hits if self.blocks[b].refs == 0)  # cached but free: allocating takes them off the list
         need = self.blocks_for(len(token_ids)) - len(hits)
         return self.num_free - taken - need >= reserve
 
-    def allocate(self, token_ids: Seq[int]) -> tuple[BlockTable, int]:
+    def allocate(self, token_ids: Seq[int], use_cache: bool = True) -> tuple[BlockTable, int]:
         """Blocks for a sequence whose tokens so far are ``token_ids``. Returns the table and how many
-        leading tokens are already computed (prefix-cache hits). Raises ``MemoryError`` when the
-        free list cannot cover it (call :meth:`can_allocate` first)."""
-        if not self.can_allocate(token_ids):
+        leading tokens are already computed (prefix-cache hits; none with ``use_cache=False``, for a
+        sequence that must compute every position). Raises ``MemoryError`` when the free list cannot
+        cover it (call :meth:`can_allocate` first)."""
+        if not self.can_allocate(token_ids, use_cache=use_cache):
             raise MemoryError(f"{self.blocks_for(len(token_ids))} blocks needed, {self.num_free} free")
-        hits, hashes = self._prefix_hits(token_ids)
+        hits, hashes = self._prefix_hits(token_ids) if use_cache else ([], [])
         for b in hits:
             self._take(b)
         table = BlockTable(blocks=list(hits), hashes=list(hashes))

@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from worker.contract.protocol import Failed, Generate, Msg
+from worker.contract.protocol import EngineLoad, Failed, Generate, Msg
 from worker.runner import ModelRunner
-from worker.sampling import SamplingError, sample_batch_ex
+from worker.sampling import MAX_TOP_LOGPROBS, SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
 from worker.sequence import Sequence
 
@@ -83,6 +83,8 @@ class Engine:
         p = gen.params
         if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             return self._fail(rid, 400, "sampling parameters out of range")
+        if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            return self._fail(rid, 400, f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         try:
             seq = Sequence(
                 rid,
@@ -238,24 +240,25 @@ class Engine:
             self._last_trim = now
             trim_heap()
 
-    def stats(self) -> dict:
-        """Heartbeat counters: load, KV blocks, prefix-cache hits, progress of the loop, memory."""
+    def stats(self) -> EngineLoad:
+        """This engine's figures now (the heartbeat's load): load, KV blocks, prefix-cache hits,
+        progress of the loop, memory."""
         s, b = self.scheduler, self.scheduler.blocks
-        return {
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-            "kv_used_tokens": s.reserved_tokens,
-            "peak_running": s.peak_running,
-            "served": self.served,
-            "mem_bytes": memory_bytes(self.device),
-            "steps": self.steps,
-            "last_step_age_s": time.monotonic() - self.last_step_at,
-            "prefix_hit_tokens": b.hit_tokens,
-            "prefix_queried_tokens": b.queried_tokens,
-            "kv_blocks_total": b.num_blocks,
-            "kv_blocks_free": b.num_free,
-            "preemptions": s.preemptions,
-        }
+        return EngineLoad(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_used_tokens=s.reserved_tokens,
+            peak_running=s.peak_running,
+            finished=self.served,
+            mem_bytes=memory_bytes(self.device),
+            steps=self.steps,
+            last_step_age_s=time.monotonic() - self.last_step_at,
+            prefix_hit_tokens=b.hit_tokens,
+            prefix_queried_tokens=b.queried_tokens,
+            kv_blocks_total=b.num_blocks,
+            kv_blocks_free=b.num_free,
+            preemptions=s.preemptions,
+        )
 
 
 def trim_heap() -> None:

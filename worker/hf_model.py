@@ -81,7 +81,9 @@ class HFModel:
         batch: AttentionBatch,
         cache: KVCache,
         logit_rows: torch.Tensor,
-    ) -> torch.Tensor:
+        hidden_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`worker.llama.LlamaModel.forward`'s contract (``hidden_rows``: after the final norm)."""
         _step.batch, _step.cache = batch, cache
         try:
             hidden = self.model.model(
@@ -89,6 +91,13 @@ class HFModel:
             ).last_hidden_state[0]  # [T, hidden]
         finally:
             _step.batch = _step.cache = None
+        logits = self.head(hidden[logit_rows.to(hidden.device)])
+        if hidden_rows is not None:
+            return logits, hidden[hidden_rows.to(hidden.device)]
+        return logits
+
+    @torch.inference_mode()
+    def head(self, rows: torch.Tensor) -> torch.Tensor:
+        """The LM head: normed hidden rows [N, hidden] -> float32 logits [N, V]."""
         head = self.model.lm_head
-        rows = hidden[logit_rows.to(hidden.device)]
         return head(rows.to(head.weight.device)).float()  # [N, V]

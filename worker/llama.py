@@ -114,11 +114,14 @@ class LlamaModel:
         batch: AttentionBatch,
         cache: KVCache,
         logit_rows: torch.Tensor | None,
-    ) -> torch.Tensor | None:
+        hidden_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
         """One step. ``input_ids``, ``positions``: [T] (long); ``batch`` says which rows belong to which
         sequence and where their keys/values go; ``logit_rows``: [N] row indices whose next-token
         logits are wanted. Returns logits [N, V] in float32; ``None`` for ``logit_rows=None`` (a
-        tensor-parallel rank other than 0, which fills its KV share and takes part in the sums)."""
+        tensor-parallel rank other than 0, which fills its KV share and takes part in the sums).
+        With ``hidden_rows`` [M] it returns ``(logits, hidden)``: those rows' final hidden states
+        [M, hidden], which :meth:`head` turns into logits (prompt logprobs, a slice at a time)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         dt, reduce = self.dtype, self.reduce
         x = self.embed(input_ids)  # [T, hidden] float32: the residual stream stays float32
@@ -149,8 +152,15 @@ class LlamaModel:
                 x = x + reduce(layer.down(F.silu(gate) * up))
         if logit_rows is None:
             return None
-        x = F.rms_norm(x[logit_rows], (hidden,), self.norm, self.eps).to(dt)  # [N, hidden]
-        return self.lm_head(x).float()  # [N, V]
+        if hidden_rows is not None:
+            return self.head(x[logit_rows]), x[hidden_rows]
+        return self.head(x[logit_rows])
+
+    @torch.inference_mode()
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: residual rows [N, hidden] (float32) -> logits [N, V] (float32)."""
+        x = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps).to(self.dtype)
+        return self.lm_head(x).float()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ import time
 from worker.contract.env import SLOT_DEVICE_ENV
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
-from worker.contract.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
+from worker.contract.protocol import PROTOCOL_VERSION, Bye, Cancel, EngineLoad, Failed, Generate, Hello, Ready, Shutdown
 from worker.contract.settings import WorkerSettings
 from worker.node import NodeIdentity
 
@@ -78,6 +78,29 @@ def pin_cpus(cpus: list[int]) -> None:
         os.environ[var] = str(len(cpus))
 
 
+class Link:
+    """Rank 0's connection to the router: the ZeroMQ I/O thread (:class:`worker.transport.Transport`,
+    which heartbeats :meth:`load`), the engine's sender ``out`` and the ``inbox`` of the router's
+    messages; ``engine`` once the replica is loaded."""
+
+    def __init__(self, cfg: WorkerSettings, worker_id: int, address: str):
+        from worker.contract.keys import client_keys, uses_curve
+        from worker.transport import Transport
+
+        self.worker_id = worker_id
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.engine = None
+        curve = client_keys(worker_id) if uses_curve(address) else None
+        self.transport = Transport(address, worker_id, self.inbox, self.load, cfg.workers.heartbeat_s, curve=curve)
+        self.transport.start()
+        self.out = self.transport.sender()
+
+    def load(self) -> EngineLoad:
+        """The engine's figures for a heartbeat (called from the I/O thread: nothing heavy here)."""
+        engine = self.engine
+        return engine.stats() if engine else EngineLoad()
+
+
 def run_worker_process(
     cfg: WorkerSettings,
     worker_id: int,
@@ -88,69 +111,112 @@ def run_worker_process(
     world: int = 1,
     dist_init: str | None = None,
 ) -> int:
-    """Load the replica (rank 0 of ``world`` tensor-parallel ranks meeting at ``dist_init``), serve
-    until told to stop. Returns the process exit code."""
+    """Connect to the router, load the replica (rank 0 of ``world`` tensor-parallel ranks meeting
+    at ``dist_init``), serve until told to stop, stop. Returns the process exit code."""
     started = time.monotonic()
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
-    engine_ref: dict = {}
+    link = connect(cfg, worker_id, device_kind, cpus, address)
+    if link is None:
+        return 1
+    stop = threading.Event()
+    catch_signals(link, stop)
+    engine, ready, group = load(cfg, link, device_kind, cpus, model_path, world, dist_init, started)
+    link.engine = engine
+    link.transport.announce(ready)
+    log.info("ready after %.1fs", time.monotonic() - started)
+    reason = serve(engine, link.inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
+    stop_serving(link, engine, group, reason)
+    return 0
 
-    def stats() -> dict:  # called from the I/O thread; must not import anything heavy
-        engine = engine_ref.get("engine")
-        return engine.stats() if engine else {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 0}
 
-    from worker.contract.keys import client_keys, uses_curve
-    from worker.transport import HANDSHAKE_TIMEOUT_S, HandshakeFailed, Transport
+def connect(cfg: WorkerSettings, worker_id: int, device_kind: str, cpus: list[int], address: str) -> Link | None:
+    """Start the I/O thread, say Hello and wait for the CURVE handshake, before loading anything:
+    a refused worker fails in seconds. None (logged) when the router refuses or does not answer."""
+    from worker.transport import HANDSHAKE_TIMEOUT_S, HandshakeFailed
 
-    curve = client_keys(worker_id) if uses_curve(address) else None
-    transport = Transport(address, worker_id, inbox, stats, cfg.workers.heartbeat_s, curve=curve)
-    transport.start()
-    out = transport.sender()
+    link = Link(cfg, worker_id, address)
+    link.transport.announce(hello(cfg, worker_id, device_kind, cpus))
+    try:
+        link.transport.wait_handshake(HANDSHAKE_TIMEOUT_S)
+    except HandshakeFailed as exc:
+        log.error("%s", exc)
+        return None
+    return link
+
+
+def hello(cfg: WorkerSettings, worker_id: int, device_kind: str, cpus: list[int]) -> Hello:
+    """Who this worker is: its device (a tensor-parallel slot's is all its ranks'), capacity and node."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     node = NodeIdentity.from_env()
     if where := node.describe():
         log.info("placed on %s, CUDA_VISIBLE_DEVICES=%s", where, visible or "<empty>")
-    transport.announce(
-        Hello(
-            protocol=PROTOCOL_VERSION,
-            worker_id=worker_id,
-            pid=os.getpid(),
-            device=os.environ.get(SLOT_DEVICE_ENV)  # a tensor-parallel slot: all its ranks' devices
-            or f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
-            model=cfg.model.public_name,
-            max_num_seqs=cfg.workers.max_num_seqs,
-            max_waiting=cfg.workers.max_waiting,
-            node_id=node.node_id,
-            node_ip=node.node_ip,
-            gpu_ids=node.gpu_ids,
-        )
+    return Hello(
+        protocol=PROTOCOL_VERSION,
+        worker_id=worker_id,
+        pid=os.getpid(),
+        device=os.environ.get(SLOT_DEVICE_ENV)
+        or f"{device_kind}[{visible if device_kind == 'cuda' else ','.join(map(str, cpus))}]",
+        model=cfg.model.public_name,
+        max_num_seqs=cfg.workers.max_num_seqs,
+        max_waiting=cfg.workers.max_waiting,
+        node_id=node.node_id,
+        node_ip=node.node_ip,
+        gpu_ids=node.gpu_ids,
     )
-    try:
-        transport.wait_handshake(HANDSHAKE_TIMEOUT_S)  # before loading: a refused worker fails in seconds
-    except HandshakeFailed as exc:
-        log.error("%s", exc)
-        return 1
 
-    stop = threading.Event()
+
+def catch_signals(link: Link, stop: threading.Event) -> None:
+    """SIGTERM stops at once while loading (nothing in flight), else sets ``stop`` (the loop ends
+    and in-flight requests are failed over); SIGINT is ignored: the launcher decides when we stop."""
 
     def on_sigterm(*_) -> None:
-        if "engine" not in engine_ref:
-            raise SystemExit(0)  # still loading: nothing in flight, stop now rather than after the load
+        if link.engine is None:
+            raise SystemExit(0)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when we stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+
+def load(
+    cfg: WorkerSettings,
+    link: Link,
+    device_kind: str,
+    cpus: list[int],
+    model_path: str,
+    world: int,
+    dist_init: str | None,
+    started: float,
+):
+    """Check the GPUs, join the tensor-parallel ranks, load the weights and KV cache, warm up.
+    Returns ``(engine, its Ready message, the rank group or None)``."""
     import torch
 
     from worker import gpus as worker_gpus
+    from worker.replica import build_engine, warm_up
 
     if cpus:
         torch.set_num_threads(len(cpus))
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
-    from worker.replica import build_engine, warm_up
-
     group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
-    engine, budget = build_engine(cfg, model_path, device_kind, share, out.send, group=group)
+    engine, budget = build_engine(cfg, model_path, device_kind, share, link.out.send, group=group)
+    log_loaded(cfg, engine, gpus, started)
+    warm_up(engine)
+    linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
+    ready = Ready(
+        worker_id=link.worker_id,
+        load_seconds=time.monotonic() - started,
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        kv_budget_tokens=budget,
+        gpu_uuids=[g["uuid"] for g in gpus],
+        block_size=engine.scheduler.blocks.block_size,
+        weight_bytes=linears.weight_bytes if linears else 0,
+        kernels=linears.report() if linears else [],
+    )
+    return engine, ready, group
+
+
+def log_loaded(cfg: WorkerSettings, engine, gpus: list, started: float) -> None:
+    """One line on what was loaded where and the KV cache; on GPU, the memory it takes."""
     log.info(
         "loaded %s as %s on %s in %.1fs; KV cache %d blocks of %d tokens (%.2f GiB)",
         cfg.model.public_name,
@@ -162,6 +228,9 @@ def run_worker_process(
         engine.runner.cache.nbytes / 2**30,
     )
     if gpus:
+        import torch
+
+        from worker import gpus as worker_gpus
         from worker.engine import memory_bytes  # on CPU: RSS (a GPU worker should hold little host memory)
 
         log.info(
@@ -169,34 +238,20 @@ def run_worker_process(
             worker_gpus.memory_report(),
             memory_bytes(torch.device("cpu")) / 2**30,
         )
-    warm_up(engine)
-    engine_ref["engine"] = engine
-    linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
-    transport.announce(
-        Ready(
-            worker_id=worker_id,
-            load_seconds=time.monotonic() - started,
-            visible_devices=visible,
-            kv_budget_tokens=budget,
-            gpu_uuids=[g["uuid"] for g in gpus],
-            block_size=engine.scheduler.blocks.block_size,
-            weight_bytes=linears.weight_bytes if linears else 0,
-            kernels=linears.report() if linears else [],
-        )
-    )
-    log.info("ready after %.1fs", time.monotonic() - started)
 
-    reason = serve(engine, inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
+
+def stop_serving(link: Link, engine, group, reason: str) -> None:
+    """Leave: stop the other ranks, fail what is in flight (503: the router moves it), say Bye
+    with ``reason``, flush and stop the I/O thread."""
     if group is not None:
         group.send_stop()
     for seq in list(engine.by_id.values()):
-        out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {worker_id} is shutting down"))
-    out.send(Bye(worker_id=worker_id, reason=reason))
-    out.close()
-    transport.stop()
-    transport.join(timeout=5)
+        link.out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {link.worker_id} is shutting down"))
+    link.out.send(Bye(worker_id=link.worker_id, reason=reason))
+    link.out.close()
+    link.transport.stop()
+    link.transport.join(timeout=5)
     log.info("stopped (%s)", reason)
-    return 0
 
 
 def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_request: bool = False) -> str:

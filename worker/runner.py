@@ -4,6 +4,8 @@ metadata and which rows' logits are wanted.
 Rows are laid out decode sequences first (one token each), then each prefill chunk's tokens. The
 logits come back in the order :meth:`worker.scheduler.Scheduler.finish_step` returns the sequences
 to sample: the decode rows, then the last row of every chunk that completes its sequence's tokens.
+A sequence that asked for prompt logprobs also gets its chunk's prompt positions scored
+(:mod:`worker.prompt_logprobs`) from those rows' hidden states, appended to ``seq.prompt_logprobs``.
 
 In a tensor-parallel replica rank 0's runner has the ranks' ``group`` and announces every step
 to the other ranks before running it (:mod:`worker.tp`); they run the same :meth:`forward`.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from worker import prompt_logprobs
 from worker.attention import KVCache, build_batch
 from worker.scheduler import Plan
 
@@ -41,7 +44,10 @@ class ModelRunner:
             decode.append((seq.table.blocks, seq.computed + 1))
         logit_rows = list(range(len(ids)))
         prefill = []
+        scored: list[tuple[object, range, int]] = []  # (sequence, prompt positions, first row) to score
         for seq, start, end in plan.prefill:
+            if (span := _prompt_positions(seq, start, end)) is not None:
+                scored.append((seq, span, len(ids) + span.start - start))
             ids += seq.tokens(start, end)
             positions += range(start, end)
             prefill.append((seq.table.blocks, start, end))
@@ -50,13 +56,34 @@ class ModelRunner:
         as_long = {"dtype": torch.long, "device": self.device}
         if self.group is not None:
             self.group.send_step(ids, positions, decode, prefill, self.cache.block_size)
-        return self.forward(
+        hidden_rows = [row + i for _, span, row in scored for i in range(len(span))]
+        out = self.forward(
             torch.tensor(ids, **as_long),
             torch.tensor(positions, **as_long),
             decode,
             prefill,
             torch.tensor(logit_rows, **as_long),
+            torch.tensor(hidden_rows, **as_long) if hidden_rows else None,
         )
+        if not hidden_rows:
+            return out
+        logits, hidden = out
+        self._score(scored, hidden)
+        return logits
+
+    def _score(self, scored: list, hidden: torch.Tensor) -> None:
+        """Prompt logprobs of this step's scored positions (``hidden``: their rows, in ``scored``'s
+        order), computed for every sequence before any is given its own: an out-of-memory error
+        midway leaves every sequence as it was, and the step is retried whole."""
+        rows = prompt_logprobs.slice_rows(self.model.config.vocab_size)
+        results, at = [], 0
+        for seq, span, _ in scored:
+            targets = seq.prompt[span.start + 1 : span.stop + 1]
+            k = seq.params.prompt_logprobs
+            results.append(prompt_logprobs.score_rows(self.model.head, hidden[at : at + len(span)], targets, k, rows))
+            at += len(span)
+        for (seq, _, _), got in zip(scored, results, strict=True):
+            seq.prompt_logprobs.extend(got)
 
     def forward(
         self,
@@ -65,12 +92,16 @@ class ModelRunner:
         decode: list[tuple[list[int], int]],
         prefill: list[tuple[list[int], int, int]],
         logit_rows: torch.Tensor | None,
-    ) -> torch.Tensor | None:
+        hidden_rows: torch.Tensor | None = None,
+    ):
         """The forward pass of one step given its rows (``ids``, ``positions`` [T]) and
         :func:`~worker.attention.build_batch`'s ``decode``/``prefill``; ``logit_rows`` None (the
-        other ranks of a tensor-parallel replica) computes no logits and returns None."""
+        other ranks of a tensor-parallel replica) computes no logits and returns None. With
+        ``hidden_rows`` it returns ``(logits, hidden states of those rows)`` (prompt logprobs)."""
         batch = build_batch(self.cache.block_size, self.device, decode, prefill)
-        return self.model.forward(ids, positions, batch, self.cache, logit_rows)
+        if hidden_rows is None:
+            return self.model.forward(ids, positions, batch, self.cache, logit_rows)
+        return self.model.forward(ids, positions, batch, self.cache, logit_rows, hidden_rows)
 
     def idle(self) -> None:
         """Called by the serving loop on every turn: when no step went to the other ranks for a
@@ -78,3 +109,13 @@ class ModelRunner:
         step does not time out while this rank has nothing to run."""
         if self.group is not None:
             self.group.send_idle()
+
+
+def _prompt_positions(seq, start: int, end: int) -> range | None:
+    """The prompt positions chunk ``[start, end)`` of ``seq`` scores; None when it asked for no
+    prompt logprobs or has none left to score there."""
+    params = getattr(seq, "params", None)  # warm-up and calibration passes run scratch sequences
+    if params is None or params.prompt_logprobs is None:
+        return None
+    span = prompt_logprobs.positions(len(seq.prompt_logprobs), len(seq.prompt), start, end)
+    return span if len(span) else None

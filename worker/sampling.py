@@ -107,6 +107,9 @@ class RowSampler:
         self.stop_ids: list[int] = []
         self.grammar = None  # worker.grammar.RowGrammar
         self.logprobs: int | None = None  # None: off; k: sampled token + top k
+        # Report the stop token that ends the output too (echo requests: vLLM's shape, one entry per
+        # token after the prompt, which lm-evaluation-harness's scoring counts on)
+        self.stop_logprob = False
         self.pending_logprobs: list[TokenLogprob] = []
         self._last: TokenLogprob | None = None  # the logprob of the token sampled last, until accepted
 
@@ -144,6 +147,7 @@ class RowSampler:
         s.min_tokens = params.min_tokens
         if params.logprobs is not None:
             s.logprobs = max(0, min(int(params.logprobs), MAX_TOP_LOGPROBS))
+        s.stop_logprob = params.prompt_logprobs is not None
         if params.grammar is not None:
             from worker.contract.grammar import GrammarError
             from worker.grammar import grammars
@@ -194,14 +198,19 @@ class RowSampler:
             self.seen[token_id] = True
         if self.grammar is not None:
             self.grammar.accept(token_id)
-        if self._last is not None and self._last.token_id == token_id and token_id not in self.stop_ids:
+        if (
+            self._last is not None
+            and self._last.token_id == token_id
+            and (self.stop_logprob or token_id not in self.stop_ids)
+        ):
             self.pending_logprobs.append(self._last)
         self._last = None
         self.position += 1
 
     def take_logprobs(self) -> list[TokenLogprob] | None:
-        """The logprobs of the tokens accepted since the last call (stop tokens excluded), for the
-        ``Tokens`` message being sent; ``None`` when this row did not ask for logprobs."""
+        """The logprobs of the tokens accepted since the last call (stop tokens excluded unless
+        ``stop_logprob``), for the ``Tokens`` message being sent; ``None`` when this row did not
+        ask for logprobs."""
         if self.logprobs is None:
             return None
         out, self.pending_logprobs = self.pending_logprobs, []

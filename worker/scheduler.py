@@ -16,7 +16,8 @@ Policy (vLLM's v1 scheduler and nano-vllm's, first come first served):
   free with one block to spare per running sequence (so the running ones can grow), and fewer than
   ``max_num_seqs`` run. It reserves what it needs now, not the padded worst case of the batch: a
   long document does not cap how many short chats run beside it. The head of the queue is never
-  overtaken.
+  overtaken. A sequence that must score its prompt (prompt logprobs, :mod:`worker.prompt_logprobs`)
+  takes no prefix-cache hit: every position is computed (its blocks still serve later requests).
 * The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
   which the router's count mirrors), a request that could never fit the whole cache alone is
   refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
@@ -106,6 +107,16 @@ class Scheduler:
         """Plan one step (see the module docstring). Mutates ``running``, ``waiting`` and block tables."""
         plan = Plan()
         self._expire(plan)
+        self._plan_decodes(plan)
+        budget = self.max_prefill_tokens if plan.decode else self.idle_prefill_tokens
+        budget = self._continue_prefills(plan, budget)
+        self._admit(plan, budget)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return plan
+
+    def _plan_decodes(self, plan: Plan) -> None:
+        """One decode row for every running sequence with one token to compute; a sequence whose
+        next block cannot be had preempts the newest running ones (itself last)."""
         for seq in list(self.running):
             if seq not in self.running or seq.num_tokens - seq.computed != 1:
                 continue
@@ -116,32 +127,37 @@ class Scheduler:
                     break
             else:
                 plan.decode.append(seq)
-        decoding = bool(plan.decode)
-        budget = self.max_prefill_tokens if decoding else self.idle_prefill_tokens
+
+    def _continue_prefills(self, plan: Plan, budget: int) -> int:
+        """The next chunk of every running sequence still prefilling, within ``budget`` tokens; returns what is left."""
         for seq in self.running:
             left = seq.num_tokens - seq.computed
             if left > 1 and budget > 0:
                 n = min(left, budget)
                 plan.prefill.append((seq, seq.computed, seq.computed + n))
                 budget -= n
+        return budget
+
+    def _admit(self, plan: Plan, budget: int) -> None:
+        """Admit waiting sequences, first come first served, while their blocks and ``budget`` allow."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running)):
+            # A sequence scoring its prompt (prompt logprobs) computes every position: no cache hits
+            use_cache = not getattr(seq, "needs_prompt_logprobs", False)
+            if not self.blocks.can_allocate(seq.token_ids, reserve=len(self.running), use_cache=use_cache):
                 break
             self.waiting.popleft()
-            seq.table, seq.computed = self.blocks.allocate(seq.token_ids)
-            seq.cached_at_admission = seq.computed
+            seq.table, seq.computed = self.blocks.allocate(seq.token_ids, use_cache=use_cache)
+            if not seq.preemptions:  # a re-admission finds its own blocks: not a hit of the prompt
+                seq.cached_at_admission = seq.computed
             self.running.append(seq)
             left = seq.num_tokens - seq.computed
+            n = 1 if left == 1 else min(left, budget)
             if left == 1:
                 plan.decode.append(seq)
-                budget -= 1
             else:
-                n = min(left, budget)
                 plan.prefill.append((seq, seq.computed, seq.computed + n))
-                budget -= n
-        self.peak_running = max(self.peak_running, len(self.running))
-        return plan
+            budget -= n
 
     def finish_step(self, plan: Plan) -> list:
         """After the step's forward pass: advance ``computed``, register newly full blocks in the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from worker.blocks import BlockTable
-from worker.contract.protocol import SamplingParams, Tokens, Usage
+from worker.contract.protocol import SamplingParams, TokenLogprob, Tokens, Usage
 from worker.detok import IncrementalDetokenizer, StopMatcher
 from worker.sampling import RowSampler
 
@@ -60,6 +60,9 @@ class Sequence:
         self.preemptions = 0
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
+        # params.prompt_logprobs: tokens 1..P-1's, filled chunk by chunk by the runner, sent once
+        self.prompt_logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs_sent = False
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +80,18 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None or self.cancelled
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and not all scored yet: every prompt position must be computed
+        (the scheduler then takes no prefix-cache hit for it)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt) - 1
+
+    def _take_prompt_logprobs(self) -> list[TokenLogprob] | None:
+        if self.params.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
 
     def tokens(self, start: int, end: int) -> list[int]:
         """Token ids at positions ``[start, end)``."""
@@ -107,7 +122,12 @@ class Sequence:
         usage = None
         if self.finish_reason is not None:
             n = len(self.output)
-            usage = Usage(prompt_tokens=len(self.prompt), completion_tokens=n, total_tokens=len(self.prompt) + n)
+            usage = Usage(
+                prompt_tokens=len(self.prompt),
+                completion_tokens=n,
+                total_tokens=len(self.prompt) + n,
+                cached_tokens=min(self.cached_at_admission, len(self.prompt)),
+            )
         return Tokens(
             request_id=self.request_id,
             text_delta=delta,
@@ -116,4 +136,5 @@ class Sequence:
             usage=usage,
             ttft_s=ttft,
             logprobs=self.sampler.take_logprobs(),
+            prompt_logprobs=self._take_prompt_logprobs(),
         )

@@ -4,7 +4,7 @@ The thread owns the DEALER socket (ZeroMQ sockets are single-threaded). Frames f
 schema-checked and put on ``inbox``; an invalid frame is logged and dropped. The engine sends
 through :meth:`Transport.sender`, a PUSH socket on an ``inproc://`` pipe that this thread drains,
 so the engine never blocks on the network. Heartbeats go out every ``heartbeat_s`` seconds with
-the engine's current load (the fields of :class:`~worker.contract.protocol.Heartbeat` that ``stats()`` has).
+the engine's current load (``stats()``, a :class:`~worker.contract.protocol.EngineLoad`).
 
 Re-registration: :meth:`Transport.announce` sends ``Hello`` and ``Ready`` and keeps them; when a
 restarted router, which does not know this worker, answers a frame with ``Identify``, this thread
@@ -25,13 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 
-import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from worker.contract.env import KEYS_ENV
 from worker.contract.keys import ClientKeys
 from worker.contract.protocol import (
+    EngineLoad,
     Heartbeat,
     Hello,
     Identify,
@@ -54,7 +54,6 @@ HANDSHAKE_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
-HEARTBEAT_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Heartbeat)) - {"worker_id"}
 
 
 class HandshakeFailed(RuntimeError):
@@ -84,7 +83,7 @@ class Transport(threading.Thread):
         address: str,
         worker_id: int,
         inbox: queue.SimpleQueue,
-        stats: Callable[[], dict],
+        stats: Callable[[], EngineLoad],
         heartbeat_s: float,
         curve: ClientKeys | None = None,
     ):
@@ -138,9 +137,8 @@ class Transport(threading.Thread):
         )
 
     def heartbeat(self) -> Heartbeat:
-        """The heartbeat for now: ``stats()`` keys that are Heartbeat fields (others are ignored)."""
-        stats = self.stats()
-        return Heartbeat(worker_id=self.worker_id, **{k: v for k, v in stats.items() if k in HEARTBEAT_FIELDS})
+        """The heartbeat for now: the engine's load as ``stats()`` reports it."""
+        return Heartbeat(worker_id=self.worker_id, load=self.stats())
 
     def run(self) -> None:
         dealer = self.ctx.socket(zmq.DEALER)
@@ -160,12 +158,7 @@ class Transport(threading.Thread):
             events = dict(poller.poll(timeout=100))
             self._send_announced(dealer)
             if self._pull in events:
-                while True:  # forward everything queued, then look at the socket again
-                    try:
-                        frame = self._pull.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._send(dealer, frame)
+                self._forward(dealer)
             if dealer in events:
                 self._receive(dealer)
             if monitor is not None and monitor in events and self._watch_handshake(monitor):
@@ -183,6 +176,15 @@ class Transport(threading.Thread):
             monitor.close(linger=0)
         dealer.close()
         self._pull.close()
+
+    def _forward(self, dealer: zmq.Socket) -> None:
+        """Send everything the engine's threads have queued, then look at the socket again."""
+        while True:
+            try:
+                frame = self._pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._send(dealer, frame)
 
     def _curve_client(self, dealer: zmq.Socket) -> zmq.Socket:
         """Make ``dealer`` a CURVE client; returns a monitor socket on its handshakes."""

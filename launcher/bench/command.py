@@ -6,6 +6,7 @@ only when the command runs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -30,111 +31,115 @@ def json_file(path: Path | None, flag: str) -> dict | None:
     return value
 
 
+BASE_URL = typer.Argument(DEFAULTS.base_url, help="OpenAI-compatible base URL (ours or a peer's)")
+SUITE = typer.Option(
+    DEFAULTS.suite,
+    help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
+    "again) · load: throughput and latency against --concurrency",
+)
+MODEL = typer.Option(DEFAULTS.model, help="the `model` to request (default: the first of GET /models)")
+TOKENIZER = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)")
+OUTPUT_TOKENS = typer.Option(
+    DEFAULTS.output_tokens, help="output length of every short prompt (engine: 64) or of every scenario (load)"
+)
+REQUESTS = typer.Option(DEFAULTS.requests, help="measured requests of a closed loop (default max(8, 4 × clients))")
+WARMUP = typer.Option(DEFAULTS.warmup, help="warm-up requests of a closed loop (default: its concurrency)")
+PROMPTS = typer.Option(
+    DEFAULTS.prompts, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)"
+)
+CLIENTS = typer.Option(DEFAULTS.clients, min=1, help="engine: clients of the closed loop")
+DOC_TOKENS = typer.Option(DEFAULTS.doc_tokens, min=32, help="engine: templated length of the document, tokens")
+DOC_OUTPUT_TOKENS = typer.Option(DEFAULTS.doc_output_tokens, min=1, help="engine: the document's answer length")
+STREAMS = typer.Option(DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives")
+SCENARIO = typer.Option(list(DEFAULTS.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)")
+CONCURRENCY = typer.Option(",".join(map(str, DEFAULTS.concurrency)), help="load: comma-separated concurrency levels")
+IGNORE_EOS = typer.Option(
+    DEFAULTS.ignore_eos, help="send ignore_eos so every request streams exactly the output length"
+)
+EXTRA_BODY = typer.Option(
+    json.dumps(DEFAULTS.extra_body), help="JSON merged into every request body (peer-specific fields)"
+)
+RESPONSE_FORMAT = typer.Option(
+    None,
+    help="a JSON file with an OpenAI response_format object: engine adds a `json` figure, load sends it always",
+)
+CEILING = typer.Option(
+    DEFAULTS.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio"
+)
+COMPARE = typer.Option([], help="an earlier run's JSON (same suite) to compare against")
+REPLAY = typer.Option(
+    None, "--from", help="print and plot an earlier run's JSON again (with --compare) instead of running"
+)
+LABEL = typer.Option(DEFAULTS.label, help="name of this run in the table, JSON and plot")
+OUTPUT = typer.Option(DEFAULTS.output, help="writes OUTPUT.json and OUTPUT.png")
+API_KEY = typer.Option(DEFAULTS.api_key, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1")
+TIMEOUT = typer.Option(DEFAULTS.timeout, help="per-request timeout, seconds")
+LAYOUTS = typer.Option(
+    False,
+    "--layouts",
+    help="GPU hosts: deploy --config as data parallel ×N, tensor parallel N and layer split N in turn "
+    "(each its own `up`) and print latency, 8-way throughput and peak memory per GPU side by side",
+)
+CONFIG = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from")
+GPUS = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)")
+PERPLEXITY = typer.Option(
+    None,
+    "--perplexity",
+    help="instead of a suite: the perplexity of this text file through /v1/completions (echo), "
+    "llama-perplexity's method",
+)
+PARALLEL = typer.Option(4, "--parallel", min=1, help="--perplexity: windows in flight at once")
+CTX = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)")
+CHUNKS = typer.Option(
+    None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
+)
+
+
 def bench_command(
-    base_url: str = typer.Argument(DEFAULTS.base_url, help="OpenAI-compatible base URL (ours or a peer's)"),
-    suite: str = typer.Option(
-        DEFAULTS.suite,
-        help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
-        "again) · load: throughput and latency against --concurrency",
-    ),
-    model: str | None = typer.Option(None, help="the `model` to request (default: the first of GET /models)"),
-    tokenizer: str | None = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)"),
-    output_tokens: int | None = typer.Option(
-        None, help="output length of every short prompt (engine: 64) or of every scenario (load)"
-    ),
-    requests: int | None = typer.Option(None, help="measured requests of a closed loop (default max(8, 4 × clients))"),
-    warmup: int | None = typer.Option(None, help="warm-up requests of a closed loop (default: its concurrency)"),
-    prompts: int = typer.Option(
-        DEFAULTS.prompts, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)"
-    ),
-    clients: int = typer.Option(DEFAULTS.clients, min=1, help="engine: clients of the closed loop"),
-    doc_tokens: int = typer.Option(
-        DEFAULTS.doc_tokens, min=32, help="engine: templated length of the document, tokens"
-    ),
-    doc_output_tokens: int = typer.Option(
-        DEFAULTS.doc_output_tokens, min=1, help="engine: the document's answer length"
-    ),
-    streams: int = typer.Option(DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives"),
-    scenario: list[str] = typer.Option(
-        list(DEFAULTS.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)"
-    ),
-    concurrency: str = typer.Option(
-        ",".join(map(str, DEFAULTS.concurrency)), help="load: comma-separated concurrency levels"
-    ),
-    ignore_eos: bool = typer.Option(
-        DEFAULTS.ignore_eos, help="send ignore_eos so every request streams exactly the output length"
-    ),
-    extra_body: str = typer.Option(
-        json.dumps(DEFAULTS.extra_body), help="JSON merged into every request body (peer-specific fields)"
-    ),
-    response_format: Path | None = typer.Option(
-        None,
-        help="a JSON file with an OpenAI response_format object: engine adds a `json` figure, load sends it always",
-    ),
-    ceiling: bool = typer.Option(
-        DEFAULTS.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio"
-    ),
-    compare: list[Path] = typer.Option([], help="an earlier run's JSON (same suite) to compare against"),
-    replay: Path | None = typer.Option(
-        None, "--from", help="print and plot an earlier run's JSON again (with --compare) instead of running"
-    ),
-    label: str = typer.Option(DEFAULTS.label, help="name of this run in the table, JSON and plot"),
-    output: Path = typer.Option(DEFAULTS.output, help="writes OUTPUT.json and OUTPUT.png"),
-    api_key: str | None = typer.Option(None, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1"),
-    timeout: float = typer.Option(DEFAULTS.timeout, help="per-request timeout, seconds"),
-    layouts: bool = typer.Option(
-        False,
-        "--layouts",
-        help="GPU hosts: deploy --config as data parallel ×N, tensor parallel N and layer split N in turn "
-        "(each its own `up`) and print latency, 8-way throughput and peak memory per GPU side by side",
-    ),
-    config: Path | None = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from"),
-    gpus: int | None = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)"),
+    base_url: str = BASE_URL,
+    suite: str = SUITE,
+    model: str | None = MODEL,
+    tokenizer: str | None = TOKENIZER,
+    output_tokens: int | None = OUTPUT_TOKENS,
+    requests: int | None = REQUESTS,
+    warmup: int | None = WARMUP,
+    prompts: int = PROMPTS,
+    clients: int = CLIENTS,
+    doc_tokens: int = DOC_TOKENS,
+    doc_output_tokens: int = DOC_OUTPUT_TOKENS,
+    streams: int = STREAMS,
+    scenario: list[str] = SCENARIO,
+    concurrency: str = CONCURRENCY,
+    ignore_eos: bool = IGNORE_EOS,
+    extra_body: str = EXTRA_BODY,
+    response_format: Path | None = RESPONSE_FORMAT,
+    ceiling: bool = CEILING,
+    compare: list[Path] = COMPARE,
+    replay: Path | None = REPLAY,
+    label: str = LABEL,
+    output: Path = OUTPUT,
+    api_key: str | None = API_KEY,
+    timeout: float = TIMEOUT,
+    layouts: bool = LAYOUTS,
+    config: Path | None = CONFIG,
+    gpus: int | None = GPUS,
+    perplexity: Path | None = PERPLEXITY,
+    parallel: int = PARALLEL,
+    ctx: int = CTX,
+    chunks: int | None = CHUNKS,
 ) -> None:
     """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
-    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn."""
-    if suite not in SUITES:
-        raise typer.BadParameter(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
-    unknown = [s for s in scenario if s not in SCENARIOS]
-    if unknown:
-        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
-    try:
-        extra = json.loads(extra_body)
-    except ValueError as exc:
-        raise typer.BadParameter(f"--extra-body: {exc}") from None
-    opts = BenchOptions(
-        base_url=base_url,
-        suite=suite,
-        model=model,
-        ignore_eos=ignore_eos,
-        extra_body=extra,
-        response_format=json_file(response_format, "--response-format"),
-        api_key=api_key,
-        timeout=timeout,
-        label=label,
-        output=output,
-        compare=tuple(compare),
-        ceiling=ceiling,
-        replay=replay,
-        output_tokens=output_tokens,
-        requests=requests,
-        warmup=warmup,
-        prompts=prompts,
-        clients=clients,
-        doc_tokens=doc_tokens,
-        doc_output_tokens=doc_output_tokens,
-        streams=streams,
-        scenarios=tuple(scenario),
-        concurrency=tuple(int(c) for c in concurrency.split(",") if c.strip()),
-    )
-    missing = [m for m in ("httpx", "matplotlib") if importlib.util.find_spec(m) is None]
-    if missing:
-        typer.echo(
-            f"llamadeploy bench needs the [bench] extra ({', '.join(missing)} missing): "
-            "pip install 'llamadeploy[bench]'",
-            err=True,
+    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
+    with --perplexity FILE, measure the served model's perplexity over a text."""
+    opts = bench_options(dict(locals()))  # every option by name, before anything else is bound here
+    require_bench_extra()
+    if perplexity is not None:
+        from launcher.bench.perplexity_run import run_perplexity
+
+        run_perplexity(
+            base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, parallel, opts.extra_body, output
         )
-        raise typer.Exit(2)
+        return
     if layouts:
         from launcher.bench.layout_runner import run_layouts
         from launcher.console import load_or_exit
@@ -146,3 +151,38 @@ def bench_command(
     from launcher.bench.runner import run_bench
 
     run_bench(opts, tokenizer)
+
+
+def bench_options(given: dict) -> BenchOptions:
+    """The command's options as :class:`BenchOptions`; ``typer.BadParameter`` (exit 2) on an unknown
+    suite or scenario, extra body that is not JSON, or a response format file that is not an object."""
+    if given["suite"] not in SUITES:
+        raise typer.BadParameter(f"unknown suite {given['suite']!r}; choose from {', '.join(SUITES)}")
+    unknown = [s for s in given["scenario"] if s not in SCENARIOS]
+    if unknown:
+        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    try:
+        extra = json.loads(given["extra_body"])
+    except ValueError as exc:
+        raise typer.BadParameter(f"--extra-body: {exc}") from None
+    same = {f.name for f in dataclasses.fields(BenchOptions)} & given.keys()
+    return BenchOptions(
+        **{name: given[name] for name in same - {"extra_body", "response_format", "compare", "concurrency"}},
+        extra_body=extra,
+        response_format=json_file(given["response_format"], "--response-format"),
+        compare=tuple(given["compare"]),
+        scenarios=tuple(given["scenario"]),
+        concurrency=tuple(int(c) for c in given["concurrency"].split(",") if c.strip()),
+    )
+
+
+def require_bench_extra() -> None:
+    """Exit 2 naming the ``[bench]`` extra when httpx or matplotlib is not installed."""
+    missing = [m for m in ("httpx", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        typer.echo(
+            f"llamadeploy bench needs the [bench] extra ({', '.join(missing)} missing): "
+            "pip install 'llamadeploy[bench]'",
+            err=True,
+        )
+        raise typer.Exit(2)

@@ -4,8 +4,9 @@ Python, torch and the CUDA it was built for, whether CUDA works, the driver and 
 it supports (NVML), whether the torch wheel has kernels for each GPU's compute capability, each
 GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), the GPUs' interconnect
 (NVLink or PCIe, for tensor parallelism), ``CUDA_VISIBLE_DEVICES``,
-transformers/accelerate, the model's files, what ``model.dtype`` means here, the kernel each linear
-weight shape would run here (measured), placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
+transformers/accelerate, the model's files, what ``model.dtype`` means here, the quantization in
+effect and the weights' bytes it holds, the kernel each linear weight shape would run
+here (measured), placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
 checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
 """
 
@@ -410,6 +411,27 @@ def model_check(name: str) -> tuple[Check, object]:
     return Check("model", "ok", f"{about}; {len(weights)} weight file(s), {tokenizer[0]}"), shape
 
 
+def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
+    """The quantization in effect (``model.quantization`` resolved for this model: a GGUF file's
+    stored types under ``auto``) and the weights' bytes it holds, by the planning rule
+    (:func:`worker.contract.shapes.weight_bytes`, the figures ``plan`` uses)."""
+    from launcher.plan.plan import make_plan
+
+    name = "quantization"
+    if shape is None:
+        return Check(name, "skip", "no model config to size the weights with")
+    s = make_plan(cfg, inv, shape).sizing
+    fmt = s.fmt
+    detail = (
+        f"model.quantization: {cfg.model.quantization} → {fmt.describe(shape.tie_word_embeddings)}; compute dtype {s.dtype}; weights "
+        f"{s.weights / GiB:.2f} GiB = {s.held.linear / GiB:.2f} GiB linear layers + {s.held.replicated / GiB:.2f} "
+        "GiB embeddings, LM head and norms (planned bytes at rest; the worker reports the memory it measures)"
+    )
+    if fmt.problem:
+        return Check(name, "warn", f"{detail}. {fmt.problem}", "set model.quantization: none, int8 or int4")
+    return Check(name, "ok", detail)
+
+
 def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
     """Placement of the configured workers and whether they fit (the plan)."""
     from launcher.plan.plan import make_plan
@@ -431,7 +453,7 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
             Check(
                 "memory plan",
                 "ok",
-                f"{plan.sizing.dtype}: every worker fits "
+                f"{plan.sizing.label}: every worker fits "
                 f"{min(f.seqs for f in plan.fits)}+ sequences of {plan.sizing.max_model_len} tokens",
             )
         )
@@ -471,7 +493,7 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     ]
     rows += library_checks()
     model, shape = model_check(cfg.model.name)
-    rows += [model, dtype_check(cfg, inv), kernels_check(cfg, inv, shape)]
+    rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape), kernels_check(cfg, inv, shape)]
     rows += [*deployment_checks(cfg, inv, shape), *port_checks(cfg)]
     return rows
 

@@ -14,12 +14,10 @@ from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare,
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
 from launcher.plan.sizing import (
     CPU_PROCESS_BYTES,
-    DTYPE_BYTES,
     GPU_CONTEXT_BYTES,
-    SERVABLE_DTYPES,
+    QUANTIZATIONS,
     Sizing,
     gpu_budget,
-    min_gpus,
     planned_facts,
     resize,
     size,
@@ -28,7 +26,7 @@ from launcher.plan.sizing import (
 )
 from worker.contract import dtypes
 from worker.contract.budget import kv_budget, reserve
-from worker.contract.shapes import ModelShape
+from worker.contract.shapes import ModelShape, weight_format
 from worker.contract.units import GB, GiB
 
 log = logging.getLogger(__name__)
@@ -120,7 +118,7 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
     util = cfg.workers.gpu_memory_utilization
     chosen = choose(compare(sizing, gpus, util, tp_unavailable(cfg)))
     if chosen is None:
-        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
+        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util, tp_unavailable(cfg)))
     seqs, n = min(chosen.seqs, MAX_RECOMMENDED_SEQS), chosen.gpus_per_replica
     if chosen.kind == TENSOR_PARALLEL:
         return Recommendation("cuda", chosen.replicas, 1, seqs, tensor_parallel_size=n)
@@ -132,22 +130,28 @@ def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recomme
     return Recommendation("cuda", chosen.replicas, n, seqs, note)
 
 
-def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
+def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float, no_tp: str = "") -> str:
+    """Why nothing fits, and the lightest change that does: quantizing the linear layers
+    (``model.quantization``, the first of int8 and int4 lighter than the planned format whose
+    layout fits) or a smaller ``max_model_len``."""
     n = len(gpus)
     budget = sum(gpu_budget(g, utilization) for g in gpus)
     note = (
-        f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
-        f"{budget / GiB:.1f} GiB; use more or larger GPUs"
+        f"{sizing.label} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
+        f"{budget / GiB:.1f} GiB"
     )
-    for dtype in ("int8", "int4"):
-        if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
-            lighter = resize(sizing, dtype)
-            if (k := min_gpus(lighter, gpus, utilization)) is not None:
-                return (
-                    note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
-                    "llamadeploy loads float weights)"
-                )
-    return note + ", or a smaller model.max_model_len"
+    for quantization in QUANTIZATIONS[1:]:
+        lighter = resize(sizing, sizing.dtype, weight_format(quantization, None))
+        if lighter.weights >= sizing.weights:
+            continue
+        if (chosen := choose(compare(lighter, gpus, utilization, no_tp))) is not None:
+            per = "" if chosen.gpus_per_replica == 1 else f" (over {chosen.gpus_per_replica} GPUs)"
+            return (
+                f"{note}: does not fit in {sizing.label}; fits with model.quantization: {quantization} — "
+                f"{chosen.kv_room // lighter.kv_per_token:,} tokens of KV cache per replica{per} "
+                f"({lighter.weights / GiB:.1f} GiB weights; {chosen.setting}, replicas: {chosen.replicas})"
+            )
+    return note + "; use more or larger GPUs, or a smaller model.max_model_len"
 
 
 @dataclass
@@ -192,10 +196,12 @@ def make_plan(
     dtype: str | None = None,
     specs: list[WorkerSpec] | None = None,
 ) -> Plan:
-    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``.
+    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``, with
+    ``dtype`` overriding ``model.dtype``; the weights as ``model.quantization`` holds them.
 
     A placement error, a worker whose budget cannot hold weights + overhead + one full-length
-    sequence, or CPU workers needing more RAM than is available are ``errors``.
+    sequence, or CPU workers needing more RAM than is available are ``errors``; stored GGUF types
+    ``auto`` cannot serve are a warning (the worker's load refuses them).
     """
     errors: list[str] = []
     gpus: list[GpuInfo] = []
@@ -209,16 +215,22 @@ def make_plan(
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
+    fmt = weight_format(cfg.model.quantization, shape.gguf_types)
     sizing = size(
-        shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu))
-    )  # the largest step
+        shape,
+        chosen,
+        cfg.model.max_model_len,
+        w.max_num_seqs,
+        max(w.prefill_budgets(on_gpu)),  # the largest step
+        fmt,
+    )
     rec = recommend(sizing, gpus if on_gpu else [], cfg)
     fits = [fit_worker(s, sizing, cfg) for s in specs]
     if w.tensor_parallel_size > 1:
         from worker.contract.tp_rules import tp_problems
 
         errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
-    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
     return plan
 
@@ -242,7 +254,7 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
         who = ("workers " if many else "worker ") + ", ".join(f"{f.spec.worker_id} ({f.spec.label})" for f in fits)
         plan.errors.append(
             f"{who} may use {budget / GiB:.2f} GiB{' each' if many else ''} but need{'' if many else 's'} "
-            f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {overhead / GiB:.2f} GiB overhead + "
+            f"{s.weights / GiB:.2f} GiB weights ({s.label}) + {overhead / GiB:.2f} GiB overhead + "
             f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
             f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
         )
@@ -260,8 +272,6 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
                 f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
                 "GiB already in use by other processes; the budget above excludes it"
             )
-    if s.dtype not in SERVABLE_DTYPES:
-        plan.warnings.append(f"{s.dtype} is for sizing only: llamadeploy serves float32, bfloat16 or float16 weights")
 
 
 def parse_gpus(text: str) -> list[GpuInfo]:
@@ -303,7 +313,7 @@ def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str
         log.info(
             "plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s",
             shape.name,
-            s.dtype,
+            s.label,
             s.weights / GiB,
             s.kv_per_token / 1024,
             ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits),

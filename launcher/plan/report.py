@@ -1,4 +1,5 @@
-"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (per dtype),
+"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (one row per way to hold the
+weights: float32, 16-bit, int8 and int4 linear layers, and the planned one when it is none of those),
 the layouts table (data parallel, tensor parallel and layer split side by side) and the
 placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
 
@@ -11,10 +12,9 @@ from rich.text import Text
 from launcher.config import DeployConfig
 from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
 from launcher.plan.plan import Plan
-from launcher.plan.sizing import resize
+from launcher.plan.sizing import Sizing, resize
+from worker.contract.shapes import UNQUANTIZED, weight_format
 from worker.contract.units import GB, GiB
-
-ROWS = (("float32", "float32"), ("bfloat16", "bfloat16/float16"), ("int8", "int8"), ("int4", "int4"))
 
 
 def render(plan: Plan, cfg: DeployConfig) -> Group:
@@ -42,11 +42,13 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
         f"{shape.hidden_size}, {shape.num_heads} heads, {shape.num_kv_heads} KV heads × {shape.head_dim}, "
         f"vocab {shape.vocab_size})",
         caption=f"KV S×L: max_num_seqs {s.max_num_seqs} × max_model_len {s.max_model_len} tokens. "
-        "GB = 10^9 bytes, GiB = 2^30 bytes. Overhead: CUDA context/workspace allowance + prefill "
-        "activations per GPU (process memory + activations on CPU). * = planned dtype.",
+        "GB = 10^9 bytes, GiB = 2^30 bytes. int8/int4 (model.quantization): the linear layers at 8 bits "
+        "+ a float32 scale per output channel, or 4 bits + a float32 scale and offset per 32 values; the "
+        "embeddings and LM head int8 per row; norms in the compute dtype. Overhead: CUDA context/workspace "
+        "allowance + prefill activations per GPU (process memory + activations on CPU). * = planned.",
     )
     for col in (
-        "dtype",
+        "weights",
         "weights GB",
         "weights GiB",
         "KV/token KiB",
@@ -55,12 +57,11 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
         "total GiB",
         "GPUs/replica",
     ):
-        table.add_column(col, justify="left" if col == "dtype" else "right")
-    for dtype, label in ROWS:
-        row = s if dtype == _row_of(s.dtype) else resize(s, dtype)
+        table.add_column(col, justify="left" if col == "weights" else "right")
+    for label, row in _rows(s):
         total = row.weights + row.overhead(gpus) + row.kv_full
         table.add_row(
-            label + (" *" if dtype == _row_of(s.dtype) else ""),
+            label + (" *" if row == s else ""),
             f"{row.weights / GB:.2f}",
             f"{row.weights / GiB:.2f}",
             f"{row.kv_per_token / 1024:.1f}",
@@ -72,8 +73,18 @@ def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
     return table
 
 
-def _row_of(dtype: str) -> str:
-    return "bfloat16" if dtype == "float16" else dtype
+def _rows(s: Sizing) -> list[tuple[str, Sizing]]:
+    """(label, sizing) per row: float32 and 16-bit unquantized, int8 and int4 linear layers in the
+    planned compute dtype; the planned sizing replaces the row it matches, or is added."""
+    half = s.dtype if s.dtype != "float32" else "bfloat16"
+    rows = [
+        ("float32", resize(s, "float32", UNQUANTIZED)),
+        ("bfloat16/float16", resize(s, half, UNQUANTIZED)),
+        *((f"{q} + {s.dtype}", resize(s, s.dtype, weight_format(q, None))) for q in ("int8", "int4")),
+    ]
+    if s not in (row for _, row in rows):
+        rows.append((s.label, s))
+    return rows
 
 
 def _gpus_cell(row, plan: Plan, utilization: float, no_tp: str) -> str:
@@ -93,7 +104,7 @@ def layouts_table(layouts: list[Layout], plan: Plan) -> Table:
     s = plan.sizing
     chosen = choose(layouts)
     table = Table(
-        title=f"layouts on {len(plan.gpus)} GPU(s) ({s.dtype})",
+        title=f"layouts on {len(plan.gpus)} GPU(s) ({s.label})",
         caption="data parallel when a replica fits one GPU; else tensor parallel (every GPU works on every "
         "token); a layer split (one GPU at a time) only where tensor parallel cannot divide the model. "
         "* = recommended.",
@@ -125,7 +136,7 @@ def layouts_table(layouts: list[Layout], plan: Plan) -> Table:
 def placement_table(plan: Plan) -> Table:
     """One row per placed worker: its budget and what is left for the KV cache."""
     s = plan.sizing
-    table = Table(title=f"placement ({s.dtype})")
+    table = Table(title=f"placement ({s.label})")
     for col in (
         "worker",
         "device",

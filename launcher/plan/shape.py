@@ -6,10 +6,11 @@ arithmetic on the shape lives in :mod:`worker.contract.shapes`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
-from worker.contract.shapes import ModelShape, from_gguf, read_json_shape
+from worker.contract.shapes import GgufTypes, ModelShape, from_gguf, gguf_types, read_json_shape
 
 
 def read_shape(name: str) -> ModelShape:
@@ -25,8 +26,19 @@ def read_shape(name: str) -> ModelShape:
     if ref.kind == "hf":
         return read_json_shape(_hf_cached_config(ref.name), ref.name)
     if (ref.converted / "config.json").is_file():
-        return read_json_shape(ref.converted / "config.json", ref.name)
+        shape = read_json_shape(ref.converted / "config.json", ref.name)
+        gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name)
+        return replace(shape, gguf_types=_gguf_types(gguf)) if gguf else shape  # what auto serves
     return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
+
+
+def _gguf_types(path: Path) -> GgufTypes | None:
+    from gguf import GGUFReader
+
+    try:
+        return gguf_types(GGUFReader(path))
+    except (OSError, ValueError):  # unreadable: the worker's load reports it
+        return None
 
 
 def _embedded_gguf(alias: str) -> Path:

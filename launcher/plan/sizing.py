@@ -2,10 +2,13 @@
 
 The arithmetic (the same terms vLLM's and TGI's memory profilers use):
 
-* weights = parameters × bytes per parameter (4 float32, 2 bfloat16/float16, 1 int8, 0.5 int4);
-  the parameter count comes from the config (:attr:`ModelShape.params`);
-* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (2, or 4 in
-  float32; int8/int4 weights still keep a 16-bit cache); the deployment wants it for
+* weights = :func:`worker.contract.shapes.weight_bytes`, the one rule for the weights' bytes as
+  held: every parameter in the compute dtype (4 bytes float32, 2 bfloat16/float16), except what
+  ``model.quantization`` quantizes (:func:`worker.contract.shapes.weight_format`: the linear layers
+  at 8 or 4 bits per value plus float32 scales, and offsets at 4 bits; the embeddings and LM head
+  at 8 bits per row when quantizing at load); the shape comes from the config (:class:`ModelShape`);
+* KV cache per token = 2 (K and V) × layers × kv_heads × head_dim × element bytes (the compute
+  dtype's: 4 in float32, else 2, quantized weights or not); the deployment wants it for
   ``max_num_seqs × max_model_len`` tokens, and at the very least for one ``max_model_len`` sequence;
 * overhead = per GPU, an allowance for the CUDA context, workspaces and fragmentation
   (:data:`worker.contract.budget.GPU_ALLOWANCE_BYTES`, 1 GiB) + one prefill chunk's activations
@@ -18,10 +21,10 @@ smaller of ``total × gpu_memory_utilization × share − weights − activation
 what free memory allows once other processes are counted, per GPU, the tightest GPU of a layer
 split bounding the tokens. GB means 1e9 bytes, GiB 2^30.
 
-A tensor-parallel rank (``tensor_parallel_size: N``) holds 1/N of every attention and MLP
-matrix plus the replicated embeddings, norms and LM head (:mod:`worker.contract.tp_rules`), 1/N of the KV
-heads (so 1/N of a token's KV bytes), and a prefill step's activations with the MLP's channels
-split N ways.
+A tensor-parallel rank (``tensor_parallel_size: N``) holds its 1/N shard of every attention and
+MLP matrix (quantized or not) plus the replicated embeddings, norms and LM head
+(:mod:`worker.contract.tp_rules`), 1/N of the KV heads (so 1/N of a token's KV bytes), and a
+prefill step's activations with the MLP's channels split N ways.
 """
 
 from __future__ import annotations
@@ -31,40 +34,44 @@ from dataclasses import dataclass
 from launcher.plan.placement import GpuInfo
 from worker.contract import shapes
 from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget
-from worker.contract.shapes import ModelShape
+from worker.contract.shapes import UNQUANTIZED, ModelShape, WeightBytes, WeightFormat, weight_bytes
 from worker.contract.units import GiB
 
-DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
-SERVABLE_DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int8", "int4")  # what plan may suggest (auto is resolved per model)
 GPU_CONTEXT_BYTES = GPU_ALLOWANCE_BYTES
 CPU_PROCESS_BYTES = 3 * GiB // 4
 
 
-def weight_bytes(shape: ModelShape, dtype: str) -> int:
-    """Bytes of the weights at ``dtype`` (one of :data:`DTYPE_BYTES`); quantized formats' scales
-    (a few percent) are not counted."""
-    return int(shape.params * DTYPE_BYTES[dtype])
-
-
 def kv_bytes_per_token(shape: ModelShape, dtype: str) -> int:
-    """:func:`worker.contract.shapes.kv_bytes_per_token` of ``shape`` with weights at ``dtype``: the cache
-    is float32 for float32 weights, else 16-bit (int8/int4 weights still keep a 16-bit cache)."""
+    """:func:`worker.contract.shapes.kv_bytes_per_token` of ``shape`` computing in ``dtype``: the
+    cache is float32 for float32, else 16-bit (whatever the weights' quantization)."""
     element = 4 if dtype == "float32" else 2
     return shapes.kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, element)
 
 
 @dataclass(frozen=True)
 class Sizing:
-    """Device-independent arithmetic for one model, dtype and set of limits (bytes)."""
+    """The arithmetic for one model, compute dtype, weight format and set of limits (bytes)."""
 
     shape: ModelShape
     dtype: str
     max_model_len: int
     max_num_seqs: int
     max_prefill_tokens: int
-    weights: int
+    held: WeightBytes
     kv_per_token: int
     activations: int
+    fmt: WeightFormat = UNQUANTIZED
+
+    @property
+    def weights(self) -> int:
+        """All the weights' bytes (:func:`worker.contract.shapes.weight_bytes`)."""
+        return self.held.total
+
+    @property
+    def label(self) -> str:
+        """What the weights are held in: ``"bfloat16"``, ``"int8 + bfloat16"`` (linear layers + the rest)."""
+        return f"{self.fmt.label} + {self.dtype}" if self.fmt.label else self.dtype
 
     @property
     def kv_per_seq(self) -> int:
@@ -95,16 +102,10 @@ def activation_bytes(
     return activations + max_num_seqs * shape.vocab_size * 4
 
 
-def replicated_params(shape: ModelShape) -> int:
-    """Parameters every tensor-parallel rank holds whole: embeddings, LM head (unless tied), norms."""
-    embeddings = shape.vocab_size * shape.hidden_size * (1 if shape.tie_word_embeddings else 2)
-    return embeddings + shape.hidden_size * (2 * shape.num_layers + 1)
-
-
 def tp_rank_weights(sizing: Sizing, tp: int) -> int:
-    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica."""
-    replicated = replicated_params(sizing.shape)
-    return int(((sizing.shape.params - replicated) / tp + replicated) * DTYPE_BYTES[sizing.dtype])
+    """Bytes of one rank's weights in a ``tp``-way tensor-parallel replica: its shard of every linear
+    layer, the embeddings, LM head and norms whole (:func:`worker.contract.shapes.weight_bytes`)."""
+    return weight_bytes(sizing.shape, sizing.dtype, sizing.fmt, tp).total
 
 
 def tp_rank_activations(sizing: Sizing, tp: int) -> int:
@@ -113,23 +114,33 @@ def tp_rank_activations(sizing: Sizing, tp: int) -> int:
     return activation_bytes(s.shape, s.dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, tp)
 
 
-def size(shape: ModelShape, dtype: str, max_model_len: int, max_num_seqs: int, max_prefill_tokens: int) -> Sizing:
-    """Compute the :class:`Sizing` for ``dtype`` (a key of :data:`DTYPE_BYTES`)."""
+def size(
+    shape: ModelShape,
+    dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    max_prefill_tokens: int,
+    fmt: WeightFormat = UNQUANTIZED,
+) -> Sizing:
+    """Compute the :class:`Sizing` computing in ``dtype`` (a key of
+    :data:`worker.contract.shapes.FLOAT_BYTES`) with the weights held in ``fmt``."""
     return Sizing(
         shape,
         dtype,
         max_model_len,
         max_num_seqs,
         max_prefill_tokens,
-        weight_bytes(shape, dtype),
+        weight_bytes(shape, dtype, fmt),
         kv_bytes_per_token(shape, dtype),
         activation_bytes(shape, dtype, max_model_len, max_num_seqs, max_prefill_tokens),
+        fmt,
     )
 
 
-def resize(sizing: Sizing, dtype: str) -> Sizing:
-    """The same model and limits at another ``dtype``."""
-    return size(sizing.shape, dtype, sizing.max_model_len, sizing.max_num_seqs, sizing.max_prefill_tokens)
+def resize(sizing: Sizing, dtype: str, fmt: WeightFormat | None = None) -> Sizing:
+    """The same model and limits at another ``dtype`` (and weight format: unchanged if ``None``)."""
+    s = sizing
+    return size(s.shape, dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, s.fmt if fmt is None else fmt)
 
 
 def gpu_budget(gpu: GpuInfo, utilization: float) -> int:

@@ -1,7 +1,8 @@
 """A small synchronous client for the router's admin API (loopback), used by the supervisor and the CLI.
 
-The supervisor's calls are typed (:mod:`router.admin_protocol`): :meth:`AdminClient.table` and
-:meth:`AdminClient.report`; the CLI's are plain JSON (:meth:`AdminClient.call`).
+The worker table and the supervisor's reports are typed (:mod:`router.admin_protocol`):
+:meth:`AdminClient.table` and :meth:`AdminClient.report`; the CLI's other calls are plain JSON
+(:meth:`AdminClient.call`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ class AdminClient:
         """``GET /admin/workers`` decoded. Raises OSError (unreachable, HTTP error) or ValueError
         (a table that does not match the contract)."""
         return admin_protocol.decode(self.request("GET", "/admin/workers", timeout=timeout), WorkerTable)
+
+    def try_table(self, timeout: float = 2.0) -> WorkerTable | None:
+        """:meth:`table`, or None (logged at DEBUG) when it fails: for pollers that try again anyway."""
+        try:
+            return self.table(timeout)
+        except (OSError, ValueError) as exc:
+            log.debug("admin GET /admin/workers failed: %s", exc)
+            return None
 
     def report(self, worker_id: int, msg: Started | Exited, timeout: float = 5.0) -> None:
         """Post the supervisor's report on one slot (``.../started`` or ``.../exited``)."""

@@ -14,11 +14,13 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from router.admin_protocol import WorkerInfo, WorkerState, WorkerTable
 
-def describe(workers: list[dict]) -> tuple[int, str]:
-    """(ready count, ``"0 ready, 1 starting"``) from the admin API's worker entries."""
-    ready = sum(w.get("state") == "ready" for w in workers)
-    return ready, ", ".join(f"{w['id']} {w.get('state', '?')}" for w in sorted(workers, key=lambda w: w["id"]))
+
+def describe(workers: list[WorkerInfo]) -> tuple[int, str]:
+    """(ready count, ``"0 ready, 1 starting"``) from the worker table's rows."""
+    ready = sum(w.state == WorkerState.READY for w in workers)
+    return ready, ", ".join(f"{w.id} {w.state.value}" for w in sorted(workers, key=lambda w: w.id))
 
 
 def make_progress(console: Console) -> Progress:
@@ -37,13 +39,13 @@ def make_progress(console: Console) -> Progress:
 
 @contextmanager
 def loading_progress(
-    poll: Callable[[], dict | None],
+    poll: Callable[[], WorkerTable | None],
     expected: int,
     enabled: bool = True,
     console: Console | None = None,
     interval_s: float = 0.5,
 ) -> Iterator[None]:
-    """Show the bar while the ``with`` body runs; ``poll()`` returns ``GET /admin/workers`` or None."""
+    """Show the bar while the ``with`` body runs; ``poll()`` returns ``GET /admin/workers`` (typed) or None."""
     console = console or Console(stderr=True)
     if not enabled or not console.is_terminal:
         yield
@@ -56,7 +58,7 @@ def loading_progress(
             while not done.wait(interval_s):
                 info = poll()
                 if info is not None:
-                    ready, states = describe(info.get("workers", []))
+                    ready, states = describe(info.workers)
                     progress.update(task, completed=ready, description=states)
 
         thread = threading.Thread(target=update, name="loading-progress", daemon=True)

@@ -7,10 +7,14 @@
   at once. Any other exit is a crash, logged with its exit code or signal: the worker is restarted
   on the same device after an exponential backoff; see :func:`judge_crash` for when it is marked
   ``failed`` instead. An operator's ``restart`` of a failed worker starts it again.
-* Once a second the supervisor compares notes with the router: a worker the router declared dead
-  (missed heartbeats) whose process is still alive is hung, and is killed so that it restarts.
-* A router that exits is restarted under the same rules as a worker (backoff, ``max_restarts``
-  within the window; past that ``up`` stops and exits non-zero). It rebinds the same ports and
+* The router pushes what only it sees as typed events on the supervisor's event socket
+  (:mod:`launcher.supervise.events`), which the supervisor's loop waits on: a worker it declared dead (missed
+  heartbeats, stalled) whose process is still alive is hung, and is killed so that it restarts; an
+  operator's requested start happens at once; a ready worker is noted (one still loading after
+  ``startup_timeout_s`` is killed and restarted).
+* The router is a :class:`Child` like each worker slot, under the same crash rule
+  (:meth:`Child.crashed`: backoff, ``max_restarts`` within the window; past that ``up`` stops and
+  exits non-zero). It rebinds the same ports and
   ZeroMQ address; once it answers, the supervisor reports every worker process to it again, and
   the running workers re-register (``Identify`` → ``Hello``/``Ready``) with their models loaded.
 * Children run in their own session (a terminal's Ctrl-C reaches only the launcher) and set
@@ -32,17 +36,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config import DeployConfig
+from launcher.config import DeployConfig, SupervisorConfig
 from launcher.plan.placement import WorkerSpec
 from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
+from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
-from router.admin_protocol import Exited, Started, WorkerInfo, WorkerState
+from router.admin_protocol import Event, Exited, Started, StartRequested, WorkerDown, WorkerInfo, WorkerReady
 from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 30.0
-SYNC_INTERVAL_S = 1.0  # how often the supervisor reads the router's worker table
+LOOP_S = 0.2  # the longest the supervisor's loop waits for an event before it looks at its processes
 TERM_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 
 
@@ -104,24 +109,48 @@ def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> sub
     )
 
 
-@dataclass
-class Slot:
-    """One worker slot: its placement, current process and crash history."""
+@dataclass(kw_only=True)
+class Child:
+    """One supervised child, a worker slot or the router: its process and crash history, under
+    the one crash rule both live by (:meth:`crashed`)."""
 
-    spec: WorkerSpec
     proc: subprocess.Popen | None = None
     crashes: tuple[float, ...] = ()
     restart_at: float | None = None
     failed: bool = False
     starts: int = 0  # processes started; restarts = starts - 1
-    started_at: float = 0.0
-    ever_ready: bool = False
-    ready_pid: int = 0  # the last process the router showed ready (it re-registers after a router restart)
-    last_exit: str = ""
-    kill_reason: str = ""  # why the supervisor killed it, if it did
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def crashed(self, now: float, rules: SupervisorConfig) -> CrashVerdict:
+        """Its process crashed at ``now``: judge it (:func:`judge_crash`), then schedule its
+        restart (``restart_at``) or mark it ``failed``."""
+        verdict = judge_crash(self.crashes, now, rules.restart_window_s, rules.max_restarts, rules.restart_backoff_s)
+        self.crashes, self.failed = verdict.recent, verdict.failed
+        self.restart_at = None if verdict.failed else now + verdict.delay_s
+        return verdict
+
+    def due(self, now: float) -> bool:
+        """It has no process, is not given up on, and its restart time has come."""
+        return self.proc is None and not self.failed and self.restart_at is not None and now >= self.restart_at
+
+
+@dataclass
+class Slot(Child):
+    """One worker slot: its placement, current process and crash history."""
+
+    spec: WorkerSpec
+    started_at: float = 0.0
+    ever_ready: bool = False
+    ready_pid: int = 0  # the last process the router said is ready (it re-registers after a router restart)
+    last_exit: str = ""
+    kill_reason: str = ""  # why the supervisor killed it, if it did
+    start_requested: bool = False  # an operator asked for a start (the router's event); done when it has no process
+
+    def ready(self) -> bool:
+        """Its current process runs and the router said it is ready."""
+        return self.alive() and self.ready_pid == self.proc.pid
 
     def where(self) -> str:
         """Where its current process runs: the handle's own label (a Ray node) or the placement's."""
@@ -131,8 +160,9 @@ class Slot:
 class Supervisor:
     """Owns every child process of one deployment.
 
-    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (sleeps), :meth:`_spawn` (makes a
-    process) and ``admin`` (the router's admin API) can be replaced, as ``tests/unit/test_supervisor_process_table.py`` does.
+    Test seams: ``clock`` (monotonic seconds), :meth:`_pause` (waits), :meth:`_spawn` (makes a
+    process), :meth:`_open_events` (the router's event channel) and ``admin`` (the router's admin
+    API) can be replaced, as ``tests/helpers/supervisor_harness.py`` does.
     """
 
     def __init__(
@@ -159,18 +189,28 @@ class Supervisor:
         self.worker_settings_path = run_dir / "worker.json"
         self.worker_settings_path.write_text(cfg.worker_settings().model_dump_json())
         self.slots = {s.worker_id: Slot(s) for s in specs}
-        self.router: subprocess.Popen | None = None  # None while a dead router waits for its restart
-        self.router_starts = 0  # router processes started; its restarts = starts - 1
-        self.router_crashes: tuple[float, ...] = ()
-        self.router_restart_at: float | None = None
+        self.router_child = Child()  # its proc is None while a dead router waits for its restart
         self.router_answering = False  # the current router process has answered its admin API
         self.standby: subprocess.Popen | None = None  # a loaded router waiting to take over
         self.standby_enabled = False  # set once serving: a standby must not slow the workers' start
         self._standby_at = 0.0  # when a standby may be started (after one died)
         self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
+        self.events = self._open_events()  # the router's events (a test replaces it)
+        self._events: list[Event] = []  # received while pausing, handled by the next poll_once
         self.stopping = False
-        self._next_sync = 0.0
-        self._sync_failing = False  # the last table read failed (warned once per outage)
+        self._table_failing = False  # the last table read failed (warned once per outage)
+
+    @property
+    def router(self) -> subprocess.Popen | None:
+        """The router's current process (None while a dead router waits for its restart)."""
+        return self.router_child.proc
+
+    @router.setter
+    def router(self, proc: subprocess.Popen | None) -> None:
+        self.router_child.proc = proc
+
+    def _open_events(self) -> EventInbox:
+        return EventInbox(self.run_dir)
 
     # ---- the router's admin API -------------------------------------------------------
 
@@ -184,17 +224,17 @@ class Supervisor:
 
     def read_table(self) -> dict[int, WorkerInfo] | None:
         """The router's worker table by id, or None when it cannot be read (logged at WARNING once
-        per outage: without it no hung worker is killed and no requested start happens)."""
+        per outage). Read while shutting down, to wait for the requests in flight."""
         try:
             table = self.admin.table()
         except (OSError, ValueError) as exc:
-            if not self._sync_failing:
-                log.warning("cannot read the router's worker table (%s); retrying every %.0fs", exc, SYNC_INTERVAL_S)
-            self._sync_failing = True
+            if not self._table_failing:
+                log.warning("cannot read the router's worker table (%s); retrying", exc)
+            self._table_failing = True
             return None
-        if self._sync_failing:
+        if self._table_failing:
             log.info("the router's worker table is readable again")
-        self._sync_failing = False
+        self._table_failing = False
         return {w.id: w for w in table.workers}
 
     # ---- spawning ---------------------------------------------------------------------
@@ -224,14 +264,16 @@ class Supervisor:
             str(self.model_path),
             "--address",
             self.address,
+            "--events",
+            self.events.address,
         ]
 
     def start_router(self) -> None:
         """Start a router on the configured ports and ZeroMQ address (the same every time): the
         standby takes over when there is one (it has loaded already), else a new process."""
-        self.router_starts += 1
+        self.router_child.starts += 1
         self.router_answering = False
-        restarts = self.router_starts - 1
+        restarts = self.router_child.starts - 1
         standby, self.standby = self.standby, None
         if standby is not None and standby.poll() is None:
             try:
@@ -268,7 +310,7 @@ class Supervisor:
         slot = self.slots[wid]
         spec = slot.spec
         launch = WorkerLaunch.for_slot(spec, self.worker_settings_path, self.model_path, self.address, self.child_env)
-        slot.restart_at, slot.kill_reason = None, ""
+        slot.restart_at, slot.kill_reason, slot.start_requested = None, "", False
         try:
             # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
             slot.proc = self._spawn_worker(spec, launch)
@@ -319,80 +361,102 @@ class Supervisor:
         Raises RuntimeError when no worker can serve: every worker crashed before any became
         ready (fail fast: that is a configuration problem, not bad luck), or none was ready within
         ``timeout``. Once one is ready, a worker still loading at ``timeout`` does not stop the
-        deployment: :meth:`sync` kills it and it is restarted like any other.
+        deployment: :meth:`poll_once` kills it and it is restarted like any other.
         """
         deadline = self.clock() + timeout
         while not stop_requested():
-            self.poll_once(sync=False)
-            table = self.sync() or {}
-            for wid, info in table.items():
-                if wid in self.slots and info.state == WorkerState.READY:
-                    self.slots[wid].ever_ready = True
-            pending = [
-                wid
-                for wid, s in self.slots.items()
-                if not s.failed and (wid not in table or table[wid].state != WorkerState.READY)
-            ]
+            self.poll_once()
+            pending = [wid for wid, s in self.slots.items() if not s.failed and not s.ready()]
             if not any(s.ever_ready for s in self.slots.values()) and all(s.last_exit for s in self.slots.values()):
                 exits = "; ".join(f"worker {wid}: {s.last_exit}" for wid, s in self.slots.items())
                 raise RuntimeError(f"every worker exited during start-up ({exits}); see their logs above")
             if not pending:
                 return
             if self.clock() > deadline:
-                late = ", ".join(map(str, pending))
-                if any(s.ever_ready for s in self.slots.values()):
-                    # Others serve: the late one is killed and restarted like any hung worker (sync).
-                    log.warning(
-                        "worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without "
-                        "them while they are restarted",
-                        late,
-                        timeout,
-                    )
-                    return
-                raise RuntimeError(f"worker(s) {late} not ready within {timeout:.0f}s (workers.startup_timeout_s)")
+                self._late(pending, timeout)
+                return
             self._pause(pause_s)
 
-    def _pause(self, seconds: float) -> None:
-        time.sleep(seconds)
+    def _late(self, pending: list[int], timeout: float) -> None:
+        """Workers not ready at the start-up timeout: serve without them when another one is
+        ready (they are killed and restarted like any hung worker); else raise RuntimeError."""
+        late = ", ".join(map(str, pending))
+        if not any(s.ever_ready for s in self.slots.values()):
+            raise RuntimeError(f"worker(s) {late} not ready within {timeout:.0f}s (workers.startup_timeout_s)")
+        log.warning(
+            "worker(s) %s not ready within %.0fs (workers.startup_timeout_s); serving without them while "
+            "they are restarted",
+            late,
+            timeout,
+        )
 
-    def poll_once(self, sync: bool = True) -> None:
-        """One supervision step: watch the router, reap exits, restart what is due, read the
-        router's table once a second. Raises RuntimeError when the router is given up on."""
+    def _pause(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the router's events (handled by the next :meth:`poll_once`)."""
+        self._events += self.events.wait(seconds)
+
+    def poll_once(self) -> None:
+        """One supervision step: watch the router, reap exits, act on the router's events, restart
+        what is due, kill what is still loading after ``startup_timeout_s``. Raises RuntimeError
+        when the router is given up on."""
+        events, self._events = self._events + self.events.wait(0), []
         if not self.stopping:
             self.watch_router()
         self.reap()
+        if self.stopping:
+            return
+        for event in events:
+            self.on_event(event)
         now = self.clock()
         for wid, slot in self.slots.items():
-            if (
-                not self.stopping
-                and not slot.failed
-                and slot.proc is None
-                and slot.restart_at is not None
-                and now >= slot.restart_at
-            ):
+            if slot.proc is None and slot.start_requested:
+                log.info("worker %d: start requested through the admin API", wid)
+                slot.failed, slot.crashes = False, ()  # an operator's start gets a fresh crash history
                 self.start_worker(wid)
-        if sync and now >= self._next_sync and self.router_answering:
-            self._next_sync = now + SYNC_INTERVAL_S
-            self.sync()
+            elif slot.due(now):
+                self.start_worker(wid)
+            elif self._loading_too_long(slot, now):
+                self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
+
+    def _loading_too_long(self, slot: Slot, now: float) -> bool:
+        """A process the router answers for but has not called ready within ``startup_timeout_s``
+        of its start (a process re-registering after a router restart was ready before)."""
+        return (
+            self.router_answering
+            and slot.alive()
+            and not slot.kill_reason
+            and slot.ready_pid != slot.proc.pid
+            and now - slot.started_at > self.cfg.workers.startup_timeout_s
+        )
+
+    def on_event(self, event: Event) -> None:
+        """Act on one of the router's events about a slot of this deployment."""
+        slot = self.slots.get(event.worker_id)
+        if slot is None:
+            return
+        if isinstance(event, StartRequested):
+            slot.start_requested = True  # started once it has no process (a hung one is being killed)
+            return
+        if not slot.alive() or slot.proc.pid != event.pid:
+            return  # about a process that is gone already
+        if isinstance(event, WorkerReady):
+            slot.ready_pid, slot.ever_ready = event.pid, True
+        elif isinstance(event, WorkerDown) and not slot.kill_reason:
+            self._kill(slot, f"hung: {event.reason or 'missed heartbeats'}")
 
     def watch_router(self) -> None:
-        """Restart a dead router under the workers' crash rules (:func:`judge_crash`); once the
+        """Restart a dead router under the workers' crash rule (:meth:`Child.crashed`); once the
         new one answers, report every worker to it. The workers keep running and re-register.
         Raises RuntimeError when the router crashed more than ``max_restarts`` times in the window."""
-        now, sup = self.clock(), self.cfg.supervisor
-        if self.router is not None and self.router.poll() is not None:
-            code, pid = self.router.returncode, self.router.pid
-            self.router, self.router_answering = None, False
-            verdict = judge_crash(
-                self.router_crashes, now, sup.restart_window_s, sup.max_restarts, sup.restart_backoff_s
-            )
-            self.router_crashes = verdict.recent
+        now, sup, router = self.clock(), self.cfg.supervisor, self.router_child
+        if router.proc is not None and router.proc.poll() is not None:
+            code, pid = router.proc.returncode, router.proc.pid
+            router.proc, self.router_answering = None, False
+            verdict = router.crashed(now, sup)
             if verdict.failed:
                 raise RuntimeError(
                     f"the router (pid {pid}) {describe_exit(code)}; {len(verdict.recent)} crashes "
                     f"within {sup.restart_window_s:.0f}s (supervisor.max_restarts): giving up"
                 )
-            self.router_restart_at = now + verdict.delay_s
             log.error(
                 "router (pid %d) %s; restarting it in %.1fs on the same addresses (crash %d, giving up after %d "
                 "within %.0fs); workers keep running",
@@ -403,10 +467,10 @@ class Supervisor:
                 sup.max_restarts + 1,
                 sup.restart_window_s,
             )
-        if self.router is None and self.router_restart_at is not None and now >= self.router_restart_at:
-            self.router_restart_at = None
+        if router.due(now):
+            router.restart_at = None
             self.start_router()
-        if self.router is not None and not self.router_answering:
+        if router.proc is not None and not self.router_answering:
             try:
                 self.admin.table(timeout=0.5)
             except (OSError, ValueError):
@@ -432,7 +496,6 @@ class Supervisor:
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
-        sup = self.cfg.supervisor
         for wid, slot in self.slots.items():
             if slot.proc is None or slot.proc.poll() is None:
                 continue
@@ -440,74 +503,46 @@ class Supervisor:
             rank = getattr(slot.proc, "exited_rank", None)  # a tensor-parallel slot: which rank took it down
             why = getattr(slot.proc, "exit_reason", "")  # a backend's handle may know more (a node that left)
             slot.proc = None
-            now = self.clock()
             detail = slot.kill_reason or why
             reason = describe_exit(code) + (f" ({detail})" if detail else "")
             if rank is not None and slot.spec.tp > 1:
                 reason = f"rank {rank} {reason}"
             slot.last_exit = reason
-            failed = False
             if self.stopping:
                 log.info("worker %d (pid %d) stopped: %s", wid, pid, reason)
             elif code == 0:
                 log.info("worker %d (pid %d) exited on request; starting it again", wid, pid)
-                slot.restart_at = now
+                slot.restart_at = self.clock()
             else:
-                verdict = judge_crash(slot.crashes, now, sup.restart_window_s, sup.max_restarts, sup.restart_backoff_s)
-                slot.crashes, failed = verdict.recent, verdict.failed
-                if failed:
-                    slot.failed = True
-                    log.error(
-                        "worker %d (pid %d) %s; %d crashes within %.0fs: marked failed, not restarting "
-                        "(`llamadeploy restart-worker %d` tries again)",
-                        wid,
-                        pid,
-                        reason,
-                        len(verdict.recent),
-                        sup.restart_window_s,
-                        wid,
-                    )
-                else:
-                    slot.restart_at = now + verdict.delay_s
-                    log.warning(
-                        "worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
-                        wid,
-                        pid,
-                        reason,
-                        verdict.delay_s,
-                        len(verdict.recent),
-                        sup.max_restarts + 1,
-                        sup.restart_window_s,
-                    )
-            self._report(wid, Exited(reason=reason, failed=failed, pid=pid))
+                self._crashed(wid, slot, pid, reason)
+            self._report(wid, Exited(reason=reason, failed=slot.failed, pid=pid))
 
-    def sync(self) -> dict[int, WorkerInfo] | None:
-        """Read the router's worker table and act on it: start workers an operator asked for, kill
-        hung ones (dead to the router but alive here, or still loading after startup_timeout_s)."""
-        table = self.read_table() if self.router_answering else None
-        if table is None or self.stopping:
-            return table
-        now = self.clock()
-        for wid, w in table.items():
-            slot = self.slots.get(wid)
-            if slot is None:
-                continue
-            if w.start_requested and slot.proc is None:
-                log.info("worker %d: start requested through the admin API", wid)
-                slot.failed, slot.crashes = False, ()
-                self.start_worker(wid)
-            elif slot.alive() and w.pid == slot.proc.pid and not slot.kill_reason:
-                if w.state == WorkerState.READY:
-                    slot.ready_pid = w.pid
-                elif w.state == WorkerState.DEAD:
-                    self._kill(slot, f"hung: {w.exit_reason or 'missed heartbeats'}")
-                elif (
-                    w.state == WorkerState.STARTING
-                    and slot.ready_pid != w.pid  # not re-registering
-                    and now - slot.started_at > self.cfg.workers.startup_timeout_s
-                ):
-                    self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
-        return table
+    def _crashed(self, wid: int, slot: Slot, pid: int, reason: str) -> None:
+        """Worker ``wid``'s process ``pid`` crashed: the crash rule schedules its restart or marks it failed."""
+        sup = self.cfg.supervisor
+        verdict = slot.crashed(self.clock(), sup)
+        if verdict.failed:
+            log.error(
+                "worker %d (pid %d) %s; %d crashes within %.0fs: marked failed, not restarting "
+                "(`llamadeploy restart-worker %d` tries again)",
+                wid,
+                pid,
+                reason,
+                len(verdict.recent),
+                sup.restart_window_s,
+                wid,
+            )
+        else:
+            log.warning(
+                "worker %d (pid %d) %s; restarting in %.1fs (crash %d, failed after %d within %.0fs)",
+                wid,
+                pid,
+                reason,
+                verdict.delay_s,
+                len(verdict.recent),
+                sup.max_restarts + 1,
+                sup.restart_window_s,
+            )
 
     def _kill(self, slot: Slot, why: str) -> None:
         log.error("worker %d (pid %d) is %s; killing it", slot.spec.worker_id, slot.proc.pid, why)
@@ -521,7 +556,7 @@ class Supervisor:
         try:
             while not stop_requested():
                 self.poll_once()
-                time.sleep(0.2)
+                self._pause(LOOP_S)
         except RuntimeError as exc:
             log.error("%s; stopping the deployment", exc)
             code = 1
@@ -542,6 +577,7 @@ class Supervisor:
         self.reap()
         routers = [p for p in (self.router, self.standby) if p is not None]
         self._terminate(routers, TERM_TIMEOUT_S)
+        self.events.close()
         log.info("all processes stopped")
 
     def _wait_idle(self, grace: float) -> None:

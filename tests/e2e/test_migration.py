@@ -168,7 +168,8 @@ def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
     answer = got.json()
     assert answer["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
     assert answer["choices"][0]["finish_reason"] == "length"
-    assert answer["usage"] == want["usage"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the cache hits depend on the workers
+    assert {k: answer["usage"][k] for k in counts} == {k: want["usage"][k] for k in counts}
     assert re.search(rf"migrating from worker {busy['id']} to worker \d after \d+ tokens", mig.log())
 
 

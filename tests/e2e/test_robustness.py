@@ -202,7 +202,7 @@ UNKNOWN_PEER = "dropped a frame from unknown peer"
 def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
     import msgspec
 
-    from worker.contract.protocol import Heartbeat, Tokens, encode
+    from worker.contract.protocol import EngineLoad, Heartbeat, Tokens, encode
 
     before = processes(fuzzed)
     address = zmq_address(fuzzed)
@@ -225,7 +225,7 @@ def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
             msgspec.msgpack.encode({"type": "Generate", "request_id": "x"}),
             msgspec.msgpack.encode({"type": "Exec", "code": "import os; os._exit(1)"}),
             encode(Tokens(request_id="req-nobody", text_delta="injected", token_ids=[1])),
-            encode(Heartbeat(worker_id=0, running=99, waiting=99, kv_used_tokens=0, mem_bytes=0)),
+            encode(Heartbeat(worker_id=0, load=EngineLoad(running=99, waiting=99))),
         ]
         for s in socks:
             for f in frames:

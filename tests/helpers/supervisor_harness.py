@@ -1,4 +1,5 @@
-"""The supervisor over a fake process table and a real router worker table (no processes)."""
+"""The supervisor over a fake process table and a real router worker table (no processes); the
+router's events reach it as the msgpack frames of its event channel."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from launcher.config import DeployConfig
 from launcher.plan.placement import WorkerSpec
 from launcher.supervise.supervisor import Supervisor
 from router import admin_protocol
-from router.admin_protocol import Started, WorkerTable
+from router.admin_protocol import WorkerTable
 from router.workers import WorkerPool
 from worker.contract.protocol import PROTOCOL_VERSION, Hello, Ready, encode, worker_identity
 
@@ -50,11 +51,34 @@ class FakeProc:
         return self.returncode
 
 
+class FakeInbox:
+    """The supervisor's event socket: the frames the router pushed, decoded as the real one does."""
+
+    address = "ipc://unused-events"
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def push(self, event) -> None:
+        self.frames.append(admin_protocol.encode_event(event))
+
+    def wait(self, timeout_s: float) -> list:
+        frames, self.frames = self.frames, []
+        return [admin_protocol.decode_event(f) for f in frames]
+
+    def close(self) -> None:
+        pass
+
+
+INBOX = FakeInbox()  # shared by every router a test makes, as the supervisor's socket is
+
+
 class PoolAdmin:
     """The admin API, served by a real WorkerPool; every message crosses the JSON contract."""
 
-    def __init__(self) -> None:
+    def __init__(self, inbox: FakeInbox = INBOX) -> None:
         self.pool = WorkerPool("inproc://unused", "round_robin", heartbeat_timeout_s=10)
+        self.pool.tell_supervisor = inbox.push
         self.down = False
         self.base = "http://fake"
 
@@ -68,11 +92,7 @@ class PoolAdmin:
 
     def report(self, worker_id: int, msg, timeout: float = 5.0) -> None:
         self._check()
-        msg = admin_protocol.decode(admin_protocol.encode(msg), type(msg))
-        if isinstance(msg, Started):
-            self.pool.on_started(worker_id, msg.pid, msg.restarts, msg.device)
-        else:
-            self.pool.mark_lost(worker_id, msg.reason, failed=msg.failed)
+        self.pool.on_report(worker_id, admin_protocol.decode(admin_protocol.encode(msg), type(msg)))
 
     def try_call(self, method: str, path: str, body=None, timeout: float = 5.0):
         return None if self.down else {}
@@ -93,9 +113,13 @@ class Harness(Supervisor):
         cfg = DeployConfig.model_validate(base)
         specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
         self.now = 1000.0
+        INBOX.frames.clear()
         super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)
         self.admin = PoolAdmin()
         self.procs: list[FakeProc] = []
+
+    def _open_events(self) -> FakeInbox:
+        return INBOX
 
     def _spawn(self, args, env, stdin_pipe=False):
         self.procs.append(FakeProc(1000 + len(self.procs), args, FakeStdin() if stdin_pipe else None))
@@ -106,7 +130,6 @@ class Harness(Supervisor):
 
     def tick(self, seconds: float = 0.0) -> None:
         self.now += seconds
-        self._next_sync = 0.0
         self.poll_once()
 
     def proc_of(self, wid: int) -> FakeProc:

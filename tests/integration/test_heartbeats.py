@@ -11,11 +11,11 @@ import zmq.asyncio
 
 from router.workers import WorkerPool
 from tests.helpers.deployment import wait_for_async
-from worker.contract.protocol import PROTOCOL_VERSION, Heartbeat, Hello, encode, worker_identity
+from worker.contract.protocol import PROTOCOL_VERSION, EngineLoad, Heartbeat, Hello, encode, worker_identity
 
 
 def heartbeat(wid: int, running: int) -> bytes:
-    return encode(Heartbeat(worker_id=wid, running=running, waiting=0, kv_used_tokens=0, mem_bytes=0))
+    return encode(Heartbeat(worker_id=wid, load=EngineLoad(running=running)))
 
 
 async def exchange(address: str, refused) -> None:
@@ -51,7 +51,7 @@ async def exchange(address: str, refused) -> None:
         await stranger.send(heartbeat(0, running=99))  # forged: worker-99 claims to be worker 0
         await wait_for_async(lambda: refused() or pool.workers[0].heartbeats > 1, 10)
         w = pool.workers[0]
-        assert (w.heartbeats, w.heartbeat.running) == (1, 1)
+        assert (w.heartbeats, w.load.running) == (1, 1)
         assert 99 not in pool.workers
     finally:
         for s in peers:

@@ -1,6 +1,6 @@
 """A restarted router learns its running workers again over a real ZeroMQ socket: the worker's
 transport (a real I/O thread) answers ``Identify`` with its ``Hello`` and ``Ready``, and its
-heartbeats carry the Heartbeat fields of whatever ``stats()`` the engine reports."""
+heartbeats carry the engine's load as ``stats()`` reports it."""
 
 from __future__ import annotations
 
@@ -10,27 +10,17 @@ import queue
 
 from router.workers import State, WorkerPool
 from tests.helpers.deployment import wait_for_async
-from worker.contract.protocol import PROTOCOL_VERSION, Hello, Ready
+from worker.contract.protocol import PROTOCOL_VERSION, EngineLoad, Hello, Ready
 from worker.transport import Transport
 
 
-def engine_stats() -> dict:
-    # what an engine may add beyond the Heartbeat's fields must not break the heartbeat
-    return {
-        "running": 0,
-        "waiting": 0,
-        "kv_used_tokens": 0,
-        "mem_bytes": 1,
-        "steps": 42,
-        "last_step_age_s": 0.5,
-        "prefix_hit_tokens": 7,
-        "kv_blocks_free": 3,
-    }
+def engine_stats() -> EngineLoad:
+    return EngineLoad(mem_bytes=1, steps=42, last_step_age_s=0.5, prefix_hit_tokens=7, kv_blocks_free=3)
 
 
 def ready(pool: WorkerPool) -> bool:
     w = pool.workers.get(0)
-    return w is not None and w.state == State.READY and w.heartbeat is not None
+    return w is not None and w.state == State.READY and w.load is not None
 
 
 async def scenario(address: str) -> None:
@@ -52,7 +42,7 @@ async def scenario(address: str) -> None:
         )
         transport.announce(Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=100))
         await wait_for_async(lambda: ready(first), 10)
-        hb = first.workers[0].heartbeat
+        hb = first.workers[0].load
         assert (hb.steps, hb.last_step_age_s, hb.mem_bytes) == (42, 0.5, 1)
         await first.close()  # the router goes away
 

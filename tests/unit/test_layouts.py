@@ -59,7 +59,8 @@ def test_on_a_ray_cluster_tensor_parallel_is_not_offered():
 
 def test_13b_on_one_24gb_card_says_it_does_not_fit_and_what_would():
     rec = recommend(fp16("13B"), parse_gpus("1x24GB"), DeployConfig())
-    assert "float16 needs" in rec.note and "int8-quantized" in rec.note
+    assert "float16 needs" in rec.note and "does not fit in float16; fits with model.quantization: int8" in rec.note
+    assert "another engine" not in rec.note
 
 
 def test_70b_tp_2_on_80gb_cards_fits_one_sequence_so_tp_4_is_chosen():

@@ -147,10 +147,10 @@ def test_a_migration_waits_for_the_only_worker_to_come_back():
         say(pool, "a", [5])
         await step()
         pool.mark_lost(0, "killed by SIGKILL")
-        await asyncio.sleep(0.3)
+        await step()
         assert not task.done() and len(pool.generates()) == 1
         pool.boot(0, pid=200, restarts=1)
-        await asyncio.sleep(0.3)
+        await step()
         assert pool.generates()[1][1].output_token_ids == [5]
         say(pool, "b", [6], finish="length", total=2)
         assert [e.text_delta for e in await task] == ["a", "b"]

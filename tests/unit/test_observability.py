@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.supervise.progress import describe
+from router.admin_protocol import WorkerInfo, WorkerState
 from router.auth import bearer_token, token_matches
 from router.metrics import Metrics, RequestTimer
 from router.workers import State, Worker, WorkerPool
 from worker.contract.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter
 from worker.contract.protocol import (
     Cancel,
+    EngineLoad,
     Generate,
-    Heartbeat,
     Hello,
     ProtocolError,
     SamplingParams,
@@ -53,9 +54,11 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
 
 def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     w = pool.workers[0] = Worker(
-        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2, in_flight=3
+        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2
     )
-    w.heartbeat = Heartbeat(worker_id=0, running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
+    for k in range(3):
+        pool.register(w, f"req-{k}")
+    w.load = EngineLoad(running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
     pool.workers[1] = Worker(1, state=State.STARTING)
     m = Metrics(pool)
     s = samples(m)
@@ -70,7 +73,7 @@ def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     assert s[("llamadeploy_worker_state", (("state", "ready"), ("worker_id", "0")))] == 1
     assert s[("llamadeploy_worker_state", (("state", "starting"), ("worker_id", "1")))] == 1
     assert s[("llamadeploy_kv_cache_usage_ratio", (("worker_id", "1"),))] == 0  # no heartbeat yet
-    w.heartbeat = Heartbeat(worker_id=0, running=0, waiting=0, kv_used_tokens=0, mem_bytes=1)
+    w.load = EngineLoad(running=0, waiting=0, kv_used_tokens=0, mem_bytes=1)
     assert samples(m)[("llamadeploy_worker_num_requests_running", wid0)] == 0
 
 
@@ -272,4 +275,5 @@ def test_router_direction_does_not_accept_worker_commands():
 
 
 def test_progress_description():
-    assert describe([{"id": 1, "state": "starting"}, {"id": 0, "state": "ready"}]) == (1, "0 ready, 1 starting")
+    rows = [WorkerInfo(id=1, state=WorkerState.STARTING), WorkerInfo(id=0, state=WorkerState.READY)]
+    assert describe(rows) == (1, "0 ready, 1 starting")

@@ -15,10 +15,10 @@ from launcher.models import ModelNotFound
 from launcher.plan.placement import GpuInfo, Inventory
 from launcher.plan.plan import make_plan, parse_gpus, recommend
 from launcher.plan.shape import read_shape
-from launcher.plan.sizing import kv_bytes_per_token, size, weight_bytes
+from launcher.plan.sizing import kv_bytes_per_token, size
 from tests.helpers.deployment import free_port
 from tests.helpers.model_configs import LLAMA2, SMOLLM2_135M, llama2
-from worker.contract.shapes import ShapeError, from_gguf
+from worker.contract.shapes import ShapeError, from_gguf, weight_bytes
 from worker.contract.units import GB, GiB
 
 
@@ -48,7 +48,7 @@ def inv(gpu_list: list[GpuInfo], ram_gib: float = 64) -> Inventory:
 def test_llama2_parameters_and_fp16_weights_match_the_published_figures(name, params, about_gb):
     shape = llama2(name)
     assert shape.params == params  # the published parameter counts
-    fp16 = weight_bytes(shape, "float16")
+    fp16 = weight_bytes(shape, "float16").total
     assert fp16 == 2 * params
     assert abs(fp16 / GB - about_gb) / about_gb < 0.05  # "about 14, 26 and 140 GB" (decimal GB)
     assert fp16 / GiB == pytest.approx(fp16 / GB * GB / GiB)
@@ -57,16 +57,15 @@ def test_llama2_parameters_and_fp16_weights_match_the_published_figures(name, pa
 
 def test_weights_scale_with_dtype():
     shape = llama2("7B")
-    bf16 = weight_bytes(shape, "bfloat16")
-    assert weight_bytes(shape, "float32") == 2 * bf16
-    assert weight_bytes(shape, "int8") == bf16 // 2
-    assert weight_bytes(shape, "int4") == bf16 // 4
+    bf16 = weight_bytes(shape, "bfloat16").total
+    assert weight_bytes(shape, "float32").total == 2 * bf16
+    assert weight_bytes(shape, "float16").total == bf16  # int8 / int4: tests/unit/test_weight_bytes.py
 
 
 def test_kv_cache_per_token():
     assert kv_bytes_per_token(llama2("7B"), "float16") == 2 * 32 * 32 * 128 * 2 == 512 * 1024
     assert kv_bytes_per_token(llama2("7B"), "float32") == 1024 * 1024
-    assert kv_bytes_per_token(llama2("7B"), "int4") == 512 * 1024  # quantized weights keep a 16-bit cache
+    assert kv_bytes_per_token(llama2("7B"), "bfloat16") == 512 * 1024  # quantized weights or not
 
 
 def test_70b_gqa_kv_cache_is_8x_smaller_than_multi_head():
@@ -124,7 +123,8 @@ def test_70b_bf16_does_not_fit_one_80gib_gpu_and_says_why():
     assert not plan.ok
     msg = plan.errors[0]
     assert "worker 0 (cuda[0])" in msg and "72.00 GiB" in msg and "128.48 GiB weights (bfloat16)" in msg
-    assert "int8-quantized" in msg  # the way out on this hardware
+    assert "fits with model.quantization: int8 — 17,557 tokens of KV cache" in msg  # the way out, served here
+    assert "another engine" not in msg
     assert plan.recommendation.replicas == 0
 
 

@@ -90,9 +90,13 @@ def test_chat_rejects_with_the_field_named(body, param):
     "body,param",
     [
         ({"prompt": ""}, "prompt"),
-        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ["a", ""]}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
+        ({"prompt": [[1], "a"]}, "prompt"),
         ({"prompt": [1, "a"]}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": ["a"] * 65}, "prompt"),
+        ({"prompt": "x", "echo": 1}, "echo"),
+        ({"prompt": "x", "max_tokens": -1}, "max_tokens"),
         ({"prompt": "x", "logprobs": 6}, "logprobs"),
         ({"prompt": "x", "logprobs": True}, "logprobs"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
@@ -125,8 +129,16 @@ def test_valid_requests_parse():
         },
     )
     assert req.stop_list() == ["x"] and req.messages[0].text() == "be brief"
-    assert parse(CompletionRequest, {"prompt": ["one"]}).prompt == "one"
-    assert parse(CompletionRequest, {"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    assert parse(CompletionRequest, {"prompt": "one"}).prompt == ["one"]
+    assert parse(CompletionRequest, {"prompt": ["one", "two"]}).prompt == ["one", "two"]
+    assert parse(CompletionRequest, {"prompt": [1, 2, 3]}).prompt == [[1, 2, 3]]
+    # lm-evaluation-harness's local-completions loglikelihood body: token-id lists, echo, max_tokens 1
+    lm_eval = {"model": "m", "prompt": [[1, 2], [3]], "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234}
+    req = parse(CompletionRequest, {**lm_eval, "echo": True})
+    assert req.prompt == [[1, 2], [3]] and req.echo and req.logprobs == 1
+    assert parse(CompletionRequest, {"prompt": "x", "echo": True, "max_tokens": 0}).max_tokens == 0
+    too_many = bad(CompletionRequest, {"prompt": ["a"] * 8, "n": 9})
+    assert "64 choices" in too_many.message
 
 
 JSON = st.recursive(

@@ -11,7 +11,7 @@ import time
 from router.generation import stream_tokens
 from router.workers import State
 from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, say, step, two_workers
-from worker.contract.protocol import Heartbeat
+from worker.contract.protocol import EngineLoad, Heartbeat
 
 STALL_S = 30.0
 
@@ -19,9 +19,7 @@ STALL_S = 30.0
 def beat(pool: RecordingPool, wid: int, steps: int | None, running: int = 1, age: float | None = None) -> None:
     pool.frame(
         wid,
-        Heartbeat(
-            worker_id=wid, running=running, waiting=0, kv_used_tokens=0, mem_bytes=0, steps=steps, last_step_age_s=age
-        ),
+        Heartbeat(worker_id=wid, load=EngineLoad(running=running, steps=steps, last_step_age_s=age)),
     )
 
 

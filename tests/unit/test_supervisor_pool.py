@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from router.admin_protocol import Exited, Started
 from router.errors import ApiError
 from router.generation import stream_tokens
 from router.workers import NoWorker, State
@@ -47,7 +48,7 @@ def test_start_request_only_for_a_worker_without_process():
     assert not pool.request_start(0)
     pool.mark_lost(0, "exit code 1", failed=True)
     assert pool.request_start(0) and pool.workers[0].info()["start_requested"]
-    pool.on_started(0, 400, 4, "cpu[0]")
+    pool.on_report(0, Started(pid=400, restarts=4, device="cpu[0]"))  # the supervisor's answer
     assert not pool.workers[0].start_requested and pool.workers[0].state == State.STARTING
 
 
@@ -172,10 +173,10 @@ def test_retry_waits_for_the_only_worker_to_come_back():
         task = asyncio.create_task(collect(stream_tokens(pool, [1], PARAMS, max_retries=1, buffered=True)))
         await step()
         pool.mark_lost(0, "killed by SIGKILL")  # one replica: nothing else is ready
-        await asyncio.sleep(0.3)
+        await step()
         assert not task.done() and len(pool.generates()) == 1
         pool.boot(0, pid=200, restarts=1)
-        await asyncio.sleep(0.3)
+        await step()
         assert len(pool.generates()) == 2
         pool.tokens("back", finish="stop")
         events = await task
@@ -246,7 +247,7 @@ def test_a_requested_start_that_fails_is_not_requested_again():
     pool.boot(0, 42)
     pool.mark_lost(0, "crashed too often", failed=True)
     assert pool.request_start(0) and pool.workers[0].info()["start_requested"]
-    pool.mark_lost(0, "no Ray node has room for it", failed=True)
+    pool.on_report(0, Exited(reason="no Ray node has room for it", failed=True))
     row = pool.workers[0].info()
     assert (row["state"], row["start_requested"], row["exit_reason"]) == (
         "failed",

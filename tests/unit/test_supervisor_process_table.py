@@ -2,7 +2,8 @@
 
 ``FakeProcs`` stands in for ``subprocess.Popen`` (the test decides when a process exits), a fake
 clock for time, and the admin API goes to a real :class:`~router.workers.WorkerPool` through the
-typed contract's JSON encoding (``router.admin_protocol``), so both sides' states must agree.
+typed contract's JSON encoding (``router.admin_protocol``), so both sides' states must agree; the
+router's events reach the supervisor as the msgpack frames of its event channel.
 """
 
 from __future__ import annotations
@@ -77,12 +78,12 @@ def test_an_unreadable_table_is_a_warning_once_per_outage(tmp_path, caplog):
     sup = started(tmp_path)
     caplog.set_level(logging.INFO, logger="launcher.supervise.supervisor")
     sup.admin.down = True
-    sup.tick()
-    sup.tick()
+    sup.read_table()  # (supervision waits on events; the table is read while shutting down)
+    sup.read_table()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "cannot read the router's worker table" in warnings[0].getMessage()
     sup.admin.down = False
-    sup.tick()
+    sup.read_table()
     assert "readable again" in caplog.text
 
 
@@ -92,7 +93,7 @@ def test_a_table_that_breaks_the_contract_is_refused_loudly(tmp_path, caplog):
     row["workers"][0]["state"] = "Ready"  # a renamed state must not silently stop supervision
     sup.admin.table = lambda timeout=2.0: admin_protocol.decode(msgspec.json.encode(row), WorkerTable)
     caplog.set_level(logging.WARNING, logger="launcher.supervise.supervisor")
-    assert sup.sync() is None
+    assert sup.read_table() is None
     assert "cannot read the router's worker table" in caplog.text and "Ready" in caplog.text
 
 

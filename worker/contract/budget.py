@@ -18,7 +18,9 @@ The worker measures its facts after warm-up, as nano-vllm's ``warmup_model`` →
 ``allocate_kv_cache`` does: ``reset_peak_memory_stats()``, one forward of ``max_prefill_tokens``,
 ``empty_cache()``; then weights = ``memory_allocated()``, peak = ``max_memory_allocated() −
 memory_allocated()``, free from ``mem_get_info()`` (see ``worker.gpus.measure_gpus``). ``plan``
-supplies NVML's free memory and its estimates of the same terms (``launcher.plan.plan``).
+supplies NVML's free memory and its estimates of the same terms (``launcher.plan.sizing``): the
+weights by ``worker.contract.shapes.weight_bytes``, quantized weights counted at their bits plus
+scales (the bytes at rest; a kernel's second copy shows only in the worker's measurement).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad)
 
 
 class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
@@ -80,24 +80,36 @@ class Ready(Msg):
     kernels: list[KernelChoice] = []
 
 
-class Heartbeat(Msg):
-    """Periodic load report. ``kv_used_tokens`` counts reserved worst-case tokens; bytes are RSS
-    on CPU and ``torch.cuda.memory_allocated`` on GPU."""
+class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The engine's figures, the one home of each: :meth:`worker.engine.Engine.stats` fills it, the
+    :class:`Heartbeat` carries it, the router's worker table (``router.admin_protocol.WorkerInfo``
+    inherits these fields), ``/metrics`` and ``llamadeploy status`` read it. A new figure is one
+    field here, with a default (what a worker that does not report it is taken to say).
 
-    worker_id: int
-    running: int
-    waiting: int
-    kv_used_tokens: int
-    mem_bytes: int
+    ``kv_used_tokens`` counts reserved worst-case tokens; ``mem_bytes`` is RSS on CPU and torch's
+    reserved memory on GPU. Counters (``finished``, ``steps``, ``prefix_*``, ``preemptions``) run
+    since the worker process started."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_tokens: int = 0
+    mem_bytes: int = 0
     peak_running: int = 0
-    served: int = 0
+    finished: int = 0  # sequences the engine finished
     steps: int | None = None  # engine steps so far; None: the engine does not report it
     last_step_age_s: float | None = None  # seconds since the engine's last step (None: not reported)
-    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache, since start
-    prefix_queried_tokens: int = 0  # prompt tokens looked up in it, since start
+    prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in it
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     preemptions: int = 0
+
+
+class Heartbeat(Msg):
+    """Periodic load report of worker ``worker_id``: its engine's :class:`EngineLoad` now."""
+
+    worker_id: int
+    load: EngineLoad
 
 
 class Usage(msgspec.Struct, forbid_unknown_fields=True):
@@ -106,6 +118,7 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
 
 class TokenLogprob(msgspec.Struct, forbid_unknown_fields=True):
@@ -131,6 +144,8 @@ class Tokens(Msg):
     usage: Usage | None = None
     ttft_s: float | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token sampled since the last message, when asked
+    # With params.prompt_logprobs, on the first message only: prompt tokens 1..P-1 (token 0 has none)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Failed(Msg):
@@ -172,6 +187,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
     logit_bias: dict[int, float] = {}  # token id -> added to its logit (-100..100; -100 bans it)
     min_tokens: int = 0  # the stop tokens are masked until this many tokens were generated
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and the top k alternatives'
+    # None: off; k >= 0: every prompt token's logprob (raw: before penalties) and its top k, sent
+    # once in the first Tokens message; a stop token that ends the output is then reported too
+    prompt_logprobs: int | None = None
     grammar: Grammar | None = None  # constrain the output (worker.grammar)
 
 

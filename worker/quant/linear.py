@@ -114,11 +114,13 @@ class Linears:
 
     def quantize(self, weight: Weight) -> Weight:
         """``weight`` [N, K] as :mod:`worker.contract.quant_rules` cuts it, when a float weight is to be
-        quantized; else as it is. Raises ``ValueError`` for a K the groups do not divide."""
+        quantized; else (and where K holds no whole number of groups) as it is."""
         if self.bits is None or isinstance(weight, QuantizedWeight):
             return weight
         k = weight.shape[1]
         group = rules.group_size(self.bits, k)
+        if k % group:
+            return weight  # no whole number of groups along K: left in the compute dtype (as sizing counts it)
         return (quantize_int8 if self.bits == 8 else quantize_int4)(weight, group)
 
     def count(self, t: torch.Tensor | None) -> None:

@@ -1,0 +1,103 @@
+"""``POST /v1/responses``: validate, translate to the chat request, dispatch, shape.
+
+The chat path's pieces do the work (:mod:`router.openai_api`: model check, grammar, template and
+tokenizer, limits; :mod:`router.generation`: dispatch, retries, migration); errors they raise
+name chat's fields, which are renamed here to the Responses ones (``messages`` -> ``input``,
+``max_tokens`` -> ``max_output_tokens``, ``response_format`` -> ``text.format``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from contextlib import aclosing, contextmanager
+
+from aiohttp import web
+
+from router.bodies import read_json, request_timeout, timeout_error
+from router.errors import ApiError
+from router.generation import stream_tokens
+from router.metrics import request_timer
+from router.openai_api import check_model, request_grammar, sampling_params, tokenize_chat
+from router.responses.output import OutputBuilder
+from router.responses.request import ResponsesRequest, refuse_stateful, to_chat
+from router.responses.shaping import ResponseShaper
+from router.responses.stream import stream_response
+from router.schemas import ChatRequest, parse
+from router.shaping import Choice
+from router.state import API, REQUEST_ID, Api
+from router.tools import ToolMode, tool_mode
+from worker.contract.protocol import SamplingParams
+
+RENAMED = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format"}
+_CHAT_WORDS = re.compile(r"\b(messages|max_tokens|response_format)\b")
+
+
+@contextmanager
+def responses_names():
+    """Re-raise the chat path's 400s with the Responses API's field names."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.param in RENAMED:
+            exc.param = RENAMED[exc.param]
+            exc.message = _CHAT_WORDS.sub(lambda m: RENAMED[m.group(1)], exc.message)
+        raise
+
+
+async def create_response(request: web.Request) -> web.StreamResponse:
+    api = request.app[API]
+    req = parse(ResponsesRequest, await read_json(request))
+    refuse_stateful(req)
+    check_model(api, req.model)
+    chat = to_chat(req)
+    with responses_names():
+        tools = tool_mode(chat)
+        grammar = await request_grammar(api, chat, tools)
+        prompt = await tokenize_chat(api, chat)
+        params = sampling_params(api, chat, len(prompt), chat.max_completion_tokens)
+    params.grammar = grammar
+    return await respond(request, api, req, chat, tools, prompt, params)
+
+
+async def respond(
+    request: web.Request,
+    api: Api,
+    req: ResponsesRequest,
+    chat: ChatRequest,
+    tools: ToolMode | None,
+    prompt: list[int],
+    params: SamplingParams,
+) -> web.StreamResponse:
+    """Generate one answer and send it as a ``response`` object or a Responses event stream."""
+    shaper = ResponseShaper(req, chat, api.model_name)
+    timeout = request_timeout(request, api)
+    timer = request_timer(request)
+    top = params.logprobs
+    if top is not None:
+        await api.grammar_checker.ready()
+    choice = Choice(0, True, tools, api.token_texts if top is not None else None, top)
+    events = timer.wrap(
+        stream_tokens(
+            api.pool,
+            prompt,
+            params,
+            api.cfg.router.max_retries,
+            request.get(REQUEST_ID, ""),
+            buffered=not chat.stream,
+            on_tokens=timer.on_tokens,
+            max_migrations=api.cfg.router.max_migrations,
+            on_migration=timer.on_migration,
+        )
+    )
+    if chat.stream:
+        return await stream_response(request, shaper, choice, events, timeout, len(prompt))
+    out = OutputBuilder()
+    try:
+        async with asyncio.timeout(timeout):
+            async with aclosing(events) as stream:
+                async for tok in stream:
+                    out.feed(choice.feed(tok))
+    except TimeoutError:
+        raise timeout_error(timeout) from None
+    return web.json_response(shaper.finished(choice, out.items, len(prompt)))
