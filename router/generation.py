@@ -103,6 +103,26 @@ class _Progress:
             prompt_logprobs=self.prompt_logprobs,
         )
 
+    def take(self, event: Tokens, buffered: bool) -> Tokens | None:
+        """Record a worker's event; returns what to hand on (None: a buffered request keeps it for
+        its one final event)."""
+        finished = event.finish_reason is not None
+        self.ids.extend(event.token_ids)
+        if event.prompt_logprobs is not None:
+            if self.prompt_logprobs is None:
+                self.prompt_logprobs = event.prompt_logprobs
+            else:  # a migrated attempt scored the prompt again: the client has them already
+                event = msgspec.structs.replace(event, prompt_logprobs=None)
+        if buffered:
+            self.parts.append(event.text_delta)
+            self.ttft = self.ttft if event.ttft_s is None else event.ttft_s
+            self.logprobs.extend(event.logprobs or [])
+            if not finished:
+                return None
+            event = self.merged(event)
+        self.delivered = self.delivered or bool(event.text_delta) or finished
+        return event
+
     def after_loss(self, loss: _Lost, request_tag: str) -> bool:
         """Decide what a lost attempt becomes: True to migrate, False to retry from the start (what
         was received is dropped). Raises :class:`UpstreamError` (502) when neither is left."""
@@ -233,21 +253,9 @@ async def _attempt(
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None
-            got.ids.extend(event.token_ids)
-            if event.prompt_logprobs is not None:
-                if got.prompt_logprobs is None:
-                    got.prompt_logprobs = event.prompt_logprobs
-                else:  # a migrated attempt scored the prompt again: the client has them already
-                    event = msgspec.structs.replace(event, prompt_logprobs=None)
-            if buffered:
-                got.parts.append(event.text_delta)
-                got.ttft = got.ttft if event.ttft_s is None else event.ttft_s
-                got.logprobs.extend(event.logprobs or [])
-                if not finished:
-                    continue
-                event = got.merged(event)
-            got.delivered = got.delivered or bool(event.text_delta) or finished
-            yield event
+            handed = got.take(event, buffered)
+            if handed is not None:
+                yield handed
             if finished:
                 return
     finally:

@@ -107,6 +107,21 @@ class Scheduler:
         """Plan one step (see the module docstring). Mutates ``running``, ``waiting`` and block tables."""
         plan = Plan()
         self._expire(plan)
+        self._plan_decodes(plan)
+        budget = self.max_prefill_tokens if plan.decode else self.idle_prefill_tokens
+        for seq in self.running:
+            left = seq.num_tokens - seq.computed
+            if left > 1 and budget > 0:
+                n = min(left, budget)
+                plan.prefill.append((seq, seq.computed, seq.computed + n))
+                budget -= n
+        self._admit(plan, budget)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return plan
+
+    def _plan_decodes(self, plan: Plan) -> None:
+        """Every running sequence with one token to compute decodes it; one whose next block does
+        not fit preempts the newest (itself, last)."""
         for seq in list(self.running):
             if seq not in self.running or seq.num_tokens - seq.computed != 1:
                 continue
@@ -117,14 +132,10 @@ class Scheduler:
                     break
             else:
                 plan.decode.append(seq)
-        decoding = bool(plan.decode)
-        budget = self.max_prefill_tokens if decoding else self.idle_prefill_tokens
-        for seq in self.running:
-            left = seq.num_tokens - seq.computed
-            if left > 1 and budget > 0:
-                n = min(left, budget)
-                plan.prefill.append((seq, seq.computed, seq.computed + n))
-                budget -= n
+
+    def _admit(self, plan: Plan, budget: int) -> None:
+        """Admit waiting sequences in order while the prefill ``budget``, the batch and the KV cache
+        allow; each starts its prefill (or decodes, when its prompt was all cached)."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             # A sequence scoring its prompt (prompt logprobs) computes every position: no cache hits
@@ -144,8 +155,6 @@ class Scheduler:
                 n = min(left, budget)
                 plan.prefill.append((seq, seq.computed, seq.computed + n))
                 budget -= n
-        self.peak_running = max(self.peak_running, len(self.running))
-        return plan
 
     def finish_step(self, plan: Plan) -> list:
         """After the step's forward pass: advance ``computed``, register newly full blocks in the
