@@ -112,10 +112,11 @@ def test_openai_java_conversation_echoing_its_output_items(deployment):
     """ResponsesConversationExample.java: EasyInputMessage items (no "type"), then the previous
     ResponseOutputMessage echoed back whole (id, status, annotations, logprobs) before the next turn."""
     ask = {"content": "Tell me a one-line story about building the best SDK!", "role": "user"}
-    first = post(deployment, {"input": [ask], "model": MODEL, "max_output_tokens": 40, "temperature": 0})
+    first = post(deployment, {"input": [ask], "model": MODEL, "max_output_tokens": 20, "temperature": 0})
     openai_java_reads(first)
     again = {"content": "But why?", "role": "user"}
-    second = post(deployment, {"input": [ask, *first["output"], again], "model": MODEL, "max_output_tokens": 40})
+    body = {"input": [ask, *first["output"], again], "model": MODEL, "max_output_tokens": 20, "temperature": 0}
+    second = post(deployment, body)
     openai_java_reads(second)
 
 
