@@ -32,6 +32,8 @@ from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
 from worker.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
+from worker.quant.dispatch import embedding, linear_for
+from worker.quant.gguf import fused_linear
 from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
@@ -77,9 +79,10 @@ class LlamaModel:
             self.reduce = tp.all_reduce
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        make = linear or _plain_linear
+        make = linear_for(linear or _plain_linear)  # quantized weights (a GGUF file's) to their kernel
         p = "model."
-        self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden]
+        self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden], float or quantized
+        self.embed_rows = embedding(self.embed)
         self.norm = weights[p + "norm.weight"].float()
         head = weights.get("lm_head.weight", self.embed)  # tied: SmolLM2
         self.lm_head = make(head)
@@ -90,14 +93,14 @@ class LlamaModel:
             layer = Layer()
             layer.attn_norm = weights[q + "input_layernorm.weight"].float()
             layer.mlp_norm = weights[q + "post_attention_layernorm.weight"].float()
-            layer.qkv = make(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"]))
+            layer.qkv = fused_linear(make, [weights[a + n + "_proj.weight"] for n in "qkv"])
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
             layer.o = make(weights[a + "o_proj.weight"])
             o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
             layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
-            layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
+            layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
             layer.down = make(weights[m + "down_proj.weight"])
             self.layers.append(layer)
         self.cos, self.sin = rope_tables(config, max_positions, device)  # [P, D] float32
@@ -117,7 +120,7 @@ class LlamaModel:
         tensor-parallel rank other than 0, which fills its KV share and takes part in the sums)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         dt, reduce = self.dtype, self.reduce
-        x = F.embedding(input_ids, self.embed).float()  # [T, hidden]: the residual stream stays float32
+        x = self.embed_rows(input_ids)  # [T, hidden]: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
         hidden = x.shape[-1]

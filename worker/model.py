@@ -92,19 +92,31 @@ def load_model(
             )
         if problems := tp_rules.tp_problems(config, world):
             raise ValueError("; ".join(problems))
-    if why is None and not max_memory:
-        weights = (
-            llama.random_weights(config, device, dtype, rank=rank, world=world)
-            if random_init
-            else llama.load_weights(model_path, device, dtype, rank=rank, world=world)
+    from launcher.gguf_folder import gguf_file
+
+    source = gguf_file(model_path)
+    if source is not None and (why or max_memory):
+        raise ValueError(
+            f"a GGUF file is served as stored on the engine's Llama-family forward on one device only "
+            f"({why or 'not with workers.gpus_per_replica > 1'}); set model.quantization: none"
         )
+    if why is None and not max_memory:
+        if random_init:
+            weights = llama.random_weights(config, device, dtype, rank=rank, world=world)
+        elif source is not None:
+            from worker.quant.gguf import load_gguf_weights
+
+            weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
+        else:
+            weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
+        log.info("weights: %s", describe_weights(weights))
         linear = None
         if device.type == "cpu":
             from functools import partial
 
             from worker.cpu_kernels import packed_linear
 
-            weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+            weight_bytes = stored_bytes(weights)
             two_copies = dtype == torch.float32 and weight_bytes <= SMALL_MODEL_BYTES
             linear = partial(packed_linear, plain_below=3 if two_copies else 0)
         return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear, tp=tp)
@@ -114,6 +126,26 @@ def load_model(
 
     log.info("running %s through transformers (%s)", model_path, why or "layer split over several GPUs")
     return HFModel.load(model_path, dtype, device, max_memory)
+
+
+def stored_bytes(weights: dict) -> int:
+    """Bytes of a weights dict: float tensors at their element size, quantized ones as stored
+    (:meth:`worker.quant.format.QuantizedWeight.nbytes`)."""
+    return sum(w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes() for w in weights.values())
+
+
+def describe_weights(weights: dict) -> str:
+    """One log line's worth: total size, and for quantized weights their types and bits per parameter."""
+    from worker.quant.format import QuantizedWeight
+
+    quantized = [w for w in weights.values() if isinstance(w, QuantizedWeight)]
+    total = f"{stored_bytes(weights) / 2**20:.1f} MiB"
+    if not quantized:
+        return total
+    params = sum(w.q.numel() for w in quantized)
+    bits = 8 * sum(w.nbytes() for w in quantized) / params
+    kinds = ", ".join(sorted({w.source for w in quantized}))
+    return f"{total}; {len(quantized)} quantized matrices ({kinds}) at {bits:.2f} bits/param"
 
 
 def layer_devices(model, device: torch.device) -> list[torch.device]:
