@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from worker.quant.format import QuantizedWeight
-from worker.quant.gguf_blocks import FLOAT, GROUP, NATIVE, UnsupportedGGUF, unpack
+from worker.quant.gguf_blocks import FLOAT, GROUP, NATIVE, Reader, UnsupportedGGUF, unpack
 from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,10 @@ def load_gguf_weights(
     ``world`` > 1 only rank ``rank``'s part of each split weight is kept
     (:func:`worker.tp_rules.shard_range`; column cuts must fall on group boundaries).
     Raises :class:`UnsupportedGGUF` for a tensor type that cannot be served as stored."""
-    from gguf import GGUFReader
-
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     weights: dict[str, Weight] = {}
-    for t in GGUFReader(path).tensors:
+    for t in Reader(path).tensors:
         name = hf_name(t.name)
         if name is None:
             continue
@@ -109,9 +107,9 @@ def rotary_rows(rows: int, heads: int, kv_heads: int) -> torch.Tensor:
 def take_rows(w: Weight, rows: torch.Tensor) -> Weight:
     """``w`` with its rows (output channels) in the order ``rows``."""
     if isinstance(w, torch.Tensor):
-        return w[rows]
-    offset = None if w.offset is None else w.offset[rows]
-    return QuantizedWeight(w.bits, w.q[rows], w.scale[rows], offset, w.group_size, w.source)
+        return w.index_select(0, rows)
+    offset = None if w.offset is None else w.offset.index_select(0, rows)
+    return QuantizedWeight(w.bits, w.q.index_select(0, rows), w.scale.index_select(0, rows), offset, w.group_size, w.source)
 
 
 def narrow(w: Weight, dim: int, start: int, stop: int) -> Weight:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
 from gguf.quants import Q4_K
 
 # type -> (bits, bytes per block, values per block)
@@ -74,12 +75,24 @@ def _nibbles(qs: np.ndarray, n: int, k: int) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
 
 
+class Reader(GGUFReader):
+    """``gguf``'s reader over a plain ndarray view of its memory map: the same file mapping, but its
+    header walk (one small slice per metadata value: ~100k for a 49k-token vocabulary) skips numpy
+    memmap's per-slice bookkeeping, 3x faster."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._mapped
+
+    @data.setter
+    def data(self, mapped: np.ndarray) -> None:
+        self._mapped = mapped.view(np.ndarray)
+
+
 def unsupported(path: Path | str) -> list[str]:
     """Names of the tensor types in the GGUF file at ``path`` that are neither served natively nor
     float, each once, sorted (empty: the file can be served as stored). Reads the header only."""
-    from gguf import GGUFReader
-
-    types = {t.tensor_type for t in GGUFReader(path).tensors}
+    types = {t.tensor_type for t in Reader(path).tensors}
     return sorted(t.name for t in types - set(NATIVE) - FLOAT)
 
 

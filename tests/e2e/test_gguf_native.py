@@ -1,0 +1,79 @@
+"""The shipped GGUF file served as stored (``model.quantization: auto``): its Q4_1 matrices and Q8_0
+embedding stay quantized in the worker, and it answers over HTTP. A file of a type without a native
+kernel is refused by ``up`` before anything starts."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from tests.deployment import Deployment
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    # a fixed prefill budget: no calibration steps at start (they time the kernels, not this test's subject)
+    workers = {"replicas": 1, "max_prefill_tokens": 256}
+    d = Deployment(tmp_path_factory.mktemp("gguf-native"), {"model": {"quantization": "auto"}, "workers": workers})
+    d.start(timeout=600)
+    yield d
+    d.stop()
+
+
+def test_shipped_q4_1_answers_paris(native):
+    r = native.chat("What is the capital of France?", max_tokens=50)
+    assert r.status_code == 200, r.text
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_weights_stay_quantized(native):
+    line = re.search(r"weights: ([\d.]+) MiB; (\d+) quantized matrices \(([^)]*)\) at ([\d.]+) bits/param", native.log())
+    assert line, native.log()[-3000:]
+    mib, count, kinds, bits = float(line[1]), int(line[2]), line[3], float(line[4])
+    # 30 layers x 7 projections + the embedding (tied LM head); float32 would be ~513 MiB at 32 bits
+    assert (count, kinds) == (211, "Q4_1, Q8_0")
+    assert bits < 8 and mib < 0.25 * 513
+
+
+def test_structured_output(native):
+    body = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "Company",
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "maxLength": 40}, "keywords": {"type": "array"}},
+                    "required": ["name", "keywords"],
+                },
+            },
+        },
+        "max_tokens": 120,
+    }
+    r = native.chat("Acme Corp of Berlin hired 40 engineers.", **body)
+    assert r.status_code == 200, r.text
+    assert "Acme" in json.loads(r.json()["choices"][0]["message"]["content"])["name"]
+
+
+def test_unservable_type_refused_before_start(tmp_path):
+    path = tmp_path / "q6.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((4, 210), dtype=np.uint8), raw_dtype=GGMLQuantizationType.Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = {"model": {"name": str(path)}, "workers": {"devices": "cpu", "replicas": 1}}
+    (tmp_path / "deploy.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "launcher.cli", "up", str(tmp_path / "deploy.yaml")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "Q6_K" in out and "model.quantization: none" in out
