@@ -376,7 +376,7 @@ def make_plan(
     if w.tensor_parallel_size > 1:
         from worker.tp_rules import tp_problems
 
-        errors.extend(tp_problems(shape, w.tensor_parallel_size))
+        errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
     plan = Plan(sizing, gpus, specs, fits, rec, errors)
     _check(plan, cfg, inv)
     return plan

@@ -18,6 +18,8 @@ import enum
 
 import msgspec
 
+from worker.protocol import KernelChoice
+
 
 class WorkerState(str, enum.Enum):
     """A worker slot as the router sees it.
@@ -68,6 +70,8 @@ class WorkerInfo(msgspec.Struct, kw_only=True):
     node_ip: str = ""
     gpu_ids: str = ""  # GPU ids the cluster scheduler assigned ("" when local)
     gpu_uuids: list[str] = []  # the GPUs the worker's torch sees
+    weight_bytes: int = 0  # bytes of the weights its model holds (from its Ready)
+    kernels: list[KernelChoice] = []  # the kernel table it measured at start (from its Ready)
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):

@@ -32,7 +32,6 @@ from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
 from worker.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
-from worker.quant.dispatch import embedding, linear_for
 from worker.quant.gguf import fused_linear
 from worker.tp_rules import shard_range
 
@@ -51,8 +50,10 @@ class LlamaModel:
     """The whole model as plain tensors; ``forward`` runs one engine step.
 
     ``linear`` turns a weight [out, in] into a callable ``x [T, in] -> [T, out]``: plain
-    ``F.linear`` by default; on CPU the engine passes oneDNN-prepacked kernels
-    (:func:`worker.cpu_kernels.packed_linear`). ``tp``: this rank's tensor-parallel group, with
+    ``F.linear`` by default; the engine passes :class:`worker.quant.linear.Linears` (quantized at
+    load when asked, the kernel measured fastest per row count). ``head_linear`` does the same for
+    the LM head (default: ``linear``), and ``embedding`` turns the embedding table [V, hidden] into a
+    callable ``ids [T] -> [T, hidden]`` float32 (default: ``F.embedding`` on it). ``tp``: this rank's tensor-parallel group, with
     ``weights`` already this rank's shards (:func:`load_weights`); ``heads`` and ``kv_heads`` are
     then this rank's counts.
     """
@@ -66,6 +67,8 @@ class LlamaModel:
         max_positions: int,
         linear=None,
         tp=None,
+        head_linear=None,
+        embedding=None,
     ):
         self.config = config
         self.device, self.dtype = device, dtype
@@ -79,13 +82,13 @@ class LlamaModel:
             self.reduce = tp.all_reduce
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
-        make = linear_for(linear or _plain_linear)  # quantized weights (a GGUF file's) to their kernel
+        make = linear or _plain_linear
         p = "model."
-        self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden], float or quantized
-        self.embed_rows = embedding(self.embed)
+        table = weights[p + "embed_tokens.weight"]  # [V, hidden], float or quantized
         self.norm = weights[p + "norm.weight"].float()
-        head = weights.get("lm_head.weight", self.embed)  # tied: SmolLM2
-        self.lm_head = make(head)
+        head = weights.get("lm_head.weight", table)  # tied: SmolLM2
+        self.lm_head = (head_linear or make)(head)
+        self.embed = (embedding or _plain_embedding)(table)
         self.layers: list[Layer] = []
         for i in range(self.num_layers):
             q = f"{p}layers.{i}."
@@ -120,7 +123,7 @@ class LlamaModel:
         tensor-parallel rank other than 0, which fills its KV share and takes part in the sums)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         dt, reduce = self.dtype, self.reduce
-        x = self.embed_rows(input_ids)  # [T, hidden]: the residual stream stays float32
+        x = self.embed(input_ids)  # [T, hidden] float32: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
         hidden = x.shape[-1]
@@ -159,6 +162,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _plain_linear(weight: torch.Tensor):
     return lambda x: F.linear(x, weight)
+
+
+def _plain_embedding(table: torch.Tensor):
+    return lambda ids: F.embedding(ids, table).float()
 
 
 def rope_tables(config, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -171,6 +171,7 @@ def run_worker_process(
         )
     warm_up(engine)
     engine_ref["engine"] = engine
+    linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
     transport.announce(
         Ready(
             worker_id=worker_id,
@@ -179,6 +180,8 @@ def run_worker_process(
             kv_budget_tokens=budget,
             gpu_uuids=[g["uuid"] for g in gpus],
             block_size=engine.scheduler.blocks.block_size,
+            weight_bytes=linears.weight_bytes if linears else 0,
+            kernels=linears.report() if linears else [],
         )
     )
     log.info("ready after %.1fs", time.monotonic() - started)

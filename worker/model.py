@@ -18,9 +18,6 @@ from worker import llama, tp_rules
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# A float32 CPU model this small also keeps its plain weights for one- and two-row steps
-# (worker.cpu_kernels.packed_linear): latency for a little memory; a larger one packs only.
-SMALL_MODEL_BYTES = 4 * 2**30
 
 
 def pick_device(device: str) -> torch.device:
@@ -76,21 +73,32 @@ def load_model(
     random_init: bool = False,
     max_memory: dict | None = None,
     tp=None,
+    quantization: str = "none",
+    rows: tuple[int, int] = (8, 8),
 ):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
     which is also how a replica split by layers over several GPUs (``max_memory``) runs.
     ``random_init`` (benchmarks) needs the compact path; so does tensor parallelism (``tp``, this
-    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded). Raises ``ValueError``."""
+    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded), and so does
+    ``quantization`` (``int8`` / ``int4``: the linear layers quantized at load). The compact path's
+    linears run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head:
+    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``. Raises ``ValueError``."""
     why = llama.supports(config)
     rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
+    quantized = quantization in ("int8", "int4")
+    if quantized and (why or max_memory):
+        raise ValueError(
+            f"model.quantization: {quantization} needs a Llama-family model on one device "
+            f"({why or 'not with workers.gpus_per_replica > 1'}); use model.quantization: none"
+        )
     if world > 1:
         if why or max_memory:
             raise ValueError(
                 f"workers.tensor_parallel_size: {world} needs a Llama-family model on one GPU per rank "
                 f"({why or 'not with workers.gpus_per_replica > 1'}); use workers.tensor_parallel_size: 1"
             )
-        if problems := tp_rules.tp_problems(config, world):
+        if problems := tp_rules.tp_problems(config, world, quantization):
             raise ValueError("; ".join(problems))
     from launcher.gguf_folder import gguf_file
 
@@ -109,17 +117,7 @@ def load_model(
             weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
         else:
             weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
-        log.info("weights: %s", describe_weights(weights))
-        linear = None
-        if device.type == "cpu":
-            from functools import partial
-
-            from worker.cpu_kernels import packed_linear
-
-            weight_bytes = stored_bytes(weights)
-            two_copies = dtype == torch.float32 and weight_bytes <= SMALL_MODEL_BYTES
-            linear = partial(packed_linear, plain_below=3 if two_copies else 0)
-        return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear, tp=tp)
+        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
     from worker.hf_model import HFModel
@@ -128,24 +126,30 @@ def load_model(
     return HFModel.load(model_path, dtype, device, max_memory)
 
 
-def stored_bytes(weights: dict) -> int:
-    """Bytes of a weights dict: float tensors at their element size, quantized ones as stored
-    (:meth:`worker.quant.format.QuantizedWeight.nbytes`)."""
-    return sum(w.numel() * w.element_size() if isinstance(w, torch.Tensor) else w.nbytes() for w in weights.values())
+def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows):
+    """:class:`worker.llama.LlamaModel` over :class:`worker.quant.linear.Linears`; logs the kernel
+    table and the bytes of the weights it holds."""
+    from worker.quant.linear import Linears
 
-
-def describe_weights(weights: dict) -> str:
-    """One log line's worth: total size, and for quantized weights their types and bits per parameter."""
-    from worker.quant.format import QuantizedWeight
-
-    quantized = [w for w in weights.values() if isinstance(w, QuantizedWeight)]
-    total = f"{stored_bytes(weights) / 2**20:.1f} MiB"
-    if not quantized:
-        return total
-    params = sum(w.q.numel() for w in quantized)
-    bits = 8 * sum(w.nbytes() for w in quantized) / params
-    kinds = ", ".join(sorted({w.source for w in quantized}))
-    return f"{total}; {len(quantized)} quantized matrices ({kinds}) at {bits:.2f} bits/param"
+    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1])
+    model = llama.LlamaModel(
+        config,
+        weights,
+        device,
+        dtype,
+        max_positions,
+        linear=linears,
+        tp=tp,
+        head_linear=linears.head,
+        embedding=linears.embedding,
+    )
+    linears.count(model.norm)
+    for layer in model.layers:
+        for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias, layer.o_bias):
+            linears.count(t)
+    linears.log_table()
+    model.linears = linears
+    return model
 
 
 def layer_devices(model, device: torch.device) -> list[torch.device]:

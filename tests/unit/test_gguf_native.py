@@ -104,7 +104,6 @@ def test_unsupported_types_are_named(tmp_path):
     assert unsupported(path) == ["Q6_K"]
     with pytest.raises(UnsupportedGGUF, match=r"Q6_K.*model.quantization: none.*Q8_0, Q4_0, Q4_1 or Q4_K"):
         check_servable(path)
-    assert [t.tensor_type for t in GGUFReader(path).tensors][0] == T.Q6_K
 
 
 def test_shipped_q4_1_file_loads_natively():

@@ -109,7 +109,9 @@ def take_rows(w: Weight, rows: torch.Tensor) -> Weight:
     if isinstance(w, torch.Tensor):
         return w.index_select(0, rows)
     offset = None if w.offset is None else w.offset.index_select(0, rows)
-    return QuantizedWeight(w.bits, w.q.index_select(0, rows), w.scale.index_select(0, rows), offset, w.group_size, w.source)
+    return QuantizedWeight(
+        w.bits, w.q.index_select(0, rows), w.scale.index_select(0, rows), offset, w.group_size, w.source
+    )
 
 
 def narrow(w: Weight, dim: int, start: int, stop: int) -> Weight:
@@ -131,7 +133,7 @@ def narrow(w: Weight, dim: int, start: int, stop: int) -> Weight:
 
 def to_device(w: QuantizedWeight, device: torch.device) -> QuantizedWeight:
     """``w`` with its tensors on ``device`` (a no-op on the CPU)."""
-    if w.q.device == device or device.type == "cpu" and w.q.device.type == "cpu":
+    if w.q.device == device:
         return w
     offset = None if w.offset is None else w.offset.to(device)
     return QuantizedWeight(w.bits, w.q.to(device), w.scale.to(device), offset, w.group_size, w.source)

@@ -45,7 +45,7 @@ def unpack(qtype: T, raw: np.ndarray, n: int, k: int) -> tuple[int, np.ndarray, 
     Raises :class:`UnsupportedGGUF` for a type outside :data:`NATIVE`."""
     if qtype not in NATIVE:
         raise UnsupportedGGUF(f"GGUF tensor type {qtype.name} cannot be served as stored; {FIX}")
-    bits, size, per = NATIVE[qtype]
+    _, size, per = NATIVE[qtype]
     if k % per:
         raise UnsupportedGGUF(f"GGUF {qtype.name} row of {k} values is not whole blocks of {per}")
     blocks = np.asarray(raw, dtype=np.uint8).reshape(n, k // per, size)
@@ -71,7 +71,7 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 
 def _nibbles(qs: np.ndarray, n: int, k: int) -> np.ndarray:
-    """32-value blocks of 16 bytes each → [n, k] uint8: low nibbles are values 0–15, high ones 16–31."""
+    """32-value blocks of 16 bytes each → [n, k] uint8: low nibbles are values 0 to 15, high ones 16 to 31."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
 
 
