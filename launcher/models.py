@@ -102,6 +102,13 @@ def resolve_model(name: str, progress: bool = True, quantization: str = "none") 
     if ref.kind == "hf":
         return _from_hf_cache(ref.name)
     native = quantization == "auto"
+    if quantization in ("int8", "int4"):
+        log.warning(
+            "model.quantization: %s dequantizes %s's GGUF weights to float, then quantizes them again at load "
+            "(two roundings); model.quantization: auto serves the file's own quantized weights",
+            quantization,
+            ref.name,
+        )
     if not native and (ref.converted / "config.json").is_file():
         return ref.converted
     gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) or _download_embedded(ref.name, progress)
