@@ -134,11 +134,13 @@ def storage_key(t: torch.Tensor) -> int:
 
 def choose(kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int]) -> list[Pick]:
     """The pick per bucket: the fastest, except that a kernel holding tensors the primary (the one
-    fastest at the most buckets) does not hold must beat the primary by :data:`MIN_GAIN`."""
+    fastest at the most buckets; among equals, the least time summed over them) does not hold must
+    beat the primary by :data:`MIN_GAIN`."""
     by_name = {kn.name: kn for kn in kernels}
     fastest = {r: min((t[r], name) for name, t in times.items() if r in t)[1] for r in rows}
     wins = {name: sum(f == name for f in fastest.values()) for name in by_name}
-    primary = max(by_name, key=lambda name: (wins[name], -min(times[name].values(), default=float("inf"))))
+    total = {name: sum(times[name].get(r, float("inf")) for r in rows) for name in by_name}
+    primary = max(by_name, key=lambda name: (wins[name], -total[name]))  # ties: the least time over all buckets
     held = _storages(by_name[primary])
     picks = []
     for r in rows:

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 
 from worker.protocol import KernelChoice, KernelPick
 from worker.quant import rules
-from worker.quant.autotune import Choice, buckets, storage_key, tune, weight_label
+from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
-from worker.quant.kernels import Weight, candidates
+from worker.quant.kernels import Kernel, Weight, candidates
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,15 @@ class Linears:
         for kernel in kernels.values():
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
-        if len(kernels) == 1:
-            return next(iter(kernels.values())).fn
+        return self.dispatch(choice.picks, kernels)
+
+    @staticmethod
+    def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Callable:
+        """The callable that runs each bucket's pick (the one kernel itself when there is one)."""
+        if len({p.kernel for p in picks}) == 1:
+            return kernels[picks[0].kernel].fn
         table: list[Callable] = []  # table[T]: the kernel of the smallest bucket >= T
-        for pick in choice.picks:
+        for pick in picks:
             table += [kernels[pick.kernel].fn] * (pick.rows + 1 - len(table))
         return Dispatch(table)
 
