@@ -10,19 +10,20 @@ import tempfile
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from launcher.config import ConfigError, DeployConfig, connect_host, load_config
-from launcher.logs import setup_logging
-from launcher.ports import port_problems
+from launcher.bench import bench_command
+from launcher.config import DeployConfig
+from launcher.console import console, fail, load_or_exit, report_console
+from launcher.supervise.ports import port_problems
+from router.policies import POLICIES
+from router.settings import connect_host
+from worker.contract.logs import setup_logging
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas.",
 )
-console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("launcher")
 
 CONFIG_ARG = typer.Argument(None, help="deploy.yaml (default: ./deploy.yaml if present, else built-in defaults)")
@@ -33,31 +34,13 @@ def _root() -> None:
     """Self-hosted LLaMA inference: one OpenAI-compatible endpoint over per-GPU worker replicas."""
 
 
-def _config_path(path: Path | None) -> Path | None:
-    if path is None and Path("deploy.yaml").is_file():
-        return Path("deploy.yaml")
-    return path
-
-
-def fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # [ray] is text, not markup
-    raise typer.Exit(code)
-
-
-def load_or_exit(config: Path | None, overrides: dict | None = None) -> DeployConfig:
-    try:
-        return load_config(_config_path(config), overrides)
-    except ConfigError as exc:
-        fail(str(exc))
-
-
 @app.command()
 def up(
     config: Path | None = CONFIG_ARG,
     host: str | None = typer.Option(None, help="router.host"),
     port: int | None = typer.Option(None, help="router.port"),
     admin_port: int | None = typer.Option(None, help="router.admin_port"),
-    policy: str | None = typer.Option(None, help="router.policy: round_robin | least_loaded"),
+    policy: str | None = typer.Option(None, help=f"router.policy: {' | '.join(POLICIES)}"),
     replicas: int | None = typer.Option(None, help="workers.replicas"),
     devices: str | None = typer.Option(None, help="workers.devices: auto | cpu | 0,1,2"),
     model: str | None = typer.Option(None, help="model.name"),
@@ -89,15 +72,15 @@ def up(
         if problem:
             fail(problem)
 
-    from launcher.layouts import tp_refusal
     from launcher.models import ModelNotFound, resolve_model
-    from launcher.placement import PlacementError, discover, place
-    from launcher.plan import preflight
+    from launcher.plan.layouts import tp_refusal
+    from launcher.plan.placement import PlacementError, discover, place
+    from launcher.plan.plan import preflight
 
     if problem := tp_refusal(cfg):
         fail(problem)
     if cfg.cluster.backend == "ray":
-        from launcher.ray_up import ClusterError, prepare_ray
+        from launcher.ray.up import ClusterError, prepare_ray
 
         try:
             ray_launch = prepare_ray(cfg, force)
@@ -122,11 +105,11 @@ def up(
 
 def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str | None = None) -> int:
     """Run one deployment in the foreground; returns the process exit code. ``backend`` starts the
-    worker slots (None: local processes; :class:`launcher.ray_backend.RayBackend`), ``address`` is
+    worker slots (None: local processes; :class:`launcher.ray.backend.RayBackend`), ``address`` is
     the router's ZeroMQ endpoint (default ``router.zmq_address``, else ``ipc://`` in the run dir)."""
-    from launcher.keys import make_keys, uses_curve
-    from launcher.progress import loading_progress
-    from launcher.supervisor import Supervisor
+    from launcher.supervise.progress import loading_progress
+    from launcher.supervise.supervisor import Supervisor
+    from worker.contract.keys import make_keys, uses_curve
 
     run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))  # mode 0700
     address = address or cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
@@ -181,7 +164,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
 
 
 def _admin_client(config: Path | None, admin_url: str | None):
-    from launcher.supervisor import AdminClient
+    from launcher.supervise.admin_client import AdminClient
 
     cfg = load_or_exit(config)
     return AdminClient(admin_url or cfg.router.admin_url, cfg.router.admin_token)
@@ -189,7 +172,7 @@ def _admin_client(config: Path | None, admin_url: str | None):
 
 def admin_call(client, method: str, path: str, timeout: float = 5.0) -> dict:
     """One admin API call; exits 1 with a message that says what to check when it fails."""
-    from launcher.supervisor import AdminError
+    from launcher.supervise.admin_client import AdminError
 
     try:
         return client.call(method, path, timeout=timeout)
@@ -325,11 +308,6 @@ def wait_rejoined(client, worker_id: int, old_pid: int, timeout: float) -> dict:
     return w
 
 
-def report_console() -> Console:
-    """stdout for tables: the terminal's width, or 160 columns when piped (rich would use 80)."""
-    return Console(width=None if sys.stdout.isatty() else 160)
-
-
 @app.command()
 def plan(
     config: Path | None = CONFIG_ARG,
@@ -350,10 +328,12 @@ def plan(
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
     """
     from launcher.models import ModelNotFound
-    from launcher.placement import Inventory, discover
-    from launcher.plan import DTYPE_BYTES, make_plan, parse_gpus
-    from launcher.plan_report import render
-    from launcher.shapes import ShapeError, read_shape
+    from launcher.plan.placement import Inventory, discover
+    from launcher.plan.plan import make_plan, parse_gpus
+    from launcher.plan.report import render
+    from launcher.plan.shape import read_shape
+    from launcher.plan.sizing import DTYPE_BYTES
+    from worker.contract.shapes import ShapeError
 
     if dtype is not None and dtype not in (*DTYPE_BYTES, "auto"):
         fail(f"--dtype: expected one of auto, {', '.join(DTYPE_BYTES)} (got {dtype!r})")
@@ -377,7 +357,7 @@ def plan(
     )
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
-        from launcher.ray_up import UNKNOWN_MEMORY, ClusterError, cluster_layout
+        from launcher.ray.up import UNKNOWN_MEMORY, ClusterError, cluster_layout
 
         try:
             inventory, specs, known = cluster_layout(cfg)  # the cluster's GPUs, as `up` reads them
@@ -404,8 +384,8 @@ def doctor(
 
     Exit code 1 when any check fails; checks that need a GPU are marked skipped without one.
     """
-    from launcher.doctor import render, run_checks
-    from launcher.placement import discover
+    from launcher.plan.doctor import render, run_checks
+    from launcher.plan.placement import discover
 
     cfg = load_or_exit(config, {"model.name": model, "router.port": port})
     checks = run_checks(cfg, discover())
@@ -413,9 +393,7 @@ def doctor(
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
-from launcher.bench import bench_command  # noqa: E402 (light: torch and transformers load inside)
-
-app.command("bench")(bench_command)
+app.command("bench")(bench_command)  # light: torch and transformers load inside
 
 
 def main() -> None:

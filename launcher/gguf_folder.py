@@ -15,19 +15,12 @@ import shutil
 from pathlib import Path
 
 from launcher.models import ModelNotFound
-
-LINK = "model.gguf"  # the worker's sign that a folder is served from a GGUF file
+from worker.contract.gguf_link import LINK
 
 
 class NotServableAsStored(ModelNotFound):
     """A GGUF file that ``model.quantization: auto`` cannot serve as stored; the message says why
     and what to set instead (one line)."""
-
-
-def gguf_file(folder: Path | str) -> Path | None:
-    """The GGUF file a model folder is served from as stored, or None for a float folder."""
-    link = Path(folder) / LINK
-    return link if link.exists() else None
 
 
 def native_folder(gguf: Path, target: Path) -> Path:
@@ -56,7 +49,7 @@ def _write(gguf: Path, target: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from worker.llama_family import supports
+    from worker.contract.llama_family import supports
 
     loaded = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)  # metadata only
     fields = {k: v for k, v in loaded.to_dict().items() if k != "quantization_config"}

@@ -135,7 +135,7 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 async def set_policy(request: web.Request) -> web.Response:
-    """Switch the load-balancing policy at run time: ``{"policy": "round_robin" | "least_loaded"}``."""
+    """Switch the load-balancing policy at run time: ``{"policy": NAME}``, NAME in :data:`router.policies.POLICIES`."""
     api = request.app[API]
     body = await _body(request)
     name = body.get("policy")

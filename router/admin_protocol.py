@@ -18,7 +18,7 @@ import enum
 
 import msgspec
 
-from worker.protocol import KernelChoice
+from worker.contract.protocol import KernelChoice
 
 
 class WorkerState(str, enum.Enum):

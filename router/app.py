@@ -15,7 +15,6 @@ import uuid
 
 from aiohttp import web
 
-from launcher.logs import REQUEST_ID as LOG_REQUEST_ID
 from router import admin, admin_protocol, openai_api
 from router.auth import auth_middleware
 from router.connections import ConnectionGuard, connection_cap
@@ -24,6 +23,7 @@ from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
 from router.state import API, REQUEST_ID, Api
 from router.workers import State
+from worker.contract.logs import REQUEST_ID as LOG_REQUEST_ID
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Who may connect to the router's ZeroMQ socket over ``tcp://``: CURVE with this deployment's keys.
 
 :class:`CurveGate` makes the ROUTER socket a CURVE server with the router's key pair
-(:func:`launcher.keys.server_keys`) and starts pyzmq's ZAP authenticator on the socket's context
+(:func:`worker.contract.keys.server_keys`) and starts pyzmq's ZAP authenticator on the socket's context
 with a credentials provider that accepts only the public keys made for this deployment's worker
 slots. A monitor socket reports the handshakes that fail before ZAP is asked (a peer without
 CURVE, or one that does not have the router's public key). A refused peer never gets an identity
@@ -22,7 +22,7 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
-from launcher.keys import ServerKeys
+from worker.contract.keys import ServerKeys
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Driving one generation across workers: dispatch, relay, retry and migration on worker loss, cancel.
 
-``stream_tokens`` yields the worker's :class:`~worker.protocol.Tokens` events in order. When the
+``stream_tokens`` yields the worker's :class:`~worker.contract.protocol.Tokens` events in order. When the
 worker serving it is lost (process gone, silent, stalled, or leaving while shutting down):
 
 * **Migration**, once tokens were generated: the same prompt and parameters go to another ready
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from router.errors import ApiError
 from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
-from worker.protocol import Failed, Generate, SamplingParams, Tokens
+from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
 log = logging.getLogger(__name__)
 

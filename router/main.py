@@ -1,4 +1,4 @@
-"""Router process entry: ``python -m router.main --config RUN/config.json --model-path DIR --address ZMQ``."""
+"""Router process entry: ``python -m router.main --config RUN/router.json --model-path DIR --address ZMQ``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import sys
 import uvloop
 from aiohttp import web
 
-from launcher import keys
-from launcher.config import DeployConfig
-from launcher.lifeline import die_with_parent
-from launcher.logs import setup_logging
 from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
+from router.settings import RouterSettings
 from router.state import Api
 from router.workers import WorkerPool
+from worker.contract import keys
+from worker.contract.lifeline import die_with_parent
+from worker.contract.logs import setup_logging
 
 log = logging.getLogger("router")
 
@@ -66,7 +66,7 @@ async def wait_for_takeover() -> int | None:
 
 
 async def run_router(
-    cfg: DeployConfig, model_path: str, address: str, restarts: int = 0, standby: bool = False
+    cfg: RouterSettings, model_path: str, address: str, restarts: int = 0, standby: bool = False
 ) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
     time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so."""
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     with open(args.config) as f:
-        cfg = DeployConfig.model_validate_json(f.read())
+        cfg = RouterSettings.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
     uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby))
 

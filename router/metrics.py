@@ -33,7 +33,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from router.workers import State, WorkerPool
-from worker.protocol import Tokens
+from worker.contract.protocol import Tokens
 
 log = logging.getLogger(__name__)
 

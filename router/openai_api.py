@@ -26,7 +26,7 @@ from router.state import API, REQUEST_ID, Api
 from router.structured import check_schema
 from router.tools import ToolMode, chat_messages, tool_grammar, tool_mode
 from router.workers import WorkerPool
-from worker.protocol import Grammar, SamplingParams
+from worker.contract.protocol import Grammar, SamplingParams
 
 
 def check_model(api: Api, name: str | None) -> None:

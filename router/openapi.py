@@ -14,8 +14,8 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
-from launcher.config import DeployConfig
 from router.schemas import ChatRequest, CompletionRequest
+from router.settings import RouterSettings
 from router.state import API
 
 ERROR = {
@@ -114,7 +114,7 @@ def _model_schemas(*models: tuple[type[BaseModel], str]) -> dict:
     return out
 
 
-def build_openapi(cfg: DeployConfig) -> dict:
+def build_openapi(cfg: RouterSettings) -> dict:
     """The document for a router running ``cfg`` (its limits and whether API keys are required)."""
     lim = cfg.limits
     description = (
@@ -153,7 +153,7 @@ def build_openapi(cfg: DeployConfig) -> dict:
 
 @functools.lru_cache(maxsize=8)
 def _cached(cfg_json: str) -> bytes:
-    return json.dumps(build_openapi(DeployConfig.model_validate_json(cfg_json))).encode()
+    return json.dumps(build_openapi(RouterSettings.model_validate_json(cfg_json))).encode()
 
 
 async def openapi_handler(request: web.Request) -> web.Response:

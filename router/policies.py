@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 AFFINITY_MIN_SHARE = 0.5  # of the prompt's full blocks: more than a shared chat template or system prompt
 AFFINITY_MIN_BLOCKS = 8  # 128 tokens at the workers' 16-token blocks: below that a prefill costs little
@@ -72,7 +72,10 @@ class LeastLoaded(Rotation):
         return self.took(tied[0])
 
 
-POLICIES = {"round_robin": RoundRobin, "least_loaded": LeastLoaded}
+# The registry: the one list of policy names. router.policy (config), the CLI's --policy help, the
+# admin API and the affinity bench read it; a new policy is a class in its own module plus a line here.
+POLICIES = {"least_loaded": LeastLoaded, "round_robin": RoundRobin}
+PolicyName = Literal[tuple(POLICIES)]  # the config's type: exactly the registered names
 
 
 def make_policy(name: str) -> RoundRobin | LeastLoaded:

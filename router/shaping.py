@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from router.tools import Call, CallStreamer, ToolMode, parse_calls
-from worker.protocol import TokenLogprob, Tokens
+from worker.contract.protocol import TokenLogprob, Tokens
 
 
 class TokenTexts:

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from launcher.config import DeployConfig
+from router.settings import RouterSettings
 from router.shaping import TokenTexts
 from router.structured import GrammarChecker
 from router.tools import template_has_tools
@@ -20,7 +20,7 @@ from router.workers import WorkerPool
 class Api:
     """What the handlers share: config, worker pool and the model's tokenizer."""
 
-    cfg: DeployConfig
+    cfg: RouterSettings
     pool: WorkerPool
     tokenizer: Any
     metrics: Any = None  # router.metrics.Metrics, made by the app factory

@@ -1,5 +1,5 @@
 """Structured output on the router side: ``response_format`` (and forced tool calls) to a
-:class:`worker.protocol.Grammar`, checked and compiled here before any worker sees it.
+:class:`worker.contract.protocol.Grammar`, checked and compiled here before any worker sees it.
 
 A schema is refused with a 400 (``param: "response_format"``, or ``"tools"`` for a function's
 ``parameters``) when it is over ``MAX_SCHEMA_BYTES`` of canonical JSON, nested deeper than
@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from router.errors import ApiError
-from worker.protocol import Grammar
+from worker.contract.protocol import Grammar
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class GrammarChecker:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                from worker.grammar import tokenizer_info
+                from worker.contract.grammar import tokenizer_info
 
                 stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
                 self._info = tokenizer_info(self.tokenizer, len(self.tokenizer), stop)
@@ -180,7 +180,7 @@ class GrammarChecker:
         return self._info
 
     def _compile(self, spec: Grammar) -> float:
-        from worker.grammar import compile_grammar
+        from worker.contract.grammar import compile_grammar
 
         t0 = time.perf_counter()
         compile_grammar(self._ensure(), spec)

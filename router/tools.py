@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from router.schemas import ChatRequest, NamedToolChoice
 from router.structured import canonical, check_schema
-from worker.protocol import Grammar
+from worker.contract.protocol import Grammar
 
 TOOLS_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

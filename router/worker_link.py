@@ -3,7 +3,7 @@
 Each worker connects a DEALER whose identity is ``worker-<id>`` (stable across restarts, so a
 restarted worker takes over its slot at once: ``ROUTER_HANDOVER``). One receive task reads every
 frame and checks what the socket alone can: the sender's identity and the message's schema
-(:func:`worker.protocol.decode_for_router`); frames over :data:`MAX_FRAME_BYTES` disconnect the
+(:func:`worker.contract.protocol.decode_for_router`); frames over :data:`MAX_FRAME_BYTES` disconnect the
 peer. Anything else is logged and dropped, never executed. A valid message goes to ``on_message``
 (the worker table, :class:`router.workers.WorkerPool`), which judges what it means. With ``curve``
 keys (any address but ``ipc://``), only this deployment's workers get through the handshake
@@ -20,9 +20,9 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from launcher.keys import ServerKeys
 from router.curve import CurveGate
-from worker.protocol import Msg, ProtocolError, WorkerToRouter, decode_for_router, encode, worker_identity
+from worker.contract.keys import ServerKeys
+from worker.contract.protocol import Msg, ProtocolError, WorkerToRouter, decode_for_router, encode, worker_identity
 
 log = logging.getLogger(__name__)
 

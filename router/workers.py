@@ -33,13 +33,13 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from launcher.keys import ServerKeys
 from router.admin_protocol import HAS_NO_PROCESS, RouterInfo, WorkerInfo, WorkerState, WorkerTable
 from router.errors import ApiError
 from router.policies import make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
-from worker.protocol import (
+from worker.contract.keys import ServerKeys
+from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Cancel,
@@ -181,7 +181,7 @@ class NoWorker(ApiError):
 
 class WorkerPool:
     """The worker table and the request queues of one router, with its link to the workers
-    (``curve``: the workers' CURVE keys, for any address but ``ipc://``; :mod:`launcher.keys`)."""
+    (``curve``: the workers' CURVE keys, for any address but ``ipc://``; :mod:`worker.contract.keys`)."""
 
     def __init__(
         self,

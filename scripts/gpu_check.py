@@ -32,8 +32,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for launcher.*
+GiB = 2**30  # worker.contract.units.GiB; this script imports the repository only inside its commands
 
-GiB = 2**30
 
 # Llama-3-8B's published config (meta-llama/Meta-Llama-3-8B config.json), weights not needed.
 LLAMA3_8B = {
@@ -224,11 +224,12 @@ def match_rate(a: str, b: str) -> float:
 def pick_util(deploy: str, seqs: float = 1.5) -> float:
     """The smallest ``gpu_memory_utilization`` (to 1e-3) whose planned KV budget
     holds ``seqs`` ``max_model_len`` sequences on this machine's first GPU (or a hypothetical
-    141 GB one without a GPU), by ``launcher.plan`` — the rule the worker applies."""
+    141 GB one without a GPU), by ``launcher.plan.plan`` — the rule the worker applies."""
     from launcher.config import load_config
-    from launcher.placement import discover
-    from launcher.plan import parse_gpus, planned_budget, size
-    from launcher.shapes import read_shape
+    from launcher.plan.placement import discover
+    from launcher.plan.plan import parse_gpus
+    from launcher.plan.shape import read_shape
+    from launcher.plan.sizing import planned_budget, size
 
     cfg = load_config(deploy)
     inv = discover()
@@ -368,7 +369,7 @@ def make_model(folder: Path) -> int:
     Returns the bf16 weight bytes."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from launcher.shapes import from_hf_config
+    from worker.contract.shapes import from_hf_config
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
@@ -574,7 +575,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_bench(a: argparse.Namespace) -> bool:
-    from launcher.shapes import read_json_shape
+    from worker.contract.shapes import read_json_shape
 
     bw = bandwidth()
     weights = 2 * read_json_shape(a.folder / "config.json").params

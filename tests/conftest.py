@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests under tests/e2e share one 2-replica CPU deployment (``deployment``);
-a test that must break or reconfigure a deployment starts its own with ``Deployment``."""
+"""Markers by folder, and the shared fixtures (``tests/helpers/fixtures.py``). Tests under tests/e2e
+share one 2-replica CPU deployment (``deployment``); a test that must break or reconfigure a
+deployment starts its own with ``tests.helpers.deployment.Deployment``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deployment import Deployment
-
 ROOT = Path(__file__).parent
+pytest_plugins = ["tests.helpers.fixtures"]  # shared fixtures: deployment, client, tokenizer
 
 
 def pytest_collection_modifyitems(config, items):
@@ -17,12 +17,3 @@ def pytest_collection_modifyitems(config, items):
         for marker in ("unit", "integration", "e2e", "ray"):
             if (ROOT / marker) in Path(item.fspath).parents:
                 item.add_marker(getattr(pytest.mark, marker))
-
-
-@pytest.fixture(scope="session")
-def deployment(tmp_path_factory) -> Deployment:
-    """The shared deployment: 2 CPU replicas of the embedded default model, least_loaded."""
-    d = Deployment(tmp_path_factory.mktemp("shared"), {"router": {"policy": "least_loaded"}})
-    d.start()
-    yield d
-    d.stop()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from worker.protocol import Failed, Generate, Msg
+from worker.contract.protocol import Failed, Generate, Msg
 from worker.runner import ModelRunner
 from worker.sampling import SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class Engine:
     """Owns the runner (model + KV cache), the scheduler and every sequence. Single-threaded.
 
-    ``emit`` receives every outgoing message (:class:`~worker.protocol.Tokens`, ``Failed``).
+    ``emit`` receives every outgoing message (:class:`~worker.contract.protocol.Tokens`, ``Failed``).
     """
 
     def __init__(

@@ -5,7 +5,7 @@ and ``LLAMADEPLOY_EXPECTED_GPUS`` (JSON: ``share`` and the NVML ``gpus`` it mean
 process imports torch. A different count, UUID or name is an error naming both sides: the
 classic cause is a ``CUDA_VISIBLE_DEVICES`` renumbered or overridden somewhere in between.
 
-Also the torch side of the memory rules: the facts :func:`worker.budget.kv_budget` needs, measured
+Also the torch side of the memory rules: the facts :func:`worker.contract.budget.kv_budget` needs, measured
 after warm-up (:func:`reset_peaks`, :func:`measure_gpus`), the per-replica allocator cap
 (:func:`apply_memory_fraction`), the heartbeat's memory figure (:func:`memory_reserved_total`)
 and the GPUs' compute capabilities for ``dtype: auto``. Each takes ``cuda`` (``torch.cuda``, or a
@@ -14,27 +14,18 @@ stand-in in tests).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
-from launcher.placement import EXPECTED_GPUS_ENV
-from worker.budget import GpuFacts, KvBudget, kv_budget, memory_fraction, too_small
+from worker.contract.budget import GpuFacts, KvBudget, kv_budget, memory_fraction, too_small
+from worker.contract.env import expected_from_env
+from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
-
-GiB = 2**30
 
 
 class GpuMismatch(RuntimeError):
     """torch sees other GPUs than the launcher placed this worker on."""
-
-
-def expected_from_env(environ: dict | None = None) -> dict | None:
-    """The launcher's intent ``{"share": float, "gpus": [{index, name, uuid, total_bytes}]}``, or
-    ``None`` when not set (a worker started by hand)."""
-    raw = (environ if environ is not None else os.environ).get(EXPECTED_GPUS_ENV, "")
-    return json.loads(raw) if raw else None
 
 
 def seen_gpus() -> list[dict]:
@@ -160,7 +151,7 @@ def kv_budget_tokens(
     num_layers: int,
     activation_peak: dict[int, int] | None = None,
 ) -> int:
-    """KV tokens this worker may hold across its GPUs, by :func:`worker.budget.kv_budget` over
+    """KV tokens this worker may hold across its GPUs, by :func:`worker.contract.budget.kv_budget` over
     :func:`measure_gpus` (``activation_peak`` per cuda index: 0 when not measured yet)."""
     facts = measure_gpus(layer_fractions(device_map, num_layers), activation_peak)
     return kv_budget(facts, per_token, utilization, share).tokens
@@ -180,7 +171,7 @@ def kv_budget_after_warmup(
     block_tokens: int = 1,
     cuda=None,
 ) -> KvBudget:
-    """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.budget.kv_budget`.
+    """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.contract.budget.kv_budget`.
 
     Call after :func:`reset_peaks` and the warm-up forward at ``max_prefill_tokens``, before
     allocating the KV cache; then allocate ``budget.gpus[i].bytes`` on ``cuda:i`` once
@@ -198,7 +189,7 @@ def kv_budget_after_warmup(
 def measure_gpus(
     fractions: dict[int, float], activation_peak: dict[int, int] | None = None, cuda=None
 ) -> list[GpuFacts]:
-    """This worker's facts for :func:`worker.budget.kv_budget`, one per GPU in ``fractions``
+    """This worker's facts for :func:`worker.contract.budget.kv_budget`, one per GPU in ``fractions``
     (cuda index → share of the layers there, from :func:`layer_fractions`).
 
     Call it after loading and warm-up, before allocating the KV cache: it empties torch's cache
@@ -234,7 +225,7 @@ def reset_peaks(cuda=None) -> None:
 
 
 def apply_memory_fraction(utilization: float, share: float, cuda=None) -> float:
-    """Cap torch's allocator on every visible GPU at :func:`worker.budget.memory_fraction` of it,
+    """Cap torch's allocator on every visible GPU at :func:`worker.contract.budget.memory_fraction` of it,
     so a transient peak raises ``OutOfMemoryError`` in this worker rather than eating a
     co-tenant's share. Call before loading. Returns the fraction."""
     if cuda is None:
@@ -259,7 +250,7 @@ def memory_reserved_total(cuda=None) -> int:
 
 
 def capabilities(cuda=None) -> list[tuple[int, int]]:
-    """Compute capability (major, minor) of each visible GPU, for :func:`worker.dtypes.resolve`."""
+    """Compute capability (major, minor) of each visible GPU, for :func:`worker.contract.dtypes.resolve`."""
     if cuda is None:
         import torch
 

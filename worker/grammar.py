@@ -7,7 +7,7 @@ extraction schema takes ~6 ms, a 40-property nested one ~30 ms, the builtin JSON
 the compile releases the GIL (a busy Python thread beside it saw no gap over the 5 ms switch
 interval). Shipping the compiled grammar instead does not pay: ``CompiledGrammar.deserialize_json``
 of the small schema takes ~4 ms (27 KB of JSON; the builtin JSON grammar is 212 KB, ~3 ms), about
-what compiling costs. So the router sends the grammar's source (:class:`worker.protocol.Grammar`)
+what compiling costs. So the router sends the grammar's source (:class:`worker.contract.protocol.Grammar`)
 and each worker compiles it on a background thread when the request arrives, into a bounded LRU
 cache keyed by the source (the router canonicalises schemas, so equal schemas share an entry).
 The first decode step of the row waits for the compile only if it is still running then (a prefill
@@ -31,39 +31,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from worker.protocol import Grammar
+from worker.contract.grammar import GrammarError, compile_grammar, tokenizer_info
+from worker.contract.protocol import Grammar
 
 log = logging.getLogger(__name__)
 
 CACHE_ENTRIES = 256  # compiled grammars kept per worker (least recently used dropped first)
-KINDS = ("json_object", "json_schema", "regex", "ebnf")
-
-
-class GrammarError(ValueError):
-    """A grammar that cannot be compiled, or grammar support not configured in this process."""
-
-
-def compile_grammar(compiler, spec: Grammar):
-    """Compile ``spec`` with an ``xgrammar.GrammarCompiler``. JSON whitespace is fixed (``", "``
-    and ``": "``, no newlines), so a greedy model cannot spin in whitespace until ``max_tokens``.
-    Raises whatever xgrammar raises for an invalid grammar."""
-    if spec.kind == "json_object":
-        return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
-    if spec.kind == "json_schema":
-        return compiler.compile_json_schema(spec.source, any_whitespace=False, strict_mode=spec.strict)
-    if spec.kind == "regex":
-        return compiler.compile_regex(spec.source)
-    if spec.kind == "ebnf":
-        return compiler.compile_grammar(spec.source)
-    raise GrammarError(f"unknown grammar kind {spec.kind!r} (one of {', '.join(KINDS)})")
-
-
-def tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
-    """xgrammar's view of ``tokenizer``; ``vocab_size`` is the model's logits width (it may exceed
-    the tokenizer's length), ``stop_token_ids`` the ids that end a sequence."""
-    import xgrammar as xgr
-
-    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
 
 
 class Grammars:

@@ -19,6 +19,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface
 
 from worker.attention import AttentionBatch, KVCache, attend
+from worker.contract.shapes import attention_dims
 
 IMPLEMENTATION = "llamadeploy_paged"
 _step = threading.local()  # the step being run: its AttentionBatch and KVCache (one engine thread)
@@ -55,9 +56,7 @@ class HFModel:
         self.model = model
         c = model.config
         self.config = c
-        self.heads = c.num_attention_heads
-        self.kv_heads = getattr(c, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // self.heads
+        self.heads, self.kv_heads, self.head_dim = attention_dims(c)
         self.dtype = model.dtype
         self.num_layers = c.num_hidden_layers
 

@@ -13,7 +13,7 @@ Weights are read from the model folder's safetensors files by their transformers
 (``model.layers.N.self_attn.q_proj.weight`` ...), straight onto the target device.
 
 Tensor parallel (``tp``, a :class:`worker.tp.TPGroup` of N ranks): each rank loads only its part
-of each weight (:func:`worker.tp_rules.shard_range`) — H/N query heads and KVH/N KV heads of the
+of each weight (:func:`worker.contract.tp_rules.shard_range`) — H/N query heads and KVH/N KV heads of the
 fused qkv, I/N channels of gate/up, the matching input columns of o_proj and down_proj — and
 attends over its own KV heads; the partial outputs of o_proj and down_proj are summed over the
 ranks in float32 (one all-reduce each per layer) before joining the float32 residual stream.
@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from worker.attention import AttentionBatch, KVCache, attend
-from worker.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
+from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
+from worker.contract.shapes import attention_dims
+from worker.contract.tp_rules import shard_range
 from worker.quant.gguf import fused_linear
-from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,7 @@ class LlamaModel:
         self.config = config
         self.device, self.dtype = device, dtype
         self.num_layers = config.num_hidden_layers
-        self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.heads, self.kv_heads, self.head_dim = attention_dims(config)
         self.reduce = None  # sums a row-parallel layer's partial outputs over the ranks
         if tp is not None and tp.world > 1:
             self.heads, self.kv_heads = self.heads // tp.world, self.kv_heads // tp.world
@@ -184,7 +183,7 @@ def load_weights(
 ) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's safetensors files (sharded or not), cast to ``dtype`` on ``device``.
     Loads straight to ``device``: no host copy of a GPU model. With ``world`` > 1 only rank
-    ``rank``'s part of each split weight is read (:func:`worker.tp_rules.shard_range`)."""
+    ``rank``'s part of each split weight is read (:func:`worker.contract.tp_rules.shard_range`)."""
     folder = Path(model_path)
     index = folder / "model.safetensors.index.json"
     files = (
@@ -211,9 +210,7 @@ def random_weights(
     (``model.random_init``): normal(0, 0.02) matrices, unit norms. With ``world`` > 1, rank
     ``rank``'s shards of the same weights (each drawn whole, then cut)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    d = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, d = attention_dims(config)
     hid, inter = config.hidden_size, config.intermediate_size
 
     def mat(name: str, *shape: int) -> tuple[str, torch.Tensor]:

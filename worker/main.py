@@ -1,4 +1,4 @@
-"""Worker process entry: ``python -m worker.main --config RUN/config.json --worker-id N ...``.
+"""Worker process entry: ``python -m worker.main --config RUN/worker.json --worker-id N ...``.
 
 Only the launcher starts this. It has already put ``CUDA_VISIBLE_DEVICES`` in the environment;
 CPU affinity and thread counts are set here before torch is imported.
@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 
-from launcher.config import DeployConfig
-from launcher.lifeline import die_with_parent
-from launcher.logs import setup_logging
-from launcher.placement import SLOT_DEVICE_ENV
+from worker.contract.env import SLOT_DEVICE_ENV
+from worker.contract.lifeline import die_with_parent
+from worker.contract.logs import setup_logging
+from worker.contract.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
+from worker.contract.settings import WorkerSettings
 from worker.node import NodeIdentity
-from worker.protocol import PROTOCOL_VERSION, Bye, Cancel, Failed, Generate, Hello, Ready, Shutdown
 
 log = logging.getLogger("worker")
 
@@ -79,7 +79,7 @@ def pin_cpus(cpus: list[int]) -> None:
 
 
 def run_worker_process(
-    cfg: DeployConfig,
+    cfg: WorkerSettings,
     worker_id: int,
     device_kind: str,
     cpus: list[int],
@@ -98,7 +98,7 @@ def run_worker_process(
         engine = engine_ref.get("engine")
         return engine.stats() if engine else {"running": 0, "waiting": 0, "kv_used_tokens": 0, "mem_bytes": 0}
 
-    from launcher.keys import client_keys, uses_curve
+    from worker.contract.keys import client_keys, uses_curve
     from worker.transport import HANDSHAKE_TIMEOUT_S, HandshakeFailed, Transport
 
     curve = client_keys(worker_id) if uses_curve(address) else None
@@ -238,7 +238,7 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_requ
     return "SIGTERM"
 
 
-def join_group(cfg: DeployConfig, rank: int, world: int, dist_init: str, device_kind: str):
+def join_group(cfg: WorkerSettings, rank: int, world: int, dist_init: str, device_kind: str):
     """This process's :class:`worker.tp.TPGroup`: start-up collectives bounded by
     ``workers.startup_timeout_s``, serving ones by ``workers.stall_timeout_s``."""
     import torch
@@ -251,7 +251,7 @@ def join_group(cfg: DeployConfig, rank: int, world: int, dist_init: str, device_
 
 
 def run_follower_process(
-    cfg: DeployConfig,
+    cfg: WorkerSettings,
     worker_id: int,
     rank: int,
     world: int,
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     if cpus:
         pin_cpus(cpus)
     with open(args.config) as f:
-        cfg = DeployConfig.model_validate_json(f.read())
+        cfg = WorkerSettings.model_validate_json(f.read())
     role = f"worker-{args.worker_id}" + (f" rank {args.rank}" if args.world_size > 1 else "")
     setup_logging(f"{role} {args.device}", cfg.logging.format, cfg.logging.level)
     if fault_crash_at_start(args.worker_id):

@@ -13,7 +13,9 @@ import logging
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from worker import llama, tp_rules
+from worker import llama
+from worker.contract import tp_rules
+from worker.contract.shapes import attention_dims
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +36,8 @@ def pick_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``auto``: bfloat16 where the hardware computes it natively (GPUs from compute capability 8.0,
-    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.dtypes`)."""
-    from worker import dtypes
+    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.contract.dtypes`)."""
+    from worker.contract import dtypes
     from worker.gpus import capabilities
 
     caps = capabilities() if device.type == "cuda" else ()
@@ -100,7 +102,7 @@ def load_model(
             )
         if problems := tp_rules.tp_problems(config, world, quantization):
             raise ValueError("; ".join(problems))
-    from launcher.gguf_folder import gguf_file
+    from worker.contract.gguf_link import gguf_file
 
     source = gguf_file(model_path)
     if source is not None and (why or max_memory):
@@ -158,18 +160,15 @@ def layer_devices(model, device: torch.device) -> list[torch.device]:
 
 
 def kv_shape(config, world: int = 1) -> tuple[int, int, int]:
-    """``(layers, kv_heads, head_dim)`` of a decoder config: kv_heads defaults to the attention
-    heads (no GQA), head_dim to ``hidden_size // num_attention_heads``. ``world``: tensor-parallel
+    """``(layers, kv_heads, head_dim)`` of a decoder config (:func:`worker.contract.shapes.attention_dims`). ``world``: tensor-parallel
     ranks, each of which holds ``kv_heads / world`` of the heads."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    _, kv_heads, head_dim = attention_dims(config)
     return config.num_hidden_layers, kv_heads // world, head_dim
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype, world: int = 1) -> int:
-    """KV-cache bytes one token costs in ``dtype`` (:func:`launcher.shapes.kv_bytes_per_token`), on
+    """KV-cache bytes one token costs in ``dtype`` (:func:`worker.contract.shapes.kv_bytes_per_token`), on
     one of ``world`` tensor-parallel ranks."""
-    from launcher.shapes import kv_bytes_per_token as formula
+    from worker.contract.shapes import kv_bytes_per_token as formula
 
     return formula(*kv_shape(config, world), torch.empty((), dtype=dtype).element_size())

@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-NODE_ID_ENV = "LLAMADEPLOY_NODE_ID"
-NODE_IP_ENV = "LLAMADEPLOY_NODE_IP"
-RAY_GPU_IDS_ENV = "LLAMADEPLOY_RAY_GPU_IDS"
+from worker.contract.env import NODE_ID_ENV, NODE_IP_ENV, RAY_GPU_IDS_ENV
 
 
 @dataclass(frozen=True)

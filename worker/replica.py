@@ -2,7 +2,7 @@
 the prefill budget, warm it up.
 
 On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
-peak the budget rule (:mod:`worker.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
+peak the budget rule (:mod:`worker.contract.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
 ``max_prefill_tokens: auto`` is measured here (:func:`calibrate_prefill_tokens`).
 
 A tensor-parallel replica runs :func:`load_shard` on every rank (each sizes its KV share from its
@@ -19,14 +19,15 @@ import time
 
 import torch
 
-from launcher.config import DeployConfig
 from worker import gpus as worker_gpus
 from worker import grammar
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager, BlockTable
+from worker.contract.protocol import Generate, SamplingParams
+from worker.contract.settings import WorkerSettings
+from worker.contract.units import GiB
 from worker.engine import Engine
-from worker.protocol import Generate, SamplingParams
 from worker.runner import ModelRunner
 from worker.scheduler import Plan, Scheduler
 
@@ -49,7 +50,7 @@ class Shard:
         return self.device.type == "cuda"
 
 
-def load_shard(cfg: DeployConfig, model_path: str, device_kind: str, share: float, group=None) -> Shard:
+def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None) -> Shard:
     """Load the model (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
     (after measuring a prefill's activation peak on GPU) and allocate it once. Every rank runs this
     in the same order: the peak measurement's forward is collective, and the block count is the
@@ -93,14 +94,14 @@ def load_shard(cfg: DeployConfig, model_path: str, device_kind: str, share: floa
         )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
-        num_blocks = max(1, int(w.kv_cache_gib * 2**30) // (per_token * BLOCK_SIZE))
+        num_blocks = max(1, int(w.kv_cache_gib * GiB) // (per_token * BLOCK_SIZE))
     if group is not None:
         num_blocks = group.min_int(num_blocks)
     cache = KVCache(layers, num_blocks, BLOCK_SIZE, kv_heads, head_dim, dtype, devices)
     return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
 
 
-def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: float, emit, group=None):
+def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, emit, group=None):
     """Load the replica (:func:`load_shard`) and assemble the engine; with a tensor-parallel
     ``group`` this is rank 0, whose runner announces every step (calibration included) to the
     other ranks. Returns ``(engine, kv_budget_tokens)``.
@@ -142,7 +143,7 @@ def build_engine(cfg: DeployConfig, model_path: str, device_kind: str, share: fl
     return engine, num_blocks * BLOCK_SIZE
 
 
-def build_follower(cfg: DeployConfig, model_path: str, device_kind: str, share: float, group) -> ModelRunner:
+def build_follower(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group) -> ModelRunner:
     """A tensor-parallel rank other than 0: its shard and KV share (:func:`load_shard`), as a runner
     for :func:`worker.tp.follow`. No tokenizer, scheduler or sampler: rank 0 has those."""
     shard = load_shard(cfg, model_path, device_kind, share, group)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from worker.protocol import LOGPROB_FLOOR, SamplingParams, TokenLogprob
+from worker.contract.protocol import LOGPROB_FLOOR, SamplingParams, TokenLogprob
 
 # Below this a temperature means greedy, as in vLLM (_SAMPLING_EPS): dividing logits by 1e-300
 # overflows to inf and breaks the softmax.
@@ -145,7 +145,8 @@ class RowSampler:
         if params.logprobs is not None:
             s.logprobs = max(0, min(int(params.logprobs), MAX_TOP_LOGPROBS))
         if params.grammar is not None:
-            from worker.grammar import GrammarError, grammars
+            from worker.contract.grammar import GrammarError
+            from worker.grammar import grammars
 
             try:
                 s.grammar = grammars().matcher(params.grammar)

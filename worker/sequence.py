@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 
 from worker.blocks import BlockTable
+from worker.contract.protocol import SamplingParams, Tokens, Usage
 from worker.detok import IncrementalDetokenizer, StopMatcher
-from worker.protocol import SamplingParams, Tokens, Usage
 from worker.sampling import RowSampler
 
 

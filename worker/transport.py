@@ -4,7 +4,7 @@ The thread owns the DEALER socket (ZeroMQ sockets are single-threaded). Frames f
 schema-checked and put on ``inbox``; an invalid frame is logged and dropped. The engine sends
 through :meth:`Transport.sender`, a PUSH socket on an ``inproc://`` pipe that this thread drains,
 so the engine never blocks on the network. Heartbeats go out every ``heartbeat_s`` seconds with
-the engine's current load (the fields of :class:`~worker.protocol.Heartbeat` that ``stats()`` has).
+the engine's current load (the fields of :class:`~worker.contract.protocol.Heartbeat` that ``stats()`` has).
 
 Re-registration: :meth:`Transport.announce` sends ``Hello`` and ``Ready`` and keeps them; when a
 restarted router, which does not know this worker, answers a frame with ``Identify``, this thread
@@ -12,7 +12,7 @@ sends them again, so the worker rejoins with its model loaded and nothing restar
 router is there, frames that do not fit the socket's queue are dropped (they would be stale).
 
 CURVE (any address but ``ipc://``): the DEALER is a CURVE client with this worker slot's keys
-(:func:`launcher.keys.client_keys`). A failed CURVE handshake is silent in ZeroMQ (frames just
+(:func:`worker.contract.keys.client_keys`). A failed CURVE handshake is silent in ZeroMQ (frames just
 queue), so a monitor socket watches the first one and :meth:`Transport.wait_handshake` turns a
 refusal, or no success within its deadline, into :class:`HandshakeFailed`.
 """
@@ -29,8 +29,9 @@ import msgspec
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from launcher.keys import KEYS_ENV, ClientKeys
-from worker.protocol import (
+from worker.contract.env import KEYS_ENV
+from worker.contract.keys import ClientKeys
+from worker.contract.protocol import (
     Heartbeat,
     Hello,
     Identify,

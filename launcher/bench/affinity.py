@@ -18,7 +18,7 @@ import time
 
 import httpx
 
-POLICIES = ("least_loaded", "round_robin")
+from router.policies import POLICIES
 
 
 def document(tag: str, clauses: int = 45) -> str:

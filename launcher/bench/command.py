@@ -13,8 +13,9 @@ from pathlib import Path
 import typer
 
 from launcher.bench.options import SUITES, BenchOptions
+from launcher.bench.prompts import SCENARIOS
 
-LOAD_SCENARIOS = ("long", "chat")
+DEFAULTS = BenchOptions()  # every option's default is BenchOptions' own
 
 
 def json_file(path: Path | None, flag: str) -> dict | None:
@@ -30,9 +31,9 @@ def json_file(path: Path | None, flag: str) -> dict | None:
 
 
 def bench_command(
-    base_url: str = typer.Argument("http://127.0.0.1:8000/v1", help="OpenAI-compatible base URL (ours or a peer's)"),
+    base_url: str = typer.Argument(DEFAULTS.base_url, help="OpenAI-compatible base URL (ours or a peer's)"),
     suite: str = typer.Option(
-        "engine",
+        DEFAULTS.suite,
         help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
         "again) · load: throughput and latency against --concurrency",
     ),
@@ -43,32 +44,44 @@ def bench_command(
     ),
     requests: int | None = typer.Option(None, help="measured requests of a closed loop (default max(8, 4 × clients))"),
     warmup: int | None = typer.Option(None, help="warm-up requests of a closed loop (default: its concurrency)"),
-    prompts: int = typer.Option(8, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)"),
-    clients: int = typer.Option(8, min=1, help="engine: clients of the closed loop"),
-    doc_tokens: int = typer.Option(1500, min=32, help="engine: templated length of the document, tokens"),
-    doc_output_tokens: int = typer.Option(16, min=1, help="engine: the document's answer length"),
-    streams: int = typer.Option(4, min=1, help="engine: chat streams running when the document arrives"),
-    scenario: list[str] = typer.Option(
-        list(LOAD_SCENARIOS), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)"
+    prompts: int = typer.Option(
+        DEFAULTS.prompts, min=1, help="engine: short prompts sent one after another (c1) and at once (burst)"
     ),
-    concurrency: str = typer.Option("1,8", help="load: comma-separated concurrency levels"),
-    ignore_eos: bool = typer.Option(True, help="send ignore_eos so every request streams exactly the output length"),
-    extra_body: str = typer.Option("{}", help="JSON merged into every request body (peer-specific fields)"),
+    clients: int = typer.Option(DEFAULTS.clients, min=1, help="engine: clients of the closed loop"),
+    doc_tokens: int = typer.Option(
+        DEFAULTS.doc_tokens, min=32, help="engine: templated length of the document, tokens"
+    ),
+    doc_output_tokens: int = typer.Option(
+        DEFAULTS.doc_output_tokens, min=1, help="engine: the document's answer length"
+    ),
+    streams: int = typer.Option(DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives"),
+    scenario: list[str] = typer.Option(
+        list(DEFAULTS.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)"
+    ),
+    concurrency: str = typer.Option(
+        ",".join(map(str, DEFAULTS.concurrency)), help="load: comma-separated concurrency levels"
+    ),
+    ignore_eos: bool = typer.Option(
+        DEFAULTS.ignore_eos, help="send ignore_eos so every request streams exactly the output length"
+    ),
+    extra_body: str = typer.Option(
+        json.dumps(DEFAULTS.extra_body), help="JSON merged into every request body (peer-specific fields)"
+    ),
     response_format: Path | None = typer.Option(
         None,
         help="a JSON file with an OpenAI response_format object: engine adds a `json` figure, load sends it always",
     ),
     ceiling: bool = typer.Option(
-        False, "--ceiling", help="also run one static padded batch in process and print the ratio"
+        DEFAULTS.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio"
     ),
     compare: list[Path] = typer.Option([], help="an earlier run's JSON (same suite) to compare against"),
     replay: Path | None = typer.Option(
         None, "--from", help="print and plot an earlier run's JSON again (with --compare) instead of running"
     ),
-    label: str = typer.Option("llamadeploy", help="name of this run in the table, JSON and plot"),
-    output: Path = typer.Option(Path("bench"), help="writes OUTPUT.json and OUTPUT.png"),
+    label: str = typer.Option(DEFAULTS.label, help="name of this run in the table, JSON and plot"),
+    output: Path = typer.Option(DEFAULTS.output, help="writes OUTPUT.json and OUTPUT.png"),
     api_key: str | None = typer.Option(None, envvar="LLAMADEPLOY_BENCH_API_KEY", help="bearer key for /v1"),
-    timeout: float = typer.Option(600.0, help="per-request timeout, seconds"),
+    timeout: float = typer.Option(DEFAULTS.timeout, help="per-request timeout, seconds"),
     layouts: bool = typer.Option(
         False,
         "--layouts",
@@ -82,9 +95,9 @@ def bench_command(
     with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn."""
     if suite not in SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
-    unknown = [s for s in scenario if s not in LOAD_SCENARIOS]
+    unknown = [s for s in scenario if s not in SCENARIOS]
     if unknown:
-        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(LOAD_SCENARIOS)}")
+        raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
     try:
         extra = json.loads(extra_body)
     except ValueError as exc:
@@ -124,11 +137,11 @@ def bench_command(
         raise typer.Exit(2)
     if layouts:
         from launcher.bench.layout_runner import run_layouts
-        from launcher.cli import load_or_exit
+        from launcher.console import load_or_exit
 
         if config is not None:
             load_or_exit(config)  # a bad --config is one line and exit 2, before any layout starts
-        run_layouts(config, gpus, output_tokens or 64, output)
+        run_layouts(config, gpus, opts.short_output_tokens, output)
         return
     from launcher.bench.runner import run_bench
 

@@ -37,8 +37,8 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
     from worker import model as model_mod
     from worker.attention import KVCache
     from worker.blocks import BlockManager
+    from worker.contract.protocol import Generate, SamplingParams, Tokens
     from worker.engine import Engine
-    from worker.protocol import Generate, SamplingParams, Tokens
     from worker.runner import ModelRunner
     from worker.scheduler import Scheduler
 

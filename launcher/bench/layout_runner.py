@@ -25,7 +25,7 @@ from launcher.bench import load
 from launcher.bench.client import Client
 from launcher.bench.layouts import LayoutResult, LayoutRun, layout_runs, results_table
 from launcher.bench.prompts import short_messages
-from launcher.ports import free_port
+from launcher.supervise.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def measure(base_url: str, output_tokens: int, api_key: str | None) -> tuple[flo
 def run_one(run: LayoutRun, base: dict, work: Path, output_tokens: int, timeout_s: float) -> LayoutResult:
     """Deploy ``run``, wait until every worker is ready, measure, stop. Never raises."""
     from launcher.config import ConfigError, parse_config
-    from launcher.layouts import tp_refusal
+    from launcher.plan.layouts import tp_refusal
 
     port, admin_port = free_port(), free_port()
     path = work / f"{run.name.replace(' ', '_').replace('×', 'x')}.yaml"
@@ -166,7 +166,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def gpu_count() -> int:
     """Whole GPUs this host's NVML lists and the launcher may use."""
-    from launcher.placement import discover, visible_gpus
+    from launcher.plan.placement import discover, visible_gpus
 
     return len({g.index for g in visible_gpus(discover())})
 
@@ -175,7 +175,7 @@ def run_layouts(
     config: Path | None, gpus: int | None, output_tokens: int, output: Path, startup_timeout_s: float = 600.0
 ) -> list[LayoutResult]:
     """Run every layout this host can, print the table (stdout) and write ``OUTPUT.json``."""
-    from launcher.cli import report_console
+    from launcher.console import report_console
 
     base = (yaml.safe_load(config.read_text()) if config else {}) or {}
     count = gpu_count()

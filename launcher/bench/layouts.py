@@ -1,4 +1,4 @@
-"""``llamadeploy bench --layouts``: what is run and the article's table of the results (pure).
+"""``llamadeploy bench --layouts``: what is run and the table of the results (pure).
 
 The same model on the same N GPUs in three layouts, one deployment at a time: data parallel
 (N replicas of one GPU), tensor parallel (one replica of N ranks) and a layer split (one replica
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-GiB = 2**30
+from worker.contract.units import GiB
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def ratio(value: float | None, base: float | None) -> float | None:
 
 
 def results_table(results: list[LayoutResult]) -> Table:
-    """The article's table: per layout its latency, throughput and peak memory per GPU, with the
+    """The table: per layout its latency, throughput and peak memory per GPU, with the
     ratios against the first row that measured something (data parallel)."""
     base = next((r for r in results if r.latency_s is not None or r.throughput is not None), None)
     table = Table(

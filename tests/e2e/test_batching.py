@@ -1,4 +1,4 @@
-"""Issue 6 end to end: KV budget under load, backpressure (429), and memory stability of a worker.
+"""End to end: KV budget under load, backpressure (429), and memory stability of a worker.
 
 Two one-worker deployments: ``tight`` has a KV budget that admits only three short requests at
 once (and a context length to match, or ``up`` refuses to start); ``busy`` has room for 8 running
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.deployment import MODEL, Deployment, wait_for
+from tests.helpers.deployment import MODEL, Deployment, wait_for
 
 SHORT = "Say hi."  # 33 prompt tokens once templated
 

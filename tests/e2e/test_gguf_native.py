@@ -12,7 +12,7 @@ import pytest
 import yaml
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from tests.deployment import Deployment
+from tests.helpers.deployment import Deployment
 
 
 @pytest.fixture(scope="module")

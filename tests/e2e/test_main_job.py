@@ -1,4 +1,4 @@
-"""Issue 2: the main job end to end on the shared 2-replica CPU deployment."""
+"""The main job end to end on the shared 2-replica CPU deployment."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.deployment import MODEL, wait_for
+from tests.helpers.deployment import MODEL, wait_for
 
 CHINESE = "《三国演义》的主要人物有"
 

@@ -18,8 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.deployment import MODEL, Deployment, wait_for
-from tests.e2e.test_supervision import all_ready_and_idle, assert_openai_error
+from tests.helpers.deployment import MODEL, Deployment, all_ready_and_idle, assert_openai_error, wait_for
 
 MAX_TOKENS = 96
 

@@ -7,7 +7,7 @@ from itertools import pairwise
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deployment import MODEL, wait_for
+from tests.helpers.deployment import MODEL, wait_for
 
 ROUTER_METRICS = {
     "llamadeploy_http_requests_total",

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.deployment import Deployment, wait_for
+from tests.helpers.deployment import Deployment, wait_for
 
 CHAT = "/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -202,7 +202,7 @@ UNKNOWN_PEER = "dropped a frame from unknown peer"
 def test_garbage_on_the_zeromq_endpoint_is_dropped(fuzzed):
     import msgspec
 
-    from worker.protocol import Heartbeat, Tokens, encode
+    from worker.contract.protocol import Heartbeat, Tokens, encode
 
     before = processes(fuzzed)
     address = zmq_address(fuzzed)

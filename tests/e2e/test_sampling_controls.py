@@ -5,25 +5,7 @@ from __future__ import annotations
 
 import math
 
-import pytest
-from openai import OpenAI
-
-from tests.deployment import MODEL
-
-
-@pytest.fixture(scope="module")
-def client(deployment) -> OpenAI:
-    return OpenAI(base_url=deployment.base_url, api_key="unused", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(Path.home() / ".cache/llamadeploy/models/smollm2-135m-instruct")
-
+from tests.helpers.deployment import MODEL
 
 Q = [{"role": "user", "content": "Name three colours."}]
 

@@ -1,4 +1,4 @@
-"""Issue 5: access control, listeners, request timeouts and JSON logs on a deployment of its own.
+"""Access control, listeners, request timeouts and JSON logs on a deployment of its own.
 
 One replica, API keys from the environment (overriding the file's), an admin token, a short
 ``router.request_timeout_s`` and ``--log-format json`` on the command line.
@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.deployment import MODEL, Deployment, wait_for
+from tests.helpers.deployment import MODEL, Deployment, wait_for
 
 ENV_KEYS = ["env-key-1", "env-key-2"]
 ADMIN_TOKEN = "admin-secret-token"
@@ -133,6 +133,15 @@ def test_listeners_are_loopback_and_workers_listen_nowhere(secured):
     assert address.startswith("ipc://")
     run_dir = os.path.dirname(address.removeprefix("ipc://"))
     assert stat.S_IMODE(os.stat(run_dir).st_mode) & 0o077 == 0  # only our user can reach the socket
+
+
+def test_no_secret_reaches_a_worker(secured):
+    for worker in secured.processes()["workers"]:
+        argv = worker.cmdline()
+        settings = open(argv[argv.index("--config") + 1]).read()
+        secrets = [*ENV_KEYS, "file-key", ADMIN_TOKEN]
+        assert not [s for s in secrets if s in settings or s in " ".join(argv) or s in str(worker.environ())]
+        assert "api_keys" not in settings and "admin_token" not in settings
 
 
 def test_request_id_is_echoed_and_logged_by_router_and_worker(secured):

@@ -13,12 +13,7 @@ from openai import BadRequestError, OpenAI
 from pydantic import BaseModel, Field
 
 from router.structured import MAX_SCHEMA_BYTES
-from tests.deployment import MODEL
-
-
-@pytest.fixture(scope="module")
-def client(deployment) -> OpenAI:
-    return OpenAI(base_url=deployment.base_url, api_key="unused", max_retries=0, timeout=300)
+from tests.helpers.deployment import MODEL
 
 
 class Company(BaseModel):

@@ -1,4 +1,4 @@
-"""Issue 3: supervision and operations, end to end (real model, 2 CPU workers).
+"""Supervision and operations, end to end (real model, 2 CPU workers).
 
 The tests on ``sup`` share one deployment, each leaving both workers ready again: kill -9 during
 non-streaming and streaming requests, restart-worker --drain under load, a request timeout, a hung
@@ -20,24 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.deployment import MODEL, Deployment, alive
+from tests.helpers.deployment import MODEL, Deployment, alive, all_ready_and_idle, assert_openai_error, wait_for
 
 FAULT = "LLAMADEPLOY_FAULT_CRASH_AT_START"
 STALL = "LLAMADEPLOY_FAULT_STALL"
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def all_ready_and_idle(d: Deployment) -> bool:
-    return all(w["state"] == "ready" and w["in_flight"] == 0 and w["running"] == 0 for w in d.workers())
 
 
 def long_chat(d: Deployment, i: int, max_tokens: int, **kw) -> httpx.Response:
@@ -62,11 +48,6 @@ def stream_events(
             if first_text is not None and choices and choices[0]["delta"].get("content"):
                 first_text.set()
     return events
-
-
-def assert_openai_error(err: dict, code: str) -> None:
-    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
-    assert err["error"]["code"] == code and err["error"]["message"], err
 
 
 @pytest.fixture(scope="module")

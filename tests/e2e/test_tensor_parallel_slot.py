@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.deployment import MODEL, Deployment, alive, wait_for
-from tests.tiny_models import write_tiny_llama
+from tests.helpers.deployment import MODEL, Deployment, alive, wait_for
+from tests.helpers.tiny_models import write_tiny_llama
 
 
 @pytest.fixture(scope="module")

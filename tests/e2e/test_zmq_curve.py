@@ -17,9 +17,9 @@ import psutil
 import pytest
 import zmq
 
-from launcher.keys import KEYS_ENV
-from tests.deployment import MODEL, Deployment, free_port, wait_for
-from worker.protocol import PROTOCOL_VERSION, Hello, encode, worker_identity
+from tests.helpers.deployment import MODEL, Deployment, free_port, wait_for
+from worker.contract.env import KEYS_ENV
+from worker.contract.protocol import PROTOCOL_VERSION, Hello, encode, worker_identity
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from launcher.config import parse_config
 from router.main import start_servers, stop_servers
 from router.state import Api
 from router.workers import WorkerPool
-from tests.deployment import free_port, wait_for_async
+from tests.helpers.deployment import free_port, wait_for_async
 
 
 class Conn:
@@ -44,7 +44,7 @@ class Conn:
 
 def serve(tmp_path, test: Callable[[Api, list], Awaitable[None]], **router) -> None:
     """Run ``test(api, runners)`` against a router (no workers) listening on free ports."""
-    cfg = parse_config({"router": {"port": free_port(), "admin_port": free_port(), **router}})
+    cfg = parse_config({"router": {"port": free_port(), "admin_port": free_port(), **router}}).router_settings()
 
     async def main() -> None:
         api = Api(cfg, WorkerPool(f"ipc://{tmp_path}/router.sock", "round_robin", 10.0), tokenizer=None)

@@ -17,10 +17,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from launcher.keys import ClientKeys, client_keys, make_keys, server_keys
 from router.workers import State, WorkerPool
-from tests.deployment import free_port, wait_for_async
-from worker.protocol import (
+from tests.helpers.deployment import free_port, wait_for_async
+from worker.contract.keys import ClientKeys, client_keys, make_keys, server_keys
+from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Generate,
     Hello,

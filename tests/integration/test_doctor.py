@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.placement import nvml_gpus
-from tests.deployment import free_port
+from launcher.plan.placement import nvml_gpus
+from tests.helpers.deployment import free_port
 
 EXE = Path(sys.executable).with_name("llamadeploy")
 

@@ -10,14 +10,8 @@ import zmq
 import zmq.asyncio
 
 from router.workers import WorkerPool
-from worker.protocol import PROTOCOL_VERSION, Heartbeat, Hello, encode, worker_identity
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    """Yield to the pool's receive task until ``predicate()`` holds; fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
+from tests.helpers.deployment import wait_for_async
+from worker.contract.protocol import PROTOCOL_VERSION, Heartbeat, Hello, encode, worker_identity
 
 
 def heartbeat(wid: int, running: int) -> bytes:
@@ -49,13 +43,13 @@ async def exchange(address: str, refused) -> None:
                 )
             )
         )
-        await until(lambda: 0 in pool.workers)
+        await wait_for_async(lambda: 0 in pool.workers, 10)
         assert pool.workers[0].heartbeats == 0
         await real.send(heartbeat(0, running=1))
-        await until(lambda: pool.workers[0].heartbeats == 1)
+        await wait_for_async(lambda: pool.workers[0].heartbeats == 1, 10)
 
         await stranger.send(heartbeat(0, running=99))  # forged: worker-99 claims to be worker 0
-        await until(lambda: refused() or pool.workers[0].heartbeats > 1)
+        await wait_for_async(lambda: refused() or pool.workers[0].heartbeats > 1, 10)
         w = pool.workers[0]
         assert (w.heartbeats, w.heartbeat.running) == (1, 1)
         assert 99 not in pool.workers

@@ -14,9 +14,9 @@ from launcher.models import resolve_model
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager
+from worker.contract.protocol import Generate, SamplingParams, Tokens
 from worker.engine import Engine
 from worker.hf_model import HFModel
-from worker.protocol import Generate, SamplingParams, Tokens
 from worker.runner import ModelRunner
 from worker.scheduler import Scheduler
 

@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from launcher.lifeline import ORPHAN_EXIT_CODE, PARENT_ENV
-from tests.deployment import alive
+from tests.helpers.deployment import alive, wait_for
+from worker.contract.env import PARENT_ENV
+from worker.contract.lifeline import ORPHAN_EXIT_CODE
 
 CHILD = (
-    "from launcher.lifeline import die_with_parent; die_with_parent(); import time; print('armed', flush=True); "
+    "from worker.contract.lifeline import die_with_parent; die_with_parent(); import time; print('armed', flush=True); "
     "time.sleep(60)"
 )
 
@@ -21,21 +21,12 @@ CHILD = (
 # supervisor's own function; it prints the child's pid and waits.
 LAUNCHER = f"""
 import threading, time
-from launcher.supervisor import spawn
+from launcher.supervise.supervisor import spawn
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 child = spawn(["-c", {CHILD!r}], {{}})
 print(child.pid, flush=True)
 time.sleep(60)
 """
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_a_child_started_after_its_launcher_died_exits_at_once():
@@ -51,7 +42,7 @@ def test_a_child_dies_when_its_threaded_launcher_is_killed_with_sigkill():
         assert launcher.stdout.readline().strip() == "armed"  # the child (same stdout) set its death signal
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=10)
-        assert wait_until(lambda: not alive(child), 10), f"child {child} outlived its launcher"
+        wait_for(lambda: not alive(child), 10, f"child {child} to die with its launcher", interval=0.05)
     finally:
         if launcher.poll() is None:
             launcher.kill()

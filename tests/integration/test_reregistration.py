@@ -9,14 +9,9 @@ import os
 import queue
 
 from router.workers import State, WorkerPool
-from worker.protocol import PROTOCOL_VERSION, Hello, Ready
+from tests.helpers.deployment import wait_for_async
+from worker.contract.protocol import PROTOCOL_VERSION, Hello, Ready
 from worker.transport import Transport
-
-
-async def until(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 def engine_stats() -> dict:
@@ -56,7 +51,7 @@ async def scenario(address: str) -> None:
             )
         )
         transport.announce(Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=100))
-        await until(lambda: ready(first))
+        await wait_for_async(lambda: ready(first), 10)
         hb = first.workers[0].heartbeat
         assert (hb.steps, hb.last_step_age_s, hb.mem_bytes) == (42, 0.5, 1)
         await first.close()  # the router goes away
@@ -64,7 +59,7 @@ async def scenario(address: str) -> None:
         second = WorkerPool(address, "round_robin", heartbeat_timeout_s=10, restarts=1)  # and comes back
         await second.start()
         try:
-            await until(lambda: ready(second))
+            await wait_for_async(lambda: ready(second), 10)
             w = second.workers[0]
             assert (w.pid, w.max_num_seqs, w.max_waiting, w.kv_budget_tokens) == (os.getpid(), 4, 2, 100)
             assert second.table().router.restarts == 1

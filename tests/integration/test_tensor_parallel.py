@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from launcher.models import resolve_model
-from launcher.ports import free_port
-from tests.tiny_models import write_tiny_llama
+from launcher.supervise.ports import free_port
+from tests.helpers.tiny_models import write_tiny_llama
 from worker.tp import PEER_LOST_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import torch
 
-from launcher.config import DeployConfig
+from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
+from worker.contract.settings import WorkerSettings
 from worker.main import join_group, run_follower_process
-from worker.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.replica import build_engine, warm_up
 from worker.tp import PEER_LOST_EXIT_CODE, PeerLost
 
 
-def config(args) -> DeployConfig:
+def config(args) -> WorkerSettings:
     prefill = args.max_prefill_tokens if args.max_prefill_tokens == "auto" else int(args.max_prefill_tokens)
-    return DeployConfig.model_validate(
+    return WorkerSettings.model_validate(
         {
             "model": {"dtype": args.dtype, "max_model_len": 1024, "random_init": args.random_init},
             "workers": {
@@ -45,7 +45,7 @@ def config(args) -> DeployConfig:
 class Rank0:
     """Rank 0's engine, driven by a script, with each request's first and last token step."""
 
-    def __init__(self, cfg: DeployConfig, args):
+    def __init__(self, cfg: WorkerSettings, args):
         self.events: list = []
         self.group = join_group(cfg, 0, args.world_size, args.dist_init, "cpu") if args.world_size > 1 else None
         self.engine, self.budget = build_engine(cfg, args.model_path, "cpu", 1.0, self.events.append, group=self.group)

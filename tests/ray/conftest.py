@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.ray_actor import sweep_folders
-from tests.ray import netns
-
-OBJECT_STORE_BYTES = 80 * 2**20
-# Declared resources per node. Fast failure detection: a node whose raylet is killed is dead to the
-# cluster after about health_check_period_ms × failure_threshold.
-HEAD = {"num_cpus": 2, "num_gpus": 2}
-SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 2, "health_check_timeout_ms": 500}
+from launcher.ray.actor import sweep_folders
+from tests.helpers import netns
+from tests.helpers.ray_nodes import HEAD, OBJECT_STORE_BYTES, SYSTEM_CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +41,3 @@ def cluster(namespace):
     yield c
     c.shutdown()
     sweep_folders()  # the private folders of actors that died with their node
-
-
-def add_node(c, num_gpus: int, num_cpus: int = 2):
-    """A worker node with ``num_gpus`` declared GPUs, registered before this returns."""
-    return c.add_node(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=OBJECT_STORE_BYTES, wait=True)

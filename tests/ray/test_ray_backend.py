@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from launcher.ray_backend import GPUS_ON_CPU_ENV
-from tests.deployment import Deployment, free_port, wait_for
-from tests.ray.conftest import add_node
+from launcher.ray.backend import GPUS_ON_CPU_ENV
+from tests.helpers.deployment import Deployment, free_port, wait_for
+from tests.helpers.ray_nodes import add_node
 
 HEARTBEAT_TIMEOUT_S = 4.0
 

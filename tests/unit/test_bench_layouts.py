@@ -36,7 +36,7 @@ def test_one_gpu_runs_data_parallel_only_and_says_why_not_the_others():
     assert layout_runs(0)[0].skipped == "no GPU on this host"
 
 
-def test_the_table_has_the_articles_ratios_against_data_parallel():
+def test_the_table_has_the_ratios_against_data_parallel():
     results = [
         LayoutResult("data parallel ×2", latency_s=0.520, throughput=200.0, peak_bytes=int(20 * GiB)),
         LayoutResult("tensor parallel 2", latency_s=0.390, throughput=150.0, peak_bytes=int(12 * GiB)),
@@ -48,7 +48,7 @@ def test_the_table_has_the_articles_ratios_against_data_parallel():
         if line.count("│") > 3
     }
     assert rows["data parallel ×2"][:5] == ["520", "1.00", "200.0", "1.00", "20.00"]
-    assert rows["tensor parallel 2"][:5] == ["390", "1.33", "150.0", "0.75", "12.00"]  # 520/390: the article's ×1.3
+    assert rows["tensor parallel 2"][:5] == ["390", "1.33", "150.0", "0.75", "12.00"]  # 520/390: ×1.3
     assert rows["layer split 2"][:5] == ["650", "0.80", "90.0", "0.45", "13.00"]
 
 

@@ -1,14 +1,14 @@
-"""The one GPU KV-budget rule (worker.budget) and the worker's measuring helpers over a fake
+"""The one GPU KV-budget rule (worker.contract.budget) and the worker's measuring helpers over a fake
 ``torch.cuda`` (no GPU needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget, memory_fraction, too_small
+from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget, memory_fraction, too_small
+from worker.contract.units import GiB
 from worker.gpus import apply_memory_fraction, capabilities, measure_gpus, memory_reserved_total, reset_peaks
 
-GiB = 2**30
 MiB = 2**20
 LLAMA2_7B_KV = 512 * 1024  # bytes per token, 16-bit
 

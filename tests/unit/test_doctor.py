@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import DeployConfig
-from launcher.doctor import (
+from launcher.plan.doctor import (
     arch_checks,
     cuda_compat,
     cuda_version,
@@ -15,9 +15,8 @@ from launcher.doctor import (
     visibility_check,
     wheel_runs_on,
 )
-from launcher.placement import GpuInfo, GpuProblem, Inventory
-
-GiB = 2**30
+from launcher.plan.placement import GpuInfo, GpuProblem, Inventory
+from worker.contract.units import GiB
 
 
 def gpu(i: int, used_gib: float = 0.5, name: str = "NVIDIA L4") -> GpuInfo:
@@ -122,8 +121,8 @@ def test_nvml_missing_while_cuda_works_and_unqueried_gpus_fail():
 
 
 def interconnect(n: int, tp: int = 1, **topology):
-    from launcher.doctor import interconnect_check
-    from tests.unit.fake_nvml import FakeTopology
+    from launcher.plan.doctor import interconnect_check
+    from tests.helpers.fake_nvml import FakeTopology
 
     cfg = DeployConfig.model_validate({"workers": {"tensor_parallel_size": tp}})
     return interconnect_check(cfg, Inventory([gpu(i) for i in range(n)], [0]), FakeTopology(n, **topology))
@@ -164,8 +163,8 @@ def test_nvlink_state_answers_where_the_p2p_query_is_not_supported():
 
 def test_one_gpu_or_no_nvml_skips_the_interconnect():
     assert interconnect(1).status == "skip"
-    from launcher.doctor import interconnect_check
-    from tests.unit.fake_nvml import FakeNvml
+    from launcher.plan.doctor import interconnect_check
+    from tests.helpers.fake_nvml import FakeNvml
 
     row = interconnect_check(DeployConfig(), Inventory([gpu(0), gpu(1)], [0]), FakeNvml([], init_error="no driver"))
     assert row.status == "skip" and "NVML unavailable: no driver" in row.detail

@@ -1,10 +1,10 @@
-"""``model.dtype: auto`` on forced GPU capabilities and CPU flags (worker.dtypes)."""
+"""``model.dtype: auto`` on forced GPU capabilities and CPU flags (worker.contract.dtypes)."""
 
 from __future__ import annotations
 
 import pytest
 
-from worker.dtypes import auto_dtype, cpu_auto_dtype, cpu_flags, describe, resolve, warning
+from worker.contract.dtypes import auto_dtype, cpu_auto_dtype, cpu_flags, describe, resolve, warning
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -62,7 +62,7 @@ def test_describe_says_why_and_warns_on_a_poor_explicit_choice():
 
 
 def test_float16_on_a_cpu_without_amx_fp16_is_warned():
-    from worker.dtypes import warning
+    from worker.contract.dtypes import warning
 
     assert "emulated" in warning("float16", "cpu", flags={"avx512_bf16", "amx_bf16"})
     assert warning("float16", "cpu", flags={"amx_fp16"}) == ""

@@ -7,7 +7,8 @@ import stat
 import pytest
 import zmq
 
-from launcher.keys import KEYS_ENV, client_keys, make_keys, server_keys, uses_curve
+from worker.contract.env import KEYS_ENV
+from worker.contract.keys import client_keys, make_keys, server_keys, uses_curve
 
 
 def test_every_address_but_ipc_uses_curve():

@@ -11,25 +11,8 @@ import pytest
 
 from router.errors import ApiError
 from router.generation import stream_tokens
-from tests.unit.test_supervisor_pool import PARAMS, RecordingPool, collect, run, step, two_workers
-from worker.protocol import Failed, SamplingParams, Tokens, Usage
-
-
-def say(pool: RecordingPool, text: str, ids: list[int], finish: str | None = None, total: int = 0) -> None:
-    """The latest attempt's worker sends one delta (``total``: completion tokens in the final usage)."""
-    wid, gen = pool.generates()[-1]
-    usage = (
-        Usage(
-            prompt_tokens=len(gen.prompt_token_ids),
-            completion_tokens=total,
-            total_tokens=len(gen.prompt_token_ids) + total,
-        )
-        if finish
-        else None
-    )
-    pool.frame(
-        wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=ids, finish_reason=finish, usage=usage)
-    )
+from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, say, step, two_workers
+from worker.contract.protocol import Failed, SamplingParams, Usage
 
 
 def test_a_stream_migrates_with_every_generated_id_and_continues_without_duplicates():

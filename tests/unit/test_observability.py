@@ -1,4 +1,4 @@
-"""Issue 5: metrics exposition, constant-time bearer auth, request-id logging, wire-frame hygiene."""
+"""Metrics exposition, constant-time bearer auth, request-id logging, wire-frame hygiene."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from launcher.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter
-from launcher.progress import describe
+from launcher.supervise.progress import describe
 from router.auth import bearer_token, token_matches
 from router.metrics import Metrics, RequestTimer
 from router.workers import State, Worker, WorkerPool
-from worker.protocol import (
+from worker.contract.logs import REQUEST_ID, JsonFormatter, RequestIdFilter, TextFormatter
+from worker.contract.protocol import (
     Cancel,
     Generate,
     Heartbeat,
@@ -200,7 +200,7 @@ def test_text_lines_name_the_request_id():
 
 
 def test_setup_logging_json_is_one_object_per_line(monkeypatch):
-    from launcher import logs
+    from worker.contract import logs
 
     stream = io.StringIO()
     monkeypatch.setattr(logs.sys, "stderr", stream)

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from launcher.config import WorkersConfig
-from launcher.placement import EXPECTED_GPUS_ENV, GpuInfo, Inventory, PlacementError, discover, place, visible_gpus
-from worker.gpus import GpuMismatch, check_gpus, expected_from_env, layer_fractions
-
-GiB = 2**30
+from launcher.plan.placement import GpuInfo, Inventory, PlacementError, discover, place, visible_gpus
+from worker.contract.env import EXPECTED_GPUS_ENV, expected_from_env
+from worker.contract.settings import WorkersConfig
+from worker.contract.units import GiB
+from worker.gpus import GpuMismatch, check_gpus, layer_fractions
 
 
 def gpu(i: int, total_gib: float = 80, used_gib: float = 0.5, name: str = "NVIDIA A100-SXM4-80GB") -> GpuInfo:
@@ -227,8 +227,8 @@ def test_worker_matches_torch_uuids_without_the_nvml_prefix():
 
 # ---- NVML: per-GPU errors, MIG, and NVML missing while CUDA works --------------------------
 
-from launcher.placement import GpuProblem, cuda_probe, nvml_gpus, nvml_scan  # noqa: E402
-from tests.unit.fake_nvml import FakeNvml  # noqa: E402
+from launcher.plan.placement import GpuProblem, cuda_probe, nvml_gpus, nvml_scan  # noqa: E402
+from tests.helpers.fake_nvml import FakeNvml  # noqa: E402
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "total_gib": 80, "used_gib": 1, "capability": (9, 0)}
 

@@ -1,4 +1,4 @@
-"""Memory arithmetic against the article's Llama-2 figures; fit, recommendations, and the CLI."""
+"""Memory arithmetic against the published Llama-2 figures; fit, recommendations, and the CLI."""
 
 from __future__ import annotations
 
@@ -12,27 +12,14 @@ from typer.testing import CliRunner
 from launcher import cli
 from launcher.config import DeployConfig
 from launcher.models import ModelNotFound
-from launcher.placement import GpuInfo, Inventory
-from launcher.plan import GB, GiB, kv_bytes_per_token, make_plan, parse_gpus, recommend, size, weight_bytes
-from launcher.shapes import ModelShape, ShapeError, from_gguf, from_hf_config, read_shape
-from tests.deployment import free_port
-
-# Public Llama-2 shapes (the article's sizing table): hidden, layers, heads, kv heads, intermediate.
-LLAMA2 = {
-    "7B": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008},
-    "13B": {"hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 40, "intermediate_size": 13824},
-    "70B": {
-        "hidden_size": 8192,
-        "num_hidden_layers": 80,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "intermediate_size": 28672,
-    },
-}
-
-
-def llama2(size_name: str, **extra) -> ModelShape:
-    return from_hf_config({**LLAMA2[size_name], "vocab_size": 32000, **extra}, f"llama-2-{size_name}")
+from launcher.plan.placement import GpuInfo, Inventory
+from launcher.plan.plan import make_plan, parse_gpus, recommend
+from launcher.plan.shape import read_shape
+from launcher.plan.sizing import kv_bytes_per_token, size, weight_bytes
+from tests.helpers.deployment import free_port
+from tests.helpers.model_configs import LLAMA2, SMOLLM2_135M, llama2
+from worker.contract.shapes import ShapeError, from_gguf
+from worker.contract.units import GB, GiB
 
 
 def cfg(**workers) -> DeployConfig:
@@ -58,7 +45,7 @@ def inv(gpu_list: list[GpuInfo], ram_gib: float = 64) -> Inventory:
         ("70B", 68_976_648_192, 140),
     ],
 )
-def test_llama2_parameters_and_fp16_weights_match_the_article(name, params, about_gb):
+def test_llama2_parameters_and_fp16_weights_match_the_published_figures(name, params, about_gb):
     shape = llama2(name)
     assert shape.params == params  # the published parameter counts
     fp16 = weight_bytes(shape, "float16")
@@ -230,17 +217,6 @@ def test_plan_command_for_a_70b_config(tmp_path):
     assert too_small.exit_code == 1 and "error:" in too_small.output
 
 
-SMOLLM2_135M = {
-    "hidden_size": 576,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "intermediate_size": 1536,
-    "vocab_size": 49152,
-    "tie_word_embeddings": True,
-}
-
-
 def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
     model = tmp_path / "model"  # its own config folder: the plan never needs the model cache
     model.mkdir()
@@ -266,7 +242,7 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
 
 
 def test_plan_uses_the_workers_budget_rule_per_gpu_of_a_split():
-    from worker.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget
+    from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, kv_budget
 
     shape = llama2("70B")
     deploy = DeployConfig.model_validate({"model": {"max_model_len": 4096}, "workers": {"gpus_per_replica": 2}})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 
 from launcher.config import parse_config
-from launcher.ports import port_problems
-from tests.deployment import free_port
+from launcher.supervise.ports import port_problems
+from tests.helpers.deployment import free_port
 
 
 def test_a_taken_port_is_named_by_its_key_and_a_free_one_passes():

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from worker.attention import KVCache, build_batch
+from worker.contract import quant_rules as rules
+from worker.contract.protocol import KernelChoice, KernelPick, Ready, decode_for_router, encode
+from worker.contract.tp_rules import tp_problems
 from worker.llama import LlamaModel, random_weights
-from worker.protocol import KernelChoice, KernelPick, Ready, decode_for_router, encode
-from worker.quant import rules
 from worker.quant.autotune import Pick, buckets, choose, tune
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.kernels import Candidate, Kernel, candidates, check
 from worker.quant.linear import Linears, gather_rows
-from worker.tp_rules import tp_problems
 
 CPU = torch.device("cpu")
 
@@ -192,7 +192,7 @@ def test_buckets_cover_the_largest_step_up_to_the_cap():
     assert buckets(1) == [1]
     assert buckets(8) == [1, 2, 4, 8]
     assert buckets(40) == [1, 2, 4, 8, 16, 32, 64]
-    assert buckets(100_000)[-1] == 512
+    assert buckets(100_000)[-1] == 128
 
 
 def tiny_config(tied: bool = True) -> LlamaConfig:
@@ -304,3 +304,25 @@ def test_the_kernel_table_travels_in_ready():
         encode(Ready(worker_id=0, load_seconds=1.0, kv_budget_tokens=16, weight_bytes=5, kernels=table))
     )
     assert msg.kernels == table and msg.weight_bytes == 5
+
+
+def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_measure():
+    from launcher.config import DeployConfig
+    from launcher.plan.doctor_kernels import kernel_check
+    from worker.contract.shapes import ModelShape
+
+    cfg = DeployConfig.model_validate({"model": {"quantization": "int4"}, "workers": {"max_num_seqs": 2}})
+    tiny = ModelShape("tiny", 64, 2, 4, 2, 16, 128, 96, tie_word_embeddings=True)
+    row = kernel_check(cfg, tiny, "cpu", "float32")
+    assert row.status == "ok", row.detail
+    lines = row.detail.splitlines()
+    assert lines[0] == "cpu, float32, model.quantization int4, rows 1-2:"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "128x64 int4/g32",
+        "64x64 int4/g32",
+        "256x64 int4/g32",
+        "64x128 int4/g32",
+        "96x64 int8/channel",
+    ]
+    big = ModelShape("70b", 8192, 80, 64, 8, 128, 28672, 32000)
+    assert kernel_check(cfg, big, "cpu", "float32").status == "skip"

@@ -6,21 +6,20 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import subprocess
 from dataclasses import replace
 
 import pytest
 
-from launcher import ray_cluster
-from launcher.config import ClusterConfig, ConfigError, WorkersConfig, parse_config
-from launcher.placement import PlacementError
-from launcher.ray_actor import FOLDER_PREFIX, sweep_folders, write_files
-from launcher.ray_cluster import ClusterError, NodeInventory, _host_port, connect, node_gpus
-from launcher.ray_placement import missing_room, place_on_cluster
-from launcher.ray_up import unreachable
-from tests.deployment import free_port
-
-GiB = 2**30
+from launcher.config import ClusterConfig, ConfigError, parse_config
+from launcher.plan.placement import PlacementError
+from launcher.ray import cluster as ray_cluster
+from launcher.ray.actor import FOLDER_PREFIX, sweep_folders, write_files
+from launcher.ray.cluster import ClusterError, NodeInventory, _host_port, connect, node_gpus
+from launcher.ray.placement import missing_room, place_on_cluster
+from launcher.ray.up import unreachable
+from tests.helpers.deployment import free_port
+from worker.contract.settings import WorkersConfig
+from worker.contract.units import GiB
 
 
 def node(name: str, gpus: int, cpus: int = 8, head: bool = False) -> NodeInventory:
@@ -126,10 +125,9 @@ def test_cluster_address_is_checked_before_ray_connects():
 
 
 def test_folders_of_dead_actors_are_swept(tmp_path):
-    dead = subprocess.Popen(["true"])
-    dead.wait()
+    dead_pid = 4_194_305  # above the kernel's largest pid_max (2^22): never a live process
     mine = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-abc"
-    gone = tmp_path / f"{FOLDER_PREFIX}{dead.pid}-def"
+    gone = tmp_path / f"{FOLDER_PREFIX}{dead_pid}-def"
     for folder in (mine, gone):
         write_files(folder, {"curve/worker-0.secret": b"k"})
     assert sweep_folders(tmp_path) == [gone]
@@ -187,7 +185,7 @@ def test_a_router_address_the_nodes_cannot_reach_is_refused():
 
 
 def test_up_refuses_slots_the_free_resources_cannot_hold_after_rereading(monkeypatch):
-    from launcher import ray_up
+    from launcher.ray import up as ray_up
 
     specs = place_on_cluster(WorkersConfig(replicas=2), ClusterConfig(), [HEAD, B])
     taken = {HEAD.node_id: {"CPU": 8.0, "GPU": 2.0}, B.node_id: {"CPU": 8.0, "GPU": 0.0}}

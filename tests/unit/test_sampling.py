@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from worker.protocol import LOGPROB_FLOOR, Grammar, SamplingParams
+from worker.contract.protocol import LOGPROB_FLOOR, Grammar, SamplingParams
 from worker.sampling import BAD_TOKEN, RowSampler, SamplingError, position_seed, sample_batch, sample_batch_ex
 
 CPU = torch.device("cpu")
@@ -195,19 +195,12 @@ def test_non_finite_rows_fail_alone():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    path = Path.home() / ".cache/llamadeploy/models/smollm2-135m-instruct"
-    if not path.exists():
-        pytest.skip("the embedded model is not cached")
-    tok = AutoTokenizer.from_pretrained(path)
+def tokenizer(tokenizer):
+    """The shared tokenizer, with grammar support configured for it in this process."""
     from worker import grammar
 
-    grammar.configure(tok, 49152, {tok.eos_token_id})
-    return tok
+    grammar.configure(tokenizer, 49152, {tokenizer.eos_token_id})
+    return tokenizer
 
 
 SCHEMA = {

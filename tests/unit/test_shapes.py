@@ -1,8 +1,8 @@
-"""The one KV-cache formula (``launcher.shapes.kv_bytes_per_token``), torch-free."""
+"""The one KV-cache formula (``worker.contract.shapes.kv_bytes_per_token``), torch-free."""
 
 from __future__ import annotations
 
-from launcher.shapes import kv_bytes_per_token
+from worker.contract.shapes import kv_bytes_per_token
 
 
 def test_kv_bytes_per_token_of_published_shapes():
@@ -12,8 +12,8 @@ def test_kv_bytes_per_token_of_published_shapes():
 
 
 def test_a_shape_keeps_its_architecture_so_tensor_parallelism_can_refuse_before_start():
-    from launcher.shapes import from_hf_config
-    from worker.tp_rules import tp_problems
+    from worker.contract.shapes import from_hf_config
+    from worker.contract.tp_rules import tp_problems
 
     base = {"hidden_size": 768, "num_hidden_layers": 2, "num_attention_heads": 12, "intermediate_size": 3072}
     gpt2 = from_hf_config({**base, "vocab_size": 50257, "architectures": ["GPT2LMHeadModel"]})

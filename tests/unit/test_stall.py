@@ -10,9 +10,8 @@ import time
 
 from router.generation import stream_tokens
 from router.workers import State
-from tests.unit.test_migration_router import say
-from tests.unit.test_supervisor_pool import PARAMS, RecordingPool, collect, run, step, two_workers
-from worker.protocol import Heartbeat
+from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, say, step, two_workers
+from worker.contract.protocol import Heartbeat
 
 STALL_S = 30.0
 

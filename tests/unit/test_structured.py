@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 from openai.types import Completion
@@ -17,9 +16,7 @@ from router.schemas import ChatRequest, parse
 from router.shaping import Choice, Shaper, TokenTexts, total_usage
 from router.structured import MAX_SCHEMA_BYTES, GrammarChecker, check_schema
 from router.tools import CallStreamer, chat_messages, parse_calls, tool_grammar, tool_mode
-from worker.protocol import Grammar, TokenLogprob, Tokens, Usage
-
-MODEL_DIR = Path.home() / ".cache/llamadeploy/models/smollm2-135m-instruct"
+from worker.contract.protocol import Grammar, TokenLogprob, Tokens, Usage
 
 
 def deep(n: int) -> dict:
@@ -53,15 +50,6 @@ def test_size_limit_is_on_canonical_json():
     ok = {"type": "object", "properties": {"a": {"type": "string", "description": "x" * (MAX_SCHEMA_BYTES // 2)}}}
     assert json.loads(check_schema(ok)) == ok
     assert check_schema({"b": 1, "a": {"type": "string"}}) == '{"a":{"type":"string"},"b":1}'
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    if not MODEL_DIR.exists():
-        pytest.skip("the embedded model is not cached")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(MODEL_DIR)
 
 
 def test_compile_check_refuses_what_xgrammar_cannot_compile_and_caches(tokenizer):

@@ -1,12 +1,18 @@
-"""The supervisor's pure decisions: crash window, backoff, failed; exit descriptions; the fault hook."""
+"""The supervisor's pure decisions: crash window, backoff, failed; exit descriptions; the fault hook;
+the settings file each child is given."""
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 
 import pytest
 
-from launcher.supervisor import MAX_BACKOFF_S, describe_exit, judge_crash
+from launcher.config import parse_config
+from launcher.supervise.supervisor import MAX_BACKOFF_S, Supervisor, describe_exit, judge_crash
+from router.settings import RouterSettings
+from worker.contract.settings import WorkerSettings
 from worker.main import fault_crash_at_start
 
 
@@ -83,3 +89,17 @@ def test_describe_exit(code, text):
 def test_fault_crash_at_start(value, worker, expected):
     assert fault_crash_at_start(worker, {"LLAMADEPLOY_FAULT_CRASH_AT_START": value}) is expected
     assert fault_crash_at_start(worker, {}) is False
+
+
+def test_each_child_is_told_only_its_roles_settings(tmp_path):
+    cfg = parse_config({"router": {"api_keys": ["sk-secret"], "admin_token": "admin-secret"}})
+    sup = Supervisor(cfg, [], Path("/model"), tmp_path, "ipc:///unused")
+    worker = json.loads(sup.worker_settings_path.read_text())
+    assert set(worker) == {"model", "workers", "logging"}  # no router section: no API key, no admin token
+    assert "sk-secret" not in sup.worker_settings_path.read_text()
+    assert "admin-secret" not in sup.worker_settings_path.read_text()
+    assert WorkerSettings.model_validate(worker) == cfg.worker_settings()
+    router = RouterSettings.model_validate_json(sup.router_settings_path.read_text())
+    assert (
+        router.router.api_keys == ["sk-secret"] and router.supervisor.drain_timeout_s == cfg.supervisor.drain_timeout_s
+    )

@@ -10,83 +10,16 @@ import pytest
 
 from router.errors import ApiError
 from router.generation import stream_tokens
-from router.workers import NoWorker, State, WorkerPool
-from worker.protocol import (
+from router.workers import NoWorker, State
+from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, step, two_workers
+from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Cancel,
     Failed,
-    Generate,
     Hello,
     Ready,
-    SamplingParams,
-    Tokens,
-    Usage,
-    encode,
-    worker_identity,
 )
-
-
-class RecordingPool(WorkerPool):
-    def __init__(self) -> None:
-        super().__init__("inproc://unused", "round_robin", heartbeat_timeout_s=10)
-        self.sent: list[tuple[int, object]] = []
-
-    async def _send(self, worker_id: int, msg) -> None:
-        self.sent.append((worker_id, msg))
-
-    def frame(self, wid: int, msg) -> None:
-        self.link.dispatch(worker_identity(wid), encode(msg))
-
-    def boot(self, wid: int, pid: int, restarts: int = 0) -> None:
-        """What a (re)start looks like to the router: the supervisor's report, Hello, Ready."""
-        self.on_started(wid, pid, restarts, f"cpu[{wid}]")
-        self.frame(
-            wid,
-            Hello(
-                protocol=PROTOCOL_VERSION,
-                worker_id=wid,
-                pid=pid,
-                device=f"cpu[{wid}]",
-                model="m",
-                max_num_seqs=8,
-                max_waiting=8,
-            ),
-        )
-        assert self.workers[wid].state == State.STARTING  # loading: never ready before Ready
-        self.frame(wid, Ready(worker_id=wid, load_seconds=1.0, kv_budget_tokens=1000))
-
-    def generates(self) -> list[tuple[int, Generate]]:
-        return [(w, m) for w, m in self.sent if isinstance(m, Generate)]
-
-    def tokens(self, text: str, finish: str | None = None) -> None:
-        wid, gen = self.generates()[-1]
-        usage = Usage(prompt_tokens=1, completion_tokens=len(text), total_tokens=1 + len(text)) if finish else None
-        self.frame(
-            wid, Tokens(request_id=gen.request_id, text_delta=text, token_ids=[1], finish_reason=finish, usage=usage)
-        )
-
-    def in_flight(self) -> int:
-        return sum(w.in_flight for w in self.workers.values())
-
-
-PARAMS = SamplingParams(max_tokens=10)
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def two_workers() -> RecordingPool:
-    pool = RecordingPool()
-    pool.boot(0, pid=100)
-    pool.boot(1, pid=101)
-    return pool
-
-
-async def step() -> None:
-    for _ in range(5):
-        await asyncio.sleep(0)
 
 
 def test_restart_count_is_one_after_one_crash():
@@ -123,10 +56,6 @@ def test_clean_exit_after_bye_stays_stopped():
     pool.frame(0, Bye(worker_id=0, reason="restart requested"))
     pool.mark_lost(0, "exit code 0")
     assert pool.workers[0].state == State.STOPPED
-
-
-async def collect(gen) -> list[Tokens]:
-    return [t async for t in gen]
 
 
 def test_non_streaming_retries_after_tokens_and_returns_only_the_new_attempt():
@@ -301,7 +230,8 @@ def test_the_table_shows_the_node_and_gpus_a_worker_reports():
 
 
 def test_node_identity_comes_from_the_actors_environment():
-    from worker.node import NODE_ID_ENV, NODE_IP_ENV, RAY_GPU_IDS_ENV, NodeIdentity
+    from worker.contract.env import NODE_ID_ENV, NODE_IP_ENV, RAY_GPU_IDS_ENV
+    from worker.node import NodeIdentity
 
     node = NodeIdentity.from_env({NODE_ID_ENV: "f" * 56, NODE_IP_ENV: "10.0.0.8", RAY_GPU_IDS_ENV: "0,1"})
     assert node == NodeIdentity("f" * 56, "10.0.0.8", "0,1")

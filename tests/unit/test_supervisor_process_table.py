@@ -13,147 +13,9 @@ import signal
 import msgspec
 import pytest
 
-from launcher.config import DeployConfig
-from launcher.placement import WorkerSpec
-from launcher.supervisor import Supervisor
 from router import admin_protocol
 from router.admin_protocol import Exited, Started, WorkerState, WorkerTable
-from router.workers import WorkerPool
-from worker.protocol import PROTOCOL_VERSION, Hello, Ready, encode, worker_identity
-
-
-class FakeStdin:
-    def __init__(self) -> None:
-        self.written, self.closed = "", False
-
-    def write(self, text: str) -> None:
-        self.written += text
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class FakeProc:
-    """What the supervisor uses of ``subprocess.Popen``."""
-
-    def __init__(self, pid: int, args: list[str], stdin: FakeStdin | None = None):
-        self.pid, self.args, self.stdin = pid, args, stdin
-        self.returncode: int | None = None
-        self.signals: list[int] = []
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def exit(self, code: int) -> None:
-        self.returncode = code
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-        if self.returncode is None:
-            self.returncode = -sig
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self.returncode
-
-
-class PoolAdmin:
-    """The admin API, served by a real WorkerPool; every message crosses the JSON contract."""
-
-    def __init__(self) -> None:
-        self.pool = WorkerPool("inproc://unused", "round_robin", heartbeat_timeout_s=10)
-        self.down = False
-        self.base = "http://fake"
-
-    def _check(self) -> None:
-        if self.down:
-            raise ConnectionRefusedError("connection refused")
-
-    def table(self, timeout: float = 2.0) -> WorkerTable:
-        self._check()
-        return admin_protocol.decode(admin_protocol.encode(self.pool.table()), WorkerTable)
-
-    def report(self, worker_id: int, msg, timeout: float = 5.0) -> None:
-        self._check()
-        msg = admin_protocol.decode(admin_protocol.encode(msg), type(msg))
-        if isinstance(msg, Started):
-            self.pool.on_started(worker_id, msg.pid, msg.restarts, msg.device)
-        else:
-            self.pool.mark_lost(worker_id, msg.reason, failed=msg.failed)
-
-    def try_call(self, method: str, path: str, body=None, timeout: float = 5.0):
-        return None if self.down else {}
-
-    def say(self, wid: int, msg) -> None:
-        """A frame from worker ``wid`` through the router's real decode path."""
-        self.pool.link.dispatch(worker_identity(wid), encode(msg))
-
-
-class Harness(Supervisor):
-    def __init__(self, tmp_path, config: dict | None = None, workers: int = 2):
-        base = {
-            "workers": {"devices": "cpu", "startup_timeout_s": 60},
-            "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2},
-        }
-        for section, keys in (config or {}).items():
-            base[section] = {**base.get(section, {}), **keys}
-        cfg = DeployConfig.model_validate(base)
-        specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
-        self.now = 1000.0
-        super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)
-        self.admin = PoolAdmin()
-        self.procs: list[FakeProc] = []
-
-    def _spawn(self, args, env, stdin_pipe=False):
-        self.procs.append(FakeProc(1000 + len(self.procs), args, FakeStdin() if stdin_pipe else None))
-        return self.procs[-1]
-
-    def _pause(self, seconds: float) -> None:
-        self.now += seconds
-
-    def tick(self, seconds: float = 0.0) -> None:
-        self.now += seconds
-        self._next_sync = 0.0
-        self.poll_once()
-
-    def proc_of(self, wid: int) -> FakeProc:
-        return self.slots[wid].proc
-
-    def ready(self, wid: int) -> None:
-        """The worker's process says Hello, then Ready."""
-        pid = self.proc_of(wid).pid
-        self.admin.say(
-            wid,
-            Hello(
-                protocol=PROTOCOL_VERSION,
-                worker_id=wid,
-                pid=pid,
-                device="cpu",
-                model="m",
-                max_num_seqs=8,
-                max_waiting=8,
-            ),
-        )
-        self.admin.say(wid, Ready(worker_id=wid, load_seconds=1.0, kv_budget_tokens=100))
-
-    def crash(self, wid: int, code: int) -> None:
-        """Worker ``wid`` exits with ``code``; then the backoff passes (it is started again if due)."""
-        self.proc_of(wid).exit(code)
-        self.tick()
-        self.tick(31.0)
-
-    def row(self, wid: int):
-        return self.admin.pool.workers[wid].report()
-
-
-def started(tmp_path, **kw) -> Harness:
-    sup = Harness(tmp_path, **kw)
-    sup.start()
-    for wid in sup.slots:
-        sup.ready(wid)
-    return sup
+from tests.helpers.supervisor_harness import Harness, PoolAdmin, started
 
 
 def test_start_reports_every_process_to_the_router(tmp_path):
@@ -213,7 +75,7 @@ def test_an_operator_start_request_starts_a_failed_worker_with_history_cleared(t
 
 def test_an_unreadable_table_is_a_warning_once_per_outage(tmp_path, caplog):
     sup = started(tmp_path)
-    caplog.set_level(logging.INFO, logger="launcher.supervisor")
+    caplog.set_level(logging.INFO, logger="launcher.supervise.supervisor")
     sup.admin.down = True
     sup.tick()
     sup.tick()
@@ -229,14 +91,14 @@ def test_a_table_that_breaks_the_contract_is_refused_loudly(tmp_path, caplog):
     row = msgspec.to_builtins(sup.admin.pool.table())
     row["workers"][0]["state"] = "Ready"  # a renamed state must not silently stop supervision
     sup.admin.table = lambda timeout=2.0: admin_protocol.decode(msgspec.json.encode(row), WorkerTable)
-    caplog.set_level(logging.WARNING, logger="launcher.supervisor")
+    caplog.set_level(logging.WARNING, logger="launcher.supervise.supervisor")
     assert sup.sync() is None
     assert "cannot read the router's worker table" in caplog.text and "Ready" in caplog.text
 
 
 def test_a_failed_report_is_a_warning(tmp_path, caplog):
     sup = started(tmp_path)
-    caplog.set_level(logging.WARNING, logger="launcher.supervisor")
+    caplog.set_level(logging.WARNING, logger="launcher.supervise.supervisor")
     sup.admin.down = True
     sup.proc_of(0).exit(1)
     sup.tick()

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import ConfigError, DeployConfig, parse_config
-from launcher.placement import GpuInfo, Inventory, PlacementError, place
-
-GiB = 2**30
+from launcher.plan.placement import GpuInfo, Inventory, PlacementError, place
+from worker.contract.units import GiB
 
 
 def workers(**keys):
@@ -60,8 +59,8 @@ def test_cpu_ranks_get_disjoint_cores_when_there_are_enough():
 def test_plan_counts_kv_cache_gib_per_rank_on_cpu():
     """On CPU each rank allocates workers.kv_cache_gib for its 1/N of the KV heads (as the worker
     does, worker.replica.load_shard), so a TP 3 replica holds three times the tokens of one rank."""
-    from launcher.plan import make_plan
-    from launcher.shapes import from_hf_config
+    from launcher.plan.plan import make_plan
+    from worker.contract.shapes import from_hf_config
 
     smollm2 = from_hf_config(
         {
@@ -91,8 +90,8 @@ def test_plan_counts_kv_cache_gib_per_rank_on_cpu():
 def test_a_tp_size_the_gpus_cannot_hold_still_gets_a_gpu_recommendation():
     """``plan --gpus 2x24GB --tensor-parallel-size 3``: the placement error names the key, and the
     recommendation is for those two GPUs (not for CPU, as if the host had none)."""
-    from launcher.plan import make_plan
-    from launcher.shapes import from_hf_config
+    from launcher.plan.plan import make_plan
+    from worker.contract.shapes import from_hf_config
 
     llama7b = from_hf_config(
         {

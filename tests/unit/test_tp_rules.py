@@ -1,4 +1,4 @@
-"""Tensor parallelism's arithmetic: which models split over N ranks (worker.tp_rules.tp_problems) and
+"""Tensor parallelism's arithmetic: which models split over N ranks (worker.contract.tp_rules.tp_problems) and
 which part of each weight a rank holds — checked by running N shards of a small Llama in threads
 with an in-process all-reduce against the whole model."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from launcher.shapes import ModelShape
 from worker.attention import KVCache, build_batch
+from worker.contract.shapes import ModelShape
+from worker.contract.tp_rules import shard_range, tp_problems, valid_sizes
 from worker.llama import LlamaModel, random_weights
-from worker.tp_rules import shard_range, tp_problems, valid_sizes
 
 SMOLLM2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536}
 LLAMA2_7B = {"num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008}

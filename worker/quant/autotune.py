@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 WARMUP = 2  # untimed calls first: oneDNN builds its primitive, caches warm
 REPEATS = 5  # timed calls; the best is the figure
-MAX_TUNED_ROWS = 512  # larger steps (a big prefill) run the largest bucket's pick: compute-bound there
+MAX_TUNED_ROWS = 128  # larger steps (a big prefill) run the largest bucket's pick: compute-bound there
 PRUNE = 8.0  # a kernel this many times slower than the best at a bucket is not timed at larger ones
 MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster where it is used
 

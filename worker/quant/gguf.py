@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worker.contract.tp_rules import shard_range
 from worker.quant.format import QuantizedWeight
 from worker.quant.gguf_blocks import FLOAT, GROUP, NATIVE, Reader, UnsupportedGGUF, unpack
-from worker.tp_rules import shard_range
 
 log = logging.getLogger(__name__)
 

@@ -221,6 +221,13 @@ def _tol(dt: torch.dtype) -> float:
     return TOL_FLOAT32 if dt == torch.float32 else TOL_HALF
 
 
+def full_precision(candidate: Candidate, dt: torch.dtype) -> bool:
+    """Whether ``candidate`` computes at ``dt``'s precision (no bfloat16 or int8 rounding of a
+    float32 model's activations or output): what the LM head needs, since its logits feed sampling
+    and logprobs (bfloat16 logits near 25 move in steps of 0.125, enough to make ties)."""
+    return candidate.tolerance <= _tol(dt)
+
+
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
     """Every candidate for compute dtype ``dt`` on ``device``'s kind, whatever the weight; each
     says itself which weights it takes (:attr:`Candidate.accepts`)."""

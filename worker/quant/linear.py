@@ -17,11 +17,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from worker.protocol import KernelChoice, KernelPick
-from worker.quant import rules
+from worker.contract import quant_rules as rules
+from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
-from worker.quant.kernels import Kernel, Weight, candidates
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, full_precision
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Dispatch:
 
 class Linears:
     """Builds each linear layer's callable. ``quantization``: ``int8`` / ``int4`` quantize a float
-    weight passed to :meth:`__call__` (:mod:`worker.quant.rules`), and store the embedding table
+    weight passed to :meth:`__call__` (:mod:`worker.contract.quant_rules`), and store the embedding table
     and the LM head (:meth:`embedding`, :meth:`head`) as int8 rows, one copy when they are tied;
     anything else leaves weights as they come (float, or a :class:`QuantizedWeight` read from a
     quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
@@ -82,12 +82,14 @@ class Linears:
 
     def __call__(self, weight: Weight) -> Callable:
         """A decoder layer's linear (fused qkv, o, gate_up, down): quantized first when asked."""
-        return self._build(self.quantize(weight), self.rows)
+        return self._build(self.quantize(weight), self.rows, list(self.pool.values()))
 
     def head(self, weight: Weight) -> Callable:
         """The LM head, tuned for at most ``max_logit_rows`` rows: int8 rows when quantizing, else
-        in the compute dtype."""
-        return self._build(self.rows_int8(weight), self.logit_rows)
+        in the compute dtype; only kernels that keep the compute dtype's precision
+        (:func:`~worker.quant.kernels.full_precision`)."""
+        pool = [c for c in self.pool.values() if full_precision(c, self.dtype)]
+        return self._build(self.rows_int8(weight), self.logit_rows, pool)
 
     def embedding(self, table: Weight) -> Callable[[torch.Tensor], torch.Tensor]:
         """``ids [T] -> [T, hidden]`` float32 rows of ``table`` [V, hidden] (int8 rows when
@@ -111,7 +113,7 @@ class Linears:
         return self.rows8[key]
 
     def quantize(self, weight: Weight) -> Weight:
-        """``weight`` [N, K] as :mod:`worker.quant.rules` cuts it, when a float weight is to be
+        """``weight`` [N, K] as :mod:`worker.contract.quant_rules` cuts it, when a float weight is to be
         quantized; else as it is. Raises ``ValueError`` for a K the groups do not divide."""
         if self.bits is None or isinstance(weight, QuantizedWeight):
             return weight
@@ -129,12 +131,12 @@ class Linears:
         """Bytes of every weight tensor held, each storage once (second forms included)."""
         return sum(self.held.values())
 
-    def _build(self, w: Weight, rows: list[int]) -> Callable:
-        key = (tuple(w.shape), weight_label(w, self.dtype), tuple(rows))
+    def _build(self, w: Weight, rows: list[int], pool: list[Candidate]) -> Callable:
+        key = (tuple(w.shape), weight_label(w, self.dtype), tuple(rows), tuple(c.name for c in pool))
         choice = self.choices.get(key)
         if choice is None:
             start = time.perf_counter()
-            choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer)
+            choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
             self.seconds += time.perf_counter() - start
             self.choices[key] = choice
             kernels = {name: built[name] for name in choice.kernels()}

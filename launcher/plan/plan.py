@@ -1,0 +1,312 @@
+"""The deployment plan: which worker goes where, what it can hold, and what to change when it does not fit.
+
+The arithmetic is :mod:`launcher.plan.sizing`; the layouts compared are :mod:`launcher.plan.layouts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from launcher.config import DeployConfig
+from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
+from launcher.plan.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
+from launcher.plan.sizing import (
+    CPU_PROCESS_BYTES,
+    DTYPE_BYTES,
+    GPU_CONTEXT_BYTES,
+    SERVABLE_DTYPES,
+    Sizing,
+    gpu_budget,
+    min_gpus,
+    planned_facts,
+    resize,
+    size,
+    tp_rank_activations,
+    tp_rank_weights,
+)
+from worker.contract import dtypes
+from worker.contract.budget import kv_budget, reserve
+from worker.contract.shapes import ModelShape
+from worker.contract.units import GB, GiB
+
+log = logging.getLogger(__name__)
+
+MAX_RECOMMENDED_SEQS = 256  # beyond this a batch is compute-bound; more sequences only add latency
+BUSY_FRACTION = 0.10  # a GPU with more than this share in use by others is reported
+
+
+@dataclass(frozen=True)
+class WorkerFit:
+    """How one placed worker fares: ``budget`` it may use, ``kv_room`` left for the KV cache,
+    ``seqs`` full-length sequences that fit in it."""
+
+    spec: WorkerSpec
+    budget: int
+    overhead: int
+    kv_room: int
+    seqs: int
+
+    @property
+    def fits(self) -> bool:
+        return self.seqs >= 1
+
+
+def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit:
+    """GPU: budget = Σ over its GPUs of ``min(utilization × share × total, free − (1 −
+    utilization) × total)``; KV room from :func:`planned_budget` (the worker's rule). CPU: the KV
+    room is ``kv_cache_gib``, per rank of a tensor-parallel slot (RAM is checked across workers by
+    :func:`make_plan`)."""
+    if spec.device == "cuda":
+        util = cfg.workers.gpu_memory_utilization
+        facts = planned_facts(spec.gpu_info, sizing, util, spec.share, spec.tp)
+        budget = sum(
+            max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
+            for f in facts
+        )
+        kv = kv_budget(facts, sizing.kv_per_token, util, spec.share)
+        overhead = sum(GPU_CONTEXT_BYTES + f.activation_peak_bytes for f in facts)
+        room = kv.tokens * sizing.kv_per_token
+        return WorkerFit(spec, budget, overhead, room, kv.tokens // sizing.max_model_len)
+    room = int(cfg.workers.kv_cache_gib * GiB)
+    if spec.tp > 1:  # each rank is a process with its part of the weights and its own activations
+        weights = tp_rank_weights(sizing, spec.tp) * spec.tp
+        overhead = (CPU_PROCESS_BYTES + tp_rank_activations(sizing, spec.tp)) * spec.tp
+        room *= spec.tp  # kv_cache_gib per rank, each for its 1/tp of the KV heads (worker.replica.load_shard)
+    else:
+        weights, overhead = sizing.weights, sizing.overhead(0)
+    return WorkerFit(spec, weights + overhead + room, overhead, room, room // sizing.kv_per_seq)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to configure on these GPUs (or CPU); ``note`` explains when nothing fits.
+    ``tensor_parallel_size`` > 1 means replicas of that many ranks (``gpus_per_replica`` is then 1)."""
+
+    device: str
+    replicas: int
+    gpus_per_replica: int
+    max_num_seqs: int
+    note: str = ""
+    tensor_parallel_size: int = 1
+
+    def describe(self) -> str:
+        if self.replicas == 0:
+            return self.note
+        gpus = f"gpus_per_replica: {self.gpus_per_replica}, " if self.device == "cuda" else "devices: cpu, "
+        if self.tensor_parallel_size > 1:
+            gpus = f"tensor_parallel_size: {self.tensor_parallel_size}, "
+        return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (
+            f" ({self.note})" if self.note else ""
+        )
+
+
+def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
+    """Data parallel when one replica fits a GPU, else tensor parallel over the fewest GPUs that
+    hold it and divide the model, else a layer split (:func:`launcher.plan.layouts.choose`);
+    ``max_num_seqs`` = full-length sequences that fit the KV room (at most 256)."""
+    if not gpus:
+        seqs = int(cfg.workers.kv_cache_gib * GiB) // sizing.kv_per_seq
+        if seqs < 1:
+            return Recommendation(
+                "cpu",
+                0,
+                0,
+                0,
+                f"raise workers.kv_cache_gib to at least {sizing.kv_per_seq / GiB:.2f} or lower model.max_model_len",
+            )
+        return Recommendation("cpu", 1, 0, min(seqs, MAX_RECOMMENDED_SEQS))
+    util = cfg.workers.gpu_memory_utilization
+    chosen = choose(compare(sizing, gpus, util, tp_unavailable(cfg)))
+    if chosen is None:
+        return Recommendation("cuda", 0, 0, 0, _no_fit_note(sizing, gpus, util))
+    seqs, n = min(chosen.seqs, MAX_RECOMMENDED_SEQS), chosen.gpus_per_replica
+    if chosen.kind == TENSOR_PARALLEL:
+        return Recommendation("cuda", chosen.replicas, 1, seqs, tensor_parallel_size=n)
+    no_tp = tp_unavailable(cfg)
+    why_split = (
+        f"tensor parallel is {no_tp}" if no_tp else "tensor_parallel_size cannot divide the model over these GPUs"
+    )
+    note = f"layer split: {why_split}" if chosen.kind == LAYER_SPLIT else ""
+    return Recommendation("cuda", chosen.replicas, n, seqs, note)
+
+
+def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float) -> str:
+    n = len(gpus)
+    budget = sum(gpu_budget(g, utilization) for g in gpus)
+    note = (
+        f"{sizing.dtype} needs {sizing.need(n) / GiB:.1f} GiB split over all {n} GPU(s), which give "
+        f"{budget / GiB:.1f} GiB; use more or larger GPUs"
+    )
+    for dtype in ("int8", "int4"):
+        if DTYPE_BYTES[dtype] < DTYPE_BYTES[sizing.dtype]:
+            lighter = resize(sizing, dtype)
+            if (k := min_gpus(lighter, gpus, utilization)) is not None:
+                return (
+                    note + f", or an {dtype}-quantized model ({k} GPU(s); served by another engine, "
+                    "llamadeploy loads float weights)"
+                )
+    return note + ", or a smaller model.max_model_len"
+
+
+@dataclass
+class Plan:
+    """The plan for one deployment: sizing, placed workers and how each fits, the problems
+    (``errors`` stop ``up``), and a recommendation for this hardware."""
+
+    sizing: Sizing
+    gpus: list[GpuInfo]
+    specs: list[WorkerSpec]
+    fits: list[WorkerFit]
+    recommendation: Recommendation
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def plan_dtype(
+    cfg: DeployConfig,
+    on_gpu: bool,
+    override: str | None = None,
+    gpus: list[GpuInfo] | tuple[GpuInfo, ...] = (),
+    cpu_flags: frozenset[str] = frozenset(),
+) -> str:
+    """``override`` or ``model.dtype``; ``auto`` is :func:`worker.contract.dtypes.resolve`'s choice, as the
+    worker makes it: bfloat16 on GPUs of compute capability ≥ 8.0 (or unknown), float16 below;
+    on CPU bfloat16 with avx512_bf16/AMX in ``cpu_flags``, else float32."""
+    dtype = override or cfg.model.dtype
+    if dtype != "auto":
+        return dtype
+    capabilities = [g.capability for g in gpus if g.capability]
+    return dtypes.resolve("auto", "cuda" if on_gpu else "cpu", capabilities, cpu_flags)
+
+
+def make_plan(
+    cfg: DeployConfig,
+    inv: Inventory,
+    shape: ModelShape,
+    dtype: str | None = None,
+    specs: list[WorkerSpec] | None = None,
+) -> Plan:
+    """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``.
+
+    A placement error, a worker whose budget cannot hold weights + overhead + one full-length
+    sequence, or CPU workers needing more RAM than is available are ``errors``.
+    """
+    errors: list[str] = []
+    gpus: list[GpuInfo] = []
+    try:
+        gpus = visible_gpus(inv)  # first: a layout the GPUs cannot take is still planned for them
+        specs = specs if specs is not None else place(cfg.workers, inv)
+    except PlacementError as exc:
+        errors.append(f"workers: {exc}")
+        specs = []
+    on_gpu = any(s.device == "cuda" for s in specs) if specs else bool(gpus) and cfg.workers.devices != "cpu"
+    w = cfg.workers
+    placed = [g for spec in specs for g in spec.gpu_info] or gpus
+    chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
+    sizing = size(
+        shape, chosen, cfg.model.max_model_len, w.max_num_seqs, max(w.prefill_budgets(on_gpu))
+    )  # the largest step
+    rec = recommend(sizing, gpus if on_gpu else [], cfg)
+    fits = [fit_worker(s, sizing, cfg) for s in specs]
+    if w.tensor_parallel_size > 1:
+        from worker.contract.tp_rules import tp_problems
+
+        errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
+    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    _check(plan, cfg, inv)
+    return plan
+
+
+def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
+    s = plan.sizing
+    rec = plan.recommendation
+    fix = f"fix: set workers {rec.describe()}" if rec.replicas else f"fix: {rec.note}"
+    groups: dict[tuple[int, int], list[WorkerFit]] = {}
+    for f in plan.fits:
+        if not f.fits:
+            groups.setdefault((f.budget, f.overhead), []).append(f)
+        elif f.seqs < s.max_num_seqs:
+            plan.warnings.append(
+                f"worker {f.spec.worker_id}: KV room {f.kv_room / GiB:.2f} GiB holds {f.seqs} sequence(s) of "
+                f"{s.max_model_len} tokens, fewer than max_num_seqs={s.max_num_seqs}; the rest wait when "
+                f"prompts are long (max_num_seqs: {f.seqs} or a smaller max_model_len make it exact)"
+            )
+    for (budget, overhead), fits in groups.items():
+        many = len(fits) > 1
+        who = ("workers " if many else "worker ") + ", ".join(f"{f.spec.worker_id} ({f.spec.label})" for f in fits)
+        plan.errors.append(
+            f"{who} may use {budget / GiB:.2f} GiB{' each' if many else ''} but need{'' if many else 's'} "
+            f"{s.weights / GiB:.2f} GiB weights ({s.dtype}) + {overhead / GiB:.2f} GiB overhead + "
+            f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
+            f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
+        )
+    cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
+    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
+        plan.errors.append(
+            f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
+            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
+            "workers.kv_cache_gib"
+        )
+    used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
+    for g in used.values():
+        if g.used_bytes > BUSY_FRACTION * g.total_bytes:
+            plan.warnings.append(
+                f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
+                "GiB already in use by other processes; the budget above excludes it"
+            )
+    if s.dtype not in SERVABLE_DTYPES:
+        plan.warnings.append(f"{s.dtype} is for sizing only: llamadeploy serves float32, bfloat16 or float16 weights")
+
+
+def parse_gpus(text: str) -> list[GpuInfo]:
+    """``"8x80GB"``, ``"2x24GiB,1x48GiB"`` or ``"80GB,80GB"`` → idle hypothetical GPUs.
+
+    GB = 1e9 bytes, GiB = 2^30. Raises ``ValueError`` naming the bad part.
+    """
+    gpus: list[GpuInfo] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        m = re.fullmatch(r"(?:(\d+)\s*[x×*]\s*)?(\d+(?:\.\d+)?)\s*(GB|GiB)", part, re.IGNORECASE)
+        if not m:
+            raise ValueError(f"--gpus: {part!r} is not like 80GB, 24GiB or 4x80GB")
+        unit = GiB if m.group(3).lower() == "gib" else GB
+        total = int(float(m.group(2)) * unit)
+        for _ in range(int(m.group(1) or 1)):
+            gpus.append(GpuInfo(len(gpus), "(given)", f"GPU-given-{len(gpus)}", total, total))
+    if not gpus:
+        raise ValueError("--gpus: empty; give sizes like 4x80GB")
+    return gpus
+
+
+def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str | None:
+    """The check ``llamadeploy up`` runs before loading: ``None`` when the deployment fits (or its
+    config cannot be read here: resolving the model reports that), else the errors and a fix."""
+    from launcher.models import ModelNotFound
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
+
+    try:
+        shape = read_shape(cfg.model.name)
+    except (ModelNotFound, ShapeError) as exc:
+        log.warning("memory plan skipped: %s", exc)
+        return None
+    plan = make_plan(cfg, inv, shape, specs=specs)
+    for warning in plan.warnings:
+        log.warning("plan: %s", warning)
+    if plan.ok:
+        s = plan.sizing
+        log.info(
+            "plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s",
+            shape.name,
+            s.dtype,
+            s.weights / GiB,
+            s.kv_per_token / 1024,
+            ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits),
+        )
+        return None
+    return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(plan.errors)

@@ -1,0 +1,131 @@
+"""The router's settings: the ``router`` and ``limits`` sections of deploy.yaml, and :class:`RouterSettings`.
+
+:class:`RouterSettings` is all a router process receives (its run dir's settings file): its own
+sections, the model and worker-health figures it applies, how to log, and the drain and shutdown
+times the supervisor gives it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, field_validator, model_validator
+
+from router.policies import PolicyName
+from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
+
+
+class RouterConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    policy: PolicyName = Field("least_loaded", description="a name in router.policies.POLICIES")
+    admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
+    admin_port: int = Field(8001, ge=1, le=65535)
+    admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
+    api_keys: list[str] = Field(
+        default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)"
+    )
+    request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
+    max_retries: int = Field(
+        1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent"
+    )
+    max_migrations: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="moves of a request whose worker is lost mid-generation "
+        "to another worker, resuming after the generated tokens; 0 = off",
+    )
+    zmq_address: str | None = Field(
+        None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
+    )
+    keepalive_timeout_s: float = Field(
+        75.0,
+        gt=0,
+        description="an idle keep-alive connection is closed after this; "
+        "client pools should drop idle connections sooner",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="open public connections before new ones get 503; default: the open-file limit less a reserve",
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_key(cls, v: list[str]) -> list[str]:
+        if any(not k.strip() for k in v):
+            raise ValueError("API keys must not be empty")
+        return v
+
+    @field_validator("zmq_address")
+    @classmethod
+    def _zmq_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith(("ipc://", "tcp://")) and len(v) > 6):
+            raise ValueError("must be ipc://PATH or tcp://HOST:PORT")
+        return v
+
+    @model_validator(mode="after")
+    def _admin_exposed(self) -> RouterConfig:
+        if not is_loopback(self.admin_host) and not self.admin_token:
+            raise ValueError(
+                f"admin_host {self.admin_host!r} is not loopback: set router.admin_token "
+                "(or LLAMADEPLOY_ADMIN_TOKEN) before exposing the admin API"
+            )
+        if self.port == self.admin_port and (
+            self.host == self.admin_host or self.host in WILDCARD_HOSTS or self.admin_host in WILDCARD_HOSTS
+        ):
+            raise ValueError(
+                f"port and admin_port are both {self.port}: the public API and the admin API "
+                "need different ports; change one of them"
+            )
+        return self
+
+    @property
+    def admin_url(self) -> str:
+        """Where a client on this machine reaches the admin API."""
+        return f"http://{connect_host(self.admin_host)}:{self.admin_port}"
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def connect_host(host: str) -> str:
+    """The address a client on this machine uses for a server bound to ``host`` (loopback for a
+    wildcard bind such as 0.0.0.0)."""
+    return "127.0.0.1" if host in WILDCARD_HOSTS else host
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class LimitsConfig(Section):
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    max_prompt_tokens: int | None = Field(None, ge=1, description="defaults to max_model_len - 1")
+    max_tokens: int = Field(4096, ge=1, description="ceiling on a request's max_tokens (the server-side cap)")
+    max_stop_strings: int = Field(16, ge=0)
+    max_stop_length: int = Field(256, ge=1)
+
+
+class DrainSettings(Section):
+    """How long the router lets a drained worker, and itself on SIGTERM, finish in-flight requests
+    (``supervisor.drain_timeout_s`` and ``supervisor.shutdown_grace_s``)."""
+
+    drain_timeout_s: float = Field(60.0, gt=0)
+    shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
+
+
+class RouterSettings(Section):
+    """What the router process is told; its secrets (``router.api_keys``, ``router.admin_token``)
+    reach no other child."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    supervisor: DrainSettings = Field(default_factory=DrainSettings)

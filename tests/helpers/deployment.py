@@ -1,0 +1,198 @@
+"""Start and stop a real ``llamadeploy up`` for tests: real processes, real sockets, real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import yaml
+
+from launcher.supervise.ports import free_port
+
+MODEL = "smollm2-135m-instruct"
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.1) -> T:
+    """Call ``predicate`` until it returns something truthy, and return that; raise
+    ``TimeoutError`` (naming ``what`` and the last value) after ``timeout`` seconds.
+
+    An ``httpx.HTTPError`` inside ``predicate`` counts as not yet (a server still starting).
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            if value := predicate():
+                return value
+            last = value
+        except httpx.HTTPError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true within {timeout}s: {what or predicate} (last: {last!r:.500})")
+        time.sleep(interval)
+
+
+async def wait_for_async(predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.01) -> T:
+    """:func:`wait_for` for tests inside an event loop: sleeps without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not true within {timeout}s: {what or predicate} (last: {value!r:.500})")
+        await asyncio.sleep(interval)
+    return value
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class Deployment:
+    """One deployment in a temp folder. ``start()`` blocks until every worker is ready."""
+
+    def __init__(self, tmp: Path, config: dict | None = None, env: dict | None = None, args: list[str] | None = None):
+        self.tmp = Path(tmp)
+        self.args = list(args or [])  # extra `llamadeploy up` flags
+        self.port, self.admin_port = free_port(), free_port()
+        base = {
+            # float32: the tests compare outputs token for token across batching, chunking and prefix-cache
+            # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; README "The engine").
+            # quantization none: float weights, the converted checkpoint, whose answers the tests assert
+            # (tests/e2e/test_gguf_native.py serves the GGUF file as stored)
+            "model": {"name": MODEL, "max_model_len": 2048, "dtype": "float32", "quantization": "none"},
+            "router": {"port": self.port, "admin_port": self.admin_port, "request_timeout_s": 120},
+            "workers": {"devices": "cpu", "replicas": 2, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10},
+            "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30},
+        }
+        self.config = deep_merge(base, config or {})
+        self.env = {**os.environ, **(env or {})}
+        self.path = self.tmp / "deploy.yaml"
+        self.log_path = self.tmp / "up.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def replicas(self) -> int:
+        return self.config["workers"]["replicas"]
+
+    def start(self, timeout: float = 240.0) -> Deployment:
+        self.path.write_text(yaml.safe_dump(self.config))
+        self._log = open(self.log_path, "ab")  # closed by stop()
+        cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
+        self.proc = subprocess.Popen(
+            cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 240.0, count: int | None = None) -> None:
+        """Until ``count`` (default: all) workers are ready; fails at once if ``up`` exits."""
+        want = self.replicas if count is None else count
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llamadeploy up exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            return sum(w["state"] == "ready" for w in self.workers()) >= want
+
+        try:
+            wait_for(ready, timeout, interval=0.5)
+        except TimeoutError:
+            raise TimeoutError(f"deployment not ready in {timeout}s:\n{self.log()[-4000:]}") from None
+
+    def next_heartbeat(self, wid: int, timeout: float = 30.0) -> dict:
+        """Worker ``wid``'s row once the router has taken a heartbeat from it after this call, so
+        its load figures (running, peak, KV, memory) were reported after everything before it."""
+        seen = self.worker(wid)["heartbeats"]
+        return wait_for(
+            lambda: (w := self.worker(wid))["heartbeats"] > seen and w, timeout, what=f"a heartbeat of worker {wid}"
+        )
+
+    def workers(self) -> list[dict]:
+        r = httpx.get(f"{self.url}/workers", timeout=10, headers=self.auth_headers())
+        r.raise_for_status()
+        return r.json()["workers"]
+
+    def worker(self, wid: int) -> dict:
+        return next(w for w in self.workers() if w["id"] == wid)
+
+    def auth_headers(self) -> dict:
+        keys = self.config["router"].get("api_keys")
+        return {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+
+    def admin(self, method: str, path: str, json: dict | None = None, timeout: float = 120) -> httpx.Response:
+        token = self.config["router"].get("admin_token")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.request(method, f"{self.admin_url}{path}", json=json, timeout=timeout, headers=headers)
+
+    def chat(self, content: str, timeout: float = 120, **kw) -> httpx.Response:
+        """POST a one-message chat (greedy unless ``temperature`` is given)."""
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, **kw}
+        return httpx.post(f"{self.base_url}/chat/completions", json=body, timeout=timeout, headers=self.auth_headers())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def child_pids(self) -> list[int]:
+        """Pids of the router and workers (from /workers and the launcher's process tree)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self, timeout: float = 90.0) -> int:
+        """SIGTERM the launcher and wait; SIGKILL everything left. Returns the launcher's exit code."""
+        if self.proc is None:
+            return 0
+        children = self.child_pids()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return self.proc.returncode
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def all_ready_and_idle(d: Deployment) -> bool:
+    return all(w["state"] == "ready" and w["in_flight"] == 0 and w["running"] == 0 for w in d.workers())
+
+
+def assert_openai_error(err: dict, code: str) -> None:
+    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
+    assert err["error"]["code"] == code and err["error"]["message"], err
