@@ -14,11 +14,10 @@ import os
 import shutil
 from pathlib import Path
 
-from launcher.models import ModelNotFound
 from worker.contract.gguf_link import LINK
 
 
-class NotServableAsStored(ModelNotFound):
+class NotServableAsStored(Exception):
     """A GGUF file that ``model.quantization: auto`` cannot serve as stored; the message says why
     and what to set instead (one line)."""
 

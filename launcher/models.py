@@ -113,9 +113,12 @@ def resolve_model(name: str, progress: bool = True, quantization: str = "none") 
         return ref.converted
     gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) or _download_embedded(ref.name, progress)
     if native:
-        from launcher.gguf_folder import native_folder
+        from launcher.gguf_folder import NotServableAsStored, native_folder
 
-        return native_folder(gguf, ref.converted.with_name(ref.converted.name + ".gguf"))
+        try:
+            return native_folder(gguf, ref.converted.with_name(ref.converted.name + ".gguf"))
+        except NotServableAsStored as exc:
+            raise ModelNotFound(str(exc)) from None
     return _converted(gguf, ref.converted)
 
 
