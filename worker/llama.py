@@ -34,6 +34,7 @@ from worker.attention import AttentionBatch, KVCache, attend
 from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
 from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
+from worker.quant.gguf import fused_linear
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class LlamaModel:
         self.scale = self.head_dim**-0.5
         make = linear or _plain_linear
         p = "model."
-        table = weights[p + "embed_tokens.weight"]  # [V, hidden]
+        table = weights[p + "embed_tokens.weight"]  # [V, hidden], float or quantized
         self.norm = weights[p + "norm.weight"].float()
         head = weights.get("lm_head.weight", table)  # tied: SmolLM2
         self.lm_head = (head_linear or make)(head)
@@ -94,14 +95,14 @@ class LlamaModel:
             layer = Layer()
             layer.attn_norm = weights[q + "input_layernorm.weight"].float()
             layer.mlp_norm = weights[q + "post_attention_layernorm.weight"].float()
-            layer.qkv = make(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"]))
+            layer.qkv = fused_linear(make, [weights[a + n + "_proj.weight"] for n in "qkv"])
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
             layer.o = make(weights[a + "o_proj.weight"])
             o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
             layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
-            layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
+            layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
             layer.down = make(weights[m + "down_proj.weight"])
             self.layers.append(layer)
         self.cos, self.sin = rope_tables(config, max_positions, device)  # [P, D] float32

@@ -102,12 +102,23 @@ def load_model(
             )
         if problems := tp_rules.tp_problems(config, world, quantization):
             raise ValueError("; ".join(problems))
-    if why is None and not max_memory:
-        weights = (
-            llama.random_weights(config, device, dtype, rank=rank, world=world)
-            if random_init
-            else llama.load_weights(model_path, device, dtype, rank=rank, world=world)
+    from worker.contract.gguf_link import gguf_file
+
+    source = gguf_file(model_path)
+    if source is not None and (why or max_memory):
+        raise ValueError(
+            f"a GGUF file is served as stored on the engine's Llama-family forward on one device only "
+            f"({why or 'not with workers.gpus_per_replica > 1'}); set model.quantization: none"
         )
+    if why is None and not max_memory:
+        if random_init:
+            weights = llama.random_weights(config, device, dtype, rank=rank, world=world)
+        elif source is not None:
+            from worker.quant.gguf import load_gguf_weights
+
+            weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
+        else:
+            weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
         return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker.quant import grouped_int8
 from worker.quant.format import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,8 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
         out += [
             Candidate(f"onednn-{_short(dt)}", _tol(dt), _cpu(_float_weight), _onednn),
             Candidate("int8pack-f32", _tol(dt), _cpu(_per_channel_int8), _int8pack(torch.float32)),
+            Candidate("int8group-bf16", half, grouped_int8.accepts, grouped_int8.builder(torch.bfloat16, Kernel)),
+            Candidate("int8group-f32", _tol(dt), grouped_int8.accepts, grouped_int8.builder(torch.float32, Kernel)),
             Candidate("int4pack-bf16", half, _int4_groups, _int4pack_cpu(torch.bfloat16)),
             Candidate("int4pack-f32", _tol(dt), _int4_groups, _int4pack_cpu(torch.float32)),
             Candidate("dynquant4", TOL_INT8_ACTIVATIONS, _symmetric_int4, _dynquant4),
