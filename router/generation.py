@@ -90,23 +90,6 @@ class _Progress:
     retries: int = 0
     migrations: int = 0
 
-    def take(self, event: Tokens) -> Tokens:
-        """Record ``event``'s token ids and the prompt's logprobs; returns the event to hand on (without
-        prompt logprobs when a migrated attempt scored the prompt again: the client has them)."""
-        self.ids.extend(event.token_ids)
-        if event.prompt_logprobs is not None:
-            if self.prompt_logprobs is None:
-                self.prompt_logprobs = event.prompt_logprobs
-            else:
-                event = msgspec.structs.replace(event, prompt_logprobs=None)
-        return event
-
-    def keep(self, event: Tokens) -> None:
-        """Hold ``event``'s text, TTFT and logprobs until the finish (buffered requests)."""
-        self.parts.append(event.text_delta)
-        self.ttft = self.ttft if event.ttft_s is None else event.ttft_s
-        self.logprobs.extend(event.logprobs or [])
-
     def merged(self, last: Tokens) -> Tokens:
         """One event with everything received, ending like ``last`` (buffered requests)."""
         return Tokens(
@@ -119,6 +102,26 @@ class _Progress:
             logprobs=self.logprobs if last.logprobs is not None or self.logprobs else None,
             prompt_logprobs=self.prompt_logprobs,
         )
+
+    def take(self, event: Tokens, buffered: bool) -> Tokens | None:
+        """Record a worker's event; returns what to hand on (None: a buffered request keeps it for
+        its one final event)."""
+        finished = event.finish_reason is not None
+        self.ids.extend(event.token_ids)
+        if event.prompt_logprobs is not None:
+            if self.prompt_logprobs is None:
+                self.prompt_logprobs = event.prompt_logprobs
+            else:  # a migrated attempt scored the prompt again: the client has them already
+                event = msgspec.structs.replace(event, prompt_logprobs=None)
+        if buffered:
+            self.parts.append(event.text_delta)
+            self.ttft = self.ttft if event.ttft_s is None else event.ttft_s
+            self.logprobs.extend(event.logprobs or [])
+            if not finished:
+                return None
+            event = self.merged(event)
+        self.delivered = self.delivered or bool(event.text_delta) or finished
+        return event
 
     def after_loss(self, loss: _Lost, request_tag: str) -> bool:
         """Decide what a lost attempt becomes: True to migrate, False to retry from the start (what
@@ -250,14 +253,9 @@ async def _attempt(
             if on_tokens is not None:
                 on_tokens(worker.worker_id, event)
             finished = ok = event.finish_reason is not None
-            event = got.take(event)
-            if buffered:
-                got.keep(event)
-                if not finished:
-                    continue
-                event = got.merged(event)
-            got.delivered = got.delivered or bool(event.text_delta) or finished
-            yield event
+            handed = got.take(event, buffered)
+            if handed is not None:
+                yield handed
             if finished:
                 return
     finally:

@@ -26,7 +26,7 @@ import string
 from dataclasses import dataclass
 
 from router.schemas import ChatRequest, NamedToolChoice
-from router.structured import canonical, check_schema
+from router.structured import check_schema
 from worker.contract.protocol import Grammar
 
 TOOLS_PROMPT = (
@@ -94,7 +94,10 @@ def tool_grammar(req: ChatRequest, mode: ToolMode) -> Grammar:
             }
         )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    text = canonical(schema)
+    # Not canonical (sorted) JSON: the grammar writes properties in the schema's order, and "name"
+    # must come before "arguments" for a stream to announce the call before its arguments (and for
+    # a call cut by max_tokens to still name its function).
+    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     check_schema(schema, "tools")
     return Grammar(kind="json_schema", source=text, strict=True)
 

@@ -126,6 +126,8 @@ class Worker:
     node_ip: str = ""
     gpu_ids: str = ""
     gpu_uuids: list[str] = field(default_factory=list)  # from its Ready
+    weight_bytes: int = 0  # from its Ready
+    kernels: list = field(default_factory=list)  # from its Ready: KernelChoice rows
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
 
     @property
@@ -180,6 +182,8 @@ class Worker:
             node_ip=self.node_ip,
             gpu_ids=self.gpu_ids,
             gpu_uuids=list(self.gpu_uuids),
+            weight_bytes=self.weight_bytes,
+            kernels=list(self.kernels),
         )
 
     def info(self) -> dict:
@@ -531,6 +535,7 @@ class WorkerPool:
         """The worker's model is loaded and warm: it takes requests (``ready``)."""
         w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
         w.gpu_uuids = list(msg.gpu_uuids)
+        w.weight_bytes, w.kernels = msg.weight_bytes, list(msg.kernels)
         self.affinity.configure(w.worker_id, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
         if w.state == State.STARTING:
             self._set(w, State.READY)

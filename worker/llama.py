@@ -34,6 +34,7 @@ from worker.attention import AttentionBatch, KVCache, attend
 from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
 from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
+from worker.quant.gguf import fused_linear
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,10 @@ class LlamaModel:
     """The whole model as plain tensors; ``forward`` runs one engine step.
 
     ``linear`` turns a weight [out, in] into a callable ``x [T, in] -> [T, out]``: plain
-    ``F.linear`` by default; on CPU the engine passes oneDNN-prepacked kernels
-    (:func:`worker.cpu_kernels.packed_linear`). ``tp``: this rank's tensor-parallel group, with
+    ``F.linear`` by default; the engine passes :class:`worker.quant.linear.Linears` (quantized at
+    load when asked, the kernel measured fastest per row count). ``head_linear`` does the same for
+    the LM head (default: ``linear``), and ``embedding`` turns the embedding table [V, hidden] into a
+    callable ``ids [T] -> [T, hidden]`` float32 (default: ``F.embedding`` on it). ``tp``: this rank's tensor-parallel group, with
     ``weights`` already this rank's shards (:func:`load_weights`); ``heads`` and ``kv_heads`` are
     then this rank's counts.
     """
@@ -65,6 +68,8 @@ class LlamaModel:
         max_positions: int,
         linear=None,
         tp=None,
+        head_linear=None,
+        embedding=None,
     ):
         self.config = config
         self.device, self.dtype = device, dtype
@@ -78,10 +83,11 @@ class LlamaModel:
         self.scale = self.head_dim**-0.5
         make = linear or _plain_linear
         p = "model."
-        self.embed = weights[p + "embed_tokens.weight"]  # [V, hidden]
+        table = weights[p + "embed_tokens.weight"]  # [V, hidden], float or quantized
         self.norm = weights[p + "norm.weight"].float()
-        head = weights.get("lm_head.weight", self.embed)  # tied: SmolLM2
-        self.lm_head = make(head)
+        head = weights.get("lm_head.weight", table)  # tied: SmolLM2
+        self.lm_head = (head_linear or make)(head)
+        self.embed = (embedding or _plain_embedding)(table)
         self.layers: list[Layer] = []
         for i in range(self.num_layers):
             q = f"{p}layers.{i}."
@@ -89,14 +95,14 @@ class LlamaModel:
             layer = Layer()
             layer.attn_norm = weights[q + "input_layernorm.weight"].float()
             layer.mlp_norm = weights[q + "post_attention_layernorm.weight"].float()
-            layer.qkv = make(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"]))
+            layer.qkv = fused_linear(make, [weights[a + n + "_proj.weight"] for n in "qkv"])
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
             layer.o = make(weights[a + "o_proj.weight"])
             o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
             layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
-            layer.gate_up = make(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
+            layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
             layer.down = make(weights[m + "down_proj.weight"])
             self.layers.append(layer)
         self.cos, self.sin = rope_tables(config, max_positions, device)  # [P, D] float32
@@ -119,7 +125,7 @@ class LlamaModel:
         [M, hidden], which :meth:`head` turns into logits (prompt logprobs, a slice at a time)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         dt, reduce = self.dtype, self.reduce
-        x = F.embedding(input_ids, self.embed).float()  # [T, hidden]: the residual stream stays float32
+        x = self.embed(input_ids)  # [T, hidden] float32: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(self.dtype)[:, None, :]
         hidden = x.shape[-1]
@@ -165,6 +171,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _plain_linear(weight: torch.Tensor):
     return lambda x: F.linear(x, weight)
+
+
+def _plain_embedding(table: torch.Tensor):
+    return lambda ids: F.embedding(ids, table).float()
 
 
 def rope_tables(config, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -201,6 +201,7 @@ def load(
     engine, budget = build_engine(cfg, model_path, device_kind, share, link.out.send, group=group)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
+    linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
     ready = Ready(
         worker_id=link.worker_id,
         load_seconds=time.monotonic() - started,
@@ -208,6 +209,8 @@ def load(
         kv_budget_tokens=budget,
         gpu_uuids=[g["uuid"] for g in gpus],
         block_size=engine.scheduler.blocks.block_size,
+        weight_bytes=linears.weight_bytes if linears else 0,
+        kernels=linears.report() if linears else [],
     )
     return engine, ready, group
 

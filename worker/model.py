@@ -16,14 +16,10 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from worker import llama
 from worker.contract import tp_rules
 from worker.contract.shapes import attention_dims
-from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# A float32 CPU model this small also keeps its plain weights for one- and two-row steps
-# (worker.cpu_kernels.packed_linear): latency for a little memory; a larger one packs only.
-SMALL_MODEL_BYTES = 4 * GiB
 
 
 def pick_device(device: str) -> torch.device:
@@ -79,44 +75,83 @@ def load_model(
     random_init: bool = False,
     max_memory: dict | None = None,
     tp=None,
+    quantization: str = "none",
+    rows: tuple[int, int] = (8, 8),
 ):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
     which is also how a replica split by layers over several GPUs (``max_memory``) runs.
     ``random_init`` (benchmarks) needs the compact path; so does tensor parallelism (``tp``, this
-    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded). Raises ``ValueError``."""
+    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded), and so does
+    ``quantization`` (``int8`` / ``int4``: the linear layers quantized at load). The compact path's
+    linears run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head:
+    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``. Raises ``ValueError``."""
     why = llama.supports(config)
     rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
+    quantized = quantization in ("int8", "int4")
+    if quantized and (why or max_memory):
+        raise ValueError(
+            f"model.quantization: {quantization} needs a Llama-family model on one device "
+            f"({why or 'not with workers.gpus_per_replica > 1'}); use model.quantization: none"
+        )
     if world > 1:
         if why or max_memory:
             raise ValueError(
                 f"workers.tensor_parallel_size: {world} needs a Llama-family model on one GPU per rank "
                 f"({why or 'not with workers.gpus_per_replica > 1'}); use workers.tensor_parallel_size: 1"
             )
-        if problems := tp_rules.tp_problems(config, world):
+        if problems := tp_rules.tp_problems(config, world, quantization):
             raise ValueError("; ".join(problems))
-    if why is None and not max_memory:
-        weights = (
-            llama.random_weights(config, device, dtype, rank=rank, world=world)
-            if random_init
-            else llama.load_weights(model_path, device, dtype, rank=rank, world=world)
+    from worker.contract.gguf_link import gguf_file
+
+    source = gguf_file(model_path)
+    if source is not None and (why or max_memory):
+        raise ValueError(
+            f"a GGUF file is served as stored on the engine's Llama-family forward on one device only "
+            f"({why or 'not with workers.gpus_per_replica > 1'}); set model.quantization: none"
         )
-        linear = None
-        if device.type == "cpu":
-            from functools import partial
+    if why is None and not max_memory:
+        if random_init:
+            weights = llama.random_weights(config, device, dtype, rank=rank, world=world)
+        elif source is not None:
+            from worker.quant.gguf import load_gguf_weights
 
-            from worker.cpu_kernels import packed_linear
-
-            weight_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-            two_copies = dtype == torch.float32 and weight_bytes <= SMALL_MODEL_BYTES
-            linear = partial(packed_linear, plain_below=3 if two_copies else 0)
-        return llama.LlamaModel(config, weights, device, dtype, max_positions, linear=linear, tp=tp)
+            weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
+        else:
+            weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
+        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
     from worker.hf_model import HFModel
 
     log.info("running %s through transformers (%s)", model_path, why or "layer split over several GPUs")
     return HFModel.load(model_path, dtype, device, max_memory)
+
+
+def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows):
+    """:class:`worker.llama.LlamaModel` over :class:`worker.quant.linear.Linears`; logs the kernel
+    table and the bytes of the weights it holds."""
+    from worker.quant.linear import Linears
+
+    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1])
+    model = llama.LlamaModel(
+        config,
+        weights,
+        device,
+        dtype,
+        max_positions,
+        linear=linears,
+        tp=tp,
+        head_linear=linears.head,
+        embedding=linears.embedding,
+    )
+    linears.count(model.norm)
+    for layer in model.layers:
+        for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias, layer.o_bias):
+            linears.count(t)
+    linears.log_table()
+    model.linears = linears
+    return model
 
 
 def layer_devices(model, device: torch.device) -> list[torch.device]:

@@ -67,6 +67,7 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
     split = (
         worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
     )
+    prefill, idle = w.prefill_budgets(on_gpu)
     model = model_mod.load_model(
         model_path,
         config,
@@ -76,11 +77,12 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
         random_init=cfg.model.random_init,
         max_memory=split,
         tp=group,
+        quantization=cfg.model.quantization,
+        rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
     )
     per_token = model_mod.kv_bytes_per_token(config, dtype, world)
     layers, kv_heads, head_dim = model_mod.kv_shape(config, world)
     devices = model_mod.layer_devices(model, device)
-    prefill, idle = w.prefill_budgets(on_gpu)
     if on_gpu:
         if group is not None:
             group.barrier()  # every rank loaded: the collective forward below starts together

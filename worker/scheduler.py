@@ -109,14 +109,19 @@ class Scheduler:
         self._expire(plan)
         self._plan_decodes(plan)
         budget = self.max_prefill_tokens if plan.decode else self.idle_prefill_tokens
-        budget = self._continue_prefills(plan, budget)
+        for seq in self.running:
+            left = seq.num_tokens - seq.computed
+            if left > 1 and budget > 0:
+                n = min(left, budget)
+                plan.prefill.append((seq, seq.computed, seq.computed + n))
+                budget -= n
         self._admit(plan, budget)
         self.peak_running = max(self.peak_running, len(self.running))
         return plan
 
     def _plan_decodes(self, plan: Plan) -> None:
-        """One decode row for every running sequence with one token to compute; a sequence whose
-        next block cannot be had preempts the newest running ones (itself last)."""
+        """Every running sequence with one token to compute decodes it; one whose next block does
+        not fit preempts the newest (itself, last)."""
         for seq in list(self.running):
             if seq not in self.running or seq.num_tokens - seq.computed != 1:
                 continue
@@ -128,18 +133,9 @@ class Scheduler:
             else:
                 plan.decode.append(seq)
 
-    def _continue_prefills(self, plan: Plan, budget: int) -> int:
-        """The next chunk of every running sequence still prefilling, within ``budget`` tokens; returns what is left."""
-        for seq in self.running:
-            left = seq.num_tokens - seq.computed
-            if left > 1 and budget > 0:
-                n = min(left, budget)
-                plan.prefill.append((seq, seq.computed, seq.computed + n))
-                budget -= n
-        return budget
-
     def _admit(self, plan: Plan, budget: int) -> None:
-        """Admit waiting sequences, first come first served, while their blocks and ``budget`` allow."""
+        """Admit waiting sequences in order while the prefill ``budget``, the batch and the KV cache
+        allow; each starts its prefill (or decodes, when its prompt was all cached)."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             # A sequence scoring its prompt (prompt logprobs) computes every position: no cache hits
@@ -152,12 +148,13 @@ class Scheduler:
                 seq.cached_at_admission = seq.computed
             self.running.append(seq)
             left = seq.num_tokens - seq.computed
-            n = 1 if left == 1 else min(left, budget)
             if left == 1:
                 plan.decode.append(seq)
+                budget -= 1
             else:
+                n = min(left, budget)
                 plan.prefill.append((seq, seq.computed, seq.computed + n))
-            budget -= n
+                budget -= n
 
     def finish_step(self, plan: Plan) -> list:
         """After the step's forward pass: advance ``computed``, register newly full blocks in the

@@ -78,10 +78,23 @@ async def measure(url: str, body: dict, wins: list[list[int]], ctx: int, paralle
 
 
 def read_text(file: Path) -> str:
-    """``file``'s text; exit 2 naming it when it cannot be read as UTF-8."""
+    """The text to score; exit 2 when it cannot be read as UTF-8."""
     try:
         return file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
+        typer.echo(f"--perplexity {file}: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def text_windows(text: str, file: Path, ctx: int, chunks: int | None, tokenizer_name: str) -> tuple[list[int], list]:
+    """``text`` (from ``file``) as token ids and its scoring windows; exit 2 when it is too short."""
+    from launcher.bench.runner import load_tokenizer
+
+    _, tok = load_tokenizer(tokenizer_name)
+    ids = tok(text)["input_ids"]
+    try:
+        return ids, windows(ids, ctx, bos_token(tok), chunks)
+    except TooShort as exc:
         typer.echo(f"--perplexity {file}: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -101,17 +114,9 @@ def run_perplexity(
 ) -> Estimate:
     """Measure, print and write the perplexity of ``file``'s text (see the module docstring).
     Exits 2 for a text too short or unreadable, 1 when the server fails a window."""
-    from launcher.bench.runner import load_tokenizer
-
     text = read_text(file)
     model = model or served_model(base_url, api_key)
-    _, tok = load_tokenizer(tokenizer_name or model or "smollm2-135m-instruct")
-    ids = tok(text)["input_ids"]
-    try:
-        wins = windows(ids, ctx, bos_token(tok), chunks)
-    except TooShort as exc:
-        typer.echo(f"--perplexity {file}: {exc}", err=True)
-        raise typer.Exit(2) from None
+    ids, wins = text_windows(text, file, ctx, chunks, tokenizer_name or model or "smollm2-135m-instruct")
     body = {"echo": True, "max_tokens": 0, "logprobs": 0, "temperature": 0, **extra}
     if model:
         body["model"] = model

@@ -5,7 +5,8 @@ it supports (NVML), whether the torch wheel has kernels for each GPU's compute c
 GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), the GPUs' interconnect
 (NVLink or PCIe, for tensor parallelism), ``CUDA_VISIBLE_DEVICES``,
 transformers/accelerate, the model's files, what ``model.dtype`` means here, the quantization in
-effect and the weights' bytes it holds, placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
+effect and the weights' bytes it holds, the kernel each linear weight shape would run
+here (measured), placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
 checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
 """
 
@@ -141,6 +142,35 @@ def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
     line = dtypes.describe(cfg.model.dtype, device, caps, inv.cpu_flags)
     warned = "warning:" in line
     return Check("dtype", "warn" if warned else "ok", line, "set model.dtype: auto" if warned else "")
+
+
+def kernels_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
+    """The kernel table a worker would choose here (:mod:`launcher.plan.doctor_kernels`), in the dtype
+    ``model.dtype`` resolves to on the configured devices."""
+    from launcher.plan.doctor_kernels import kernel_check
+    from worker.contract import dtypes
+
+    try:
+        specs = place(cfg.workers, inv)
+    except PlacementError:
+        specs = []
+    gpu_info = [g for s in specs for g in s.gpu_info]
+    device = "cuda" if gpu_info else "cpu"
+    if device == "cuda" and not _cuda_runs():
+        return Check("kernels", "skip", "the workers would run on GPUs this process cannot use")
+    caps = [g.capability for g in gpu_info if g.capability]
+    return Check(
+        "kernels", *kernel_check(cfg, shape, device, dtypes.resolve(cfg.model.dtype, device, caps, inv.cpu_flags))
+    )
+
+
+def _cuda_runs() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 -- a broken install: the torch row already says so
+        return False
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -463,7 +493,7 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     ]
     rows += library_checks()
     model, shape = model_check(cfg.model.name)
-    rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape)]
+    rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape), kernels_check(cfg, inv, shape)]
     rows += [*deployment_checks(cfg, inv, shape), *port_checks(cfg)]
     return rows
 

@@ -146,4 +146,4 @@ def tp_refusal(cfg: DeployConfig) -> str | None:
         shape = read_shape(cfg.model.name)
     except (ModelNotFound, ShapeError):
         return None
-    return "\n".join(tp_problems(shape, cfg.workers.tensor_parallel_size)) or None
+    return "\n".join(tp_problems(shape, cfg.workers.tensor_parallel_size, cfg.model.quantization)) or None

@@ -229,7 +229,7 @@ def make_plan(
     if w.tensor_parallel_size > 1:
         from worker.contract.tp_rules import tp_problems
 
-        errors.extend(tp_problems(shape, w.tensor_parallel_size))
+        errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
     plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
     return plan

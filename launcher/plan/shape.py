@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
+from worker.contract.gguf_header import tensor_types
 from worker.contract.shapes import GgufTypes, ModelShape, from_gguf, gguf_types, read_json_shape
 
 
@@ -33,12 +34,19 @@ def read_shape(name: str) -> ModelShape:
 
 
 def _gguf_types(path: Path) -> GgufTypes | None:
+    """The GGUF file's tensor types from its header (milliseconds), or by ``gguf.GGUFReader`` for a
+    layout the header walk does not take; ``None`` when unreadable (the worker's load reports it)."""
     from gguf import GGUFReader
 
     try:
-        return gguf_types(GGUFReader(path))
-    except (OSError, ValueError):  # unreadable: the worker's load reports it
+        return gguf_types(tensor_types(path))
+    except OSError:
         return None
+    except ValueError:  # big-endian or GGUF v1: the full reader takes them
+        try:
+            return gguf_types({t.name: t.tensor_type.name for t in GGUFReader(path).tensors})
+        except (OSError, ValueError):
+            return None
 
 
 def _embedded_gguf(alias: str) -> Path:

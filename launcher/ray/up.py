@@ -137,7 +137,7 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
             raise ClusterError(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
     try:
-        model_path = resolve_model(cfg.model.name)
+        model_path = resolve_model(cfg.model.name, quantization=cfg.model.quantization)
     except ModelNotFound as exc:
         raise ClusterError(str(exc)) from None
     address = zmq_address(cfg, specs)

@@ -112,10 +112,11 @@ def test_openai_java_conversation_echoing_its_output_items(deployment):
     """ResponsesConversationExample.java: EasyInputMessage items (no "type"), then the previous
     ResponseOutputMessage echoed back whole (id, status, annotations, logprobs) before the next turn."""
     ask = {"content": "Tell me a one-line story about building the best SDK!", "role": "user"}
-    first = post(deployment, {"input": [ask], "model": MODEL, "max_output_tokens": 40, "temperature": 0})
+    first = post(deployment, {"input": [ask], "model": MODEL, "max_output_tokens": 20, "temperature": 0})
     openai_java_reads(first)
     again = {"content": "But why?", "role": "user"}
-    second = post(deployment, {"input": [ask, *first["output"], again], "model": MODEL, "max_output_tokens": 40})
+    body = {"input": [ask, *first["output"], again], "model": MODEL, "max_output_tokens": 20, "temperature": 0}
+    second = post(deployment, body)
     openai_java_reads(second)
 
 
@@ -150,11 +151,18 @@ def test_openai_java_function_calling_round_trip(deployment):
         },
     ]
     ask = {"content": [{"text": "What is the quality of the OpenAI Java SDK?", "type": "input_text"}], "role": "user"}
-    body = {"input": [ask], "model": MODEL, "max_output_tokens": 60, "tool_choice": "required", "tools": tools}
+    body = {
+        "input": [ask],
+        "model": MODEL,
+        "max_output_tokens": 60,
+        "temperature": 0,
+        "tool_choice": "required",
+        "tools": tools,
+    }
     first = post(deployment, body)
     openai_java_reads(first)
     call = first["output"][0]
-    assert call["type"] == "function_call" and call["name"] in ("get-sdk-quality", "get-sdk-score")
+    assert call["type"] == "function_call" and call["name"] in ("get-sdk-quality", "get-sdk-score"), first["output"]
     result = {"call_id": call["call_id"], "output": '{"quality": "robust"}', "type": "function_call_output"}
     second = post(deployment, {**body, "input": [ask, call, result], "tool_choice": "auto"})
     openai_java_reads(second)

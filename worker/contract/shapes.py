@@ -342,24 +342,23 @@ def from_gguf(path: Path, name: str = "") -> ModelShape:
         max_position_embeddings=value(f"{arch}.context_length"),
         source=str(path),
         architectures=GGUF_ARCHITECTURES.get(arch, (f"gguf:{arch}",)),
-        gguf_types=gguf_types(reader),
+        gguf_types=gguf_types({t.name: t.tensor_type.name for t in reader.tensors}),
     )
 
 
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def gguf_types(reader) -> GgufTypes:
-    """The tensor types of a GGUF file's decoder linear weights (``blk.N.attn_q.weight`` ...,
-    ``+``-joined when mixed), embeddings and LM head. ``reader`` is a ``gguf.GGUFReader``."""
-    linear: set[str] = set()
-    tables: dict[str, str] = {}
-    for t in reader.tensors:
-        if t.name.startswith("blk.") and t.name.endswith(".weight") and t.name.split(".")[-2] in GGUF_LINEAR:
-            linear.add(t.tensor_type.name)
-        elif t.name in ("token_embd.weight", "output.weight"):
-            tables[t.name] = t.tensor_type.name
-    return GgufTypes("+".join(sorted(linear)), tables.get("token_embd.weight", ""), tables.get("output.weight"))
+def gguf_types(types: dict[str, str]) -> GgufTypes:
+    """The types of a GGUF file's decoder linear weights (``blk.N.attn_q.weight`` ..., ``+``-joined
+    when mixed), embeddings and LM head, from its tensor table ``types`` (name → GGML type name,
+    :func:`worker.contract.gguf_header.tensor_types`)."""
+    linear = {
+        t
+        for name, t in types.items()
+        if name.startswith("blk.") and name.endswith(".weight") and name.split(".")[-2] in GGUF_LINEAR
+    }
+    return GgufTypes("+".join(sorted(linear)), types.get("token_embd.weight", ""), types.get("output.weight"))
 
 
 def read_json_shape(path: Path, name: str = "") -> ModelShape:

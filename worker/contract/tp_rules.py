@@ -51,12 +51,13 @@ def valid_sizes(config, most: int = 64) -> list[int]:
     return [n for n in range(1, min(g, most) + 1) if g % n == 0]
 
 
-def tp_problems(config, n: int) -> list[str]:
+def tp_problems(config, n: int, quantization: str = "none") -> list[str]:
     """Why ``config`` cannot be split over ``n`` tensor-parallel ranks: one line per problem, each
     naming ``workers.tensor_parallel_size`` and the fix; empty when it can. ``config``: an HF config
     object, a config.json dict or a ``ModelShape``; where it names its ``architectures`` (not a
-    ``ModelShape``), a model the Llama-family forward cannot run is refused too. Pure (no torch,
-    no files)."""
+    ``ModelShape``), a model the Llama-family forward cannot run is refused too. With
+    ``quantization`` at load, each rank's shard must hold whole groups
+    (:func:`worker.contract.quant_rules.group_problems`). Pure (no torch, no files)."""
     if n < 1:
         return [f"{KEY}: {n} must be at least 1"]
     if n == 1:
@@ -66,10 +67,23 @@ def tp_problems(config, n: int) -> list[str]:
     sizes = split_sizes(config)
     bad = [f"{count} {what}" for what, count in sizes.items() if count % n]
     if not bad:
-        return []
+        return quant_problems(config, quantization, n)
     fits = [str(v) for v in valid_sizes(config) if v > 1]
     fix = f"use one of {', '.join(fits)}" if fits else "this model does not split; use 1 (or workers.gpus_per_replica)"
     return [f"{KEY}: {n} does not divide the model's {', '.join(bad)}; {fix}"]
+
+
+def quant_problems(config, quantization: str, n: int = 1) -> list[str]:
+    """Why ``quantization`` at load cannot cut ``config``'s linear weights over ``n`` ranks into
+    whole groups (:func:`worker.contract.quant_rules.group_problems`); empty when it can."""
+    from worker.contract.quant_rules import group_problems
+
+    heads = _get(config, "num_attention_heads", "num_heads")
+    hidden = _get(config, "hidden_size")
+    if heads is None or hidden is None:
+        return []
+    head_dim = _get(config, "head_dim") or hidden // heads
+    return group_problems(hidden, heads * head_dim, split_sizes(config)["MLP width"], quantization, n)
 
 
 def shard_range(name: str, shape: tuple[int, ...], rank: int, world: int) -> tuple[int, int, int] | None:

@@ -1,0 +1,197 @@
+"""The kernel of each linear layer, chosen by measurement on the machine the worker starts on.
+
+No kernel is fastest on every CPU and every row count (on one Xeon MKL's sgemm beats oneDNN's
+prepacked kernel for one or two rows; on an AVX2 EPYC oneDNN reads the weights twice as fast at any
+row count, and int8 weight-only beats both for one row but loses from 32), so nothing here assumes a
+vendor's speed. For each distinct weight (shape and format) of the model and each row-count
+*bucket* a step can produce (1, 2, 4, … up to the scheduler's largest step, capped at
+:data:`MAX_TUNED_ROWS`), every eligible candidate (:func:`worker.quant.kernels.check`) is timed —
+:data:`WARMUP` calls, then the best of :data:`REPEATS` (other processes on the machine only ever
+add time to a call, so the best is the steadiest estimate of the kernel's own) — and the fastest is
+picked. At run time a
+step of T rows runs the pick of the smallest bucket ≥ T (beyond the last bucket, the last's).
+
+A second form of a weight (a plain float weight beside its prepacked one, say) is kept only where
+the table says it pays: the *primary* kernel is the one that wins the most buckets, and another
+holding other tensors replaces it in a bucket only when it is at least :data:`MIN_GAIN` faster
+there. Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
+unless ``allow_copies``: quantization is for memory.
+
+The timer is injectable, so the choice logic is unit-tested with a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check
+
+log = logging.getLogger(__name__)
+
+WARMUP = 2  # untimed calls first: oneDNN builds its primitive, caches warm
+REPEATS = 5  # timed calls; the best is the figure
+MAX_TUNED_ROWS = 128  # larger steps (a big prefill) run the largest bucket's pick: compute-bound there
+SLOW_ROUND_S = 0.05  # past this per round of calls, two rounds are enough
+PRUNE = 8.0  # a kernel this many times slower than the best at a bucket is not timed at larger ones
+MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster where it is used
+
+
+def buckets(max_rows: int) -> list[int]:
+    """Powers of two from 1 up to the first ≥ ``max_rows`` (at most :data:`MAX_TUNED_ROWS`)."""
+    out = [1]
+    while out[-1] < min(max_rows, MAX_TUNED_ROWS):
+        out.append(out[-1] * 2)
+    return out
+
+
+@dataclass
+class Pick:
+    """The kernel a bucket runs: steps of up to ``rows`` rows; ``seconds``: its time per call
+    (NaN where nothing was timed: only one candidate was eligible)."""
+
+    rows: int
+    kernel: str
+    seconds: float
+
+
+@dataclass
+class Choice:
+    """What was measured for one weight shape and format: ``picks`` per bucket, and every timed
+    candidate's time per bucket (``times[name][rows]``) for the log."""
+
+    n: int
+    k: int
+    weight: str
+    picks: list[Pick]
+    times: dict[str, dict[int, float]] = field(default_factory=dict)
+    eligible: list[str] = field(default_factory=list)
+
+    def kernels(self) -> list[str]:
+        """The distinct kernels the picks use, in bucket order."""
+        return list(dict.fromkeys(p.kernel for p in self.picks))
+
+
+def best_times(
+    fns: list[Callable], x: torch.Tensor, timer: Callable[[], float], sync: Callable[[], None]
+) -> list[float]:
+    """The fastest of :data:`REPEATS` calls of each ``fn(x)`` (two when a round of them takes over
+    :data:`SLOW_ROUND_S`), in seconds, after :data:`WARMUP` calls each. The calls take turns (one of each per round), so a burst of load from other
+    processes slows every candidate alike instead of one of them."""
+    for fn in fns:
+        for _ in range(WARMUP):
+            fn(x)
+    sync()
+    best = [float("inf")] * len(fns)
+    for rep in range(REPEATS):
+        if rep == 2 and sum(best) > SLOW_ROUND_S:
+            break  # slow calls vary less, and the start-up is waiting: two rounds will do
+        for i, fn in enumerate(fns):
+            start = timer()
+            fn(x)
+            sync()
+            best[i] = min(best[i], timer() - start)
+    return best
+
+
+def measure(
+    kernels: list[Kernel],
+    k: int,
+    rows: list[int],
+    dt: torch.dtype,
+    device: torch.device,
+    timer: Callable[[], float] = time.perf_counter,
+) -> dict[str, dict[int, float]]:
+    """``times[name][rows]`` for each kernel and bucket, buckets ascending; a kernel :data:`PRUNE`
+    times slower than the best at one bucket is not timed at the larger ones."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times: dict[str, dict[int, float]] = {kn.name: {} for kn in kernels}
+    alive = list(kernels)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    with torch.inference_mode():
+        for r in rows:
+            x = torch.randn(r, k, generator=g).to(device=device, dtype=dt)
+            for kn, t in zip(alive, best_times([kn.fn for kn in alive], x, timer, sync), strict=True):
+                times[kn.name][r] = t
+            best = min(times[kn.name][r] for kn in alive)
+            alive = [kn for kn in alive if times[kn.name][r] <= PRUNE * best]
+    return times
+
+
+def _storages(kernel: Kernel) -> set[int]:
+    return {storage_key(t) for t in kernel.held}
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One key per storage (a plain weight and a view of it count once); opaque tensors (oneDNN's
+    packed layout) have no accessible storage and count as themselves."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return id(t)
+
+
+def choose(kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int]) -> list[Pick]:
+    """The pick per bucket: the fastest, except that a kernel holding tensors the primary (the one
+    fastest at the most buckets; among equals, the least time summed over them) does not hold must
+    beat the primary by :data:`MIN_GAIN`."""
+    by_name = {kn.name: kn for kn in kernels}
+    fastest = {r: min((t[r], name) for name, t in times.items() if r in t)[1] for r in rows}
+    wins = {name: sum(f == name for f in fastest.values()) for name in by_name}
+    total = {name: sum(times[name].get(r, float("inf")) for r in rows) for name in by_name}
+    primary = max(by_name, key=lambda name: (wins[name], -total[name]))  # ties: the least time over all buckets
+    held = _storages(by_name[primary])
+    picks = []
+    for r in rows:
+        best = fastest[r]
+        base = times[primary].get(r)
+        extra = not _storages(by_name[best]) <= held
+        if extra and base is not None and times[best][r] > (1 - MIN_GAIN) * base:
+            best = primary
+        picks.append(Pick(r, best, times[best][r]))
+    return picks
+
+
+def tune(
+    w: Weight,
+    dt: torch.dtype,
+    device: torch.device,
+    rows: list[int],
+    allow_copies: bool = False,
+    timer: Callable[[], float] = time.perf_counter,
+    pool: list[Candidate] | None = None,
+) -> tuple[Choice, dict[str, Kernel]]:
+    """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
+    time the eligible ones at ``rows`` and choose. Returns the choice and the eligible kernels built
+    for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible."""
+    pool = candidates(dt, device) if pool is None else pool
+    built = {}
+    for cand in pool:
+        if cand.copy and not allow_copies:
+            continue
+        if (kernel := check(cand, w, dt, device)) is not None:
+            built[cand.name] = kernel
+    n, k = w.shape
+    what = weight_label(w, dt)
+    if not built:
+        raise RuntimeError(f"no kernel can multiply by a {what} weight {n}x{k} on {device.type} here")
+    kernels = list(built.values())
+    times = measure(kernels, k, rows, dt, device, timer) if len(kernels) > 1 else {kernels[0].name: {}}
+    if len(kernels) == 1:
+        picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
+    else:
+        picks = choose(kernels, times, rows)
+    return Choice(n, k, what, picks, times, list(built)), built
+
+
+def weight_label(w: Weight, dt: torch.dtype) -> str:
+    """``float32``/``bfloat16`` for a float weight (in the compute dtype), else the quantized
+    source and its group (``int8/channel``: one group per row; ``Q4_1/g32``)."""
+    if isinstance(w, torch.Tensor):
+        return str(dt).removeprefix("torch.")
+    group = "channel" if w.group_size == w.shape[1] else f"g{w.group_size}"
+    return f"{w.source}/{group}"

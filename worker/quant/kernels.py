@@ -1,0 +1,297 @@
+"""Kernel candidates for one linear layer: ``x [T, K] -> x @ W.T [T, N]``, each built from a float
+weight or a :class:`~worker.quant.format.QuantizedWeight`.
+
+Every candidate comes from torch itself (no kernel of our own): plain ``F.linear`` (MKL or oneDNN
+underneath on CPU, cuBLAS on CUDA), oneDNN's prepacked linear (``mkldnn._linear_pointwise``,
+inductor's weight freezing), torch's weight-only ops ``_weight_int8pack_mm`` (one scale per output
+channel), ``_weight_int4pack_mm_for_cpu`` / ``_weight_int4pack_mm`` (int4 per group, CPU / CUDA)
+and ``_dyn_quant_matmul_4bit`` (symmetric int4, activations quantized to int8 on the fly), and
+``dequant`` (the float weight rebuilt from its quantized form at every call: slow, but it runs
+anywhere and holds nothing more than the quantized weight).
+
+A candidate is *eligible* for a weight only when it builds and its output on a few random rows
+matches ``F.linear`` on the dequantized float32 weight within its tolerance (:func:`check`): a kernel
+this CPU cannot run (oneDNN's bfloat16 prepack on a CPU without avx512bw/avx_ne_convert raises),
+that another torch build lacks, or that computes something else is never chosen. Which eligible
+candidate runs is measured, per weight shape and row count (:mod:`worker.quant.autotune`).
+
+Each kernel returns its output in the input's dtype (the model's compute dtype), whatever it
+computes in internally.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker.quant import grouped_int8
+from worker.quant.format import QuantizedWeight
+
+log = logging.getLogger(__name__)
+
+Weight = torch.Tensor | QuantizedWeight
+
+# Tolerances of the eligibility check: max |candidate - reference| over the bound max (|x| @ |W|.T),
+# the largest value rounding could reach. Float32 math rounds at 2^-24 per step; bfloat16 inputs and
+# outputs at 2^-9 each (a few steps of it); int8 activations (``_dyn_quant_matmul_4bit``) at
+# max|x| / 254 per value, a few percent of the bound on Gaussian rows.
+TOL_FLOAT32 = 1e-4
+TOL_HALF = 2e-2  # bfloat16 / float16 activations or weights
+TOL_INT8_ACTIVATIONS = 6e-2
+
+INT4_CPU_GROUPS = (32, 64, 128, 256)  # group sizes _weight_int4pack_mm_for_cpu takes
+
+
+@dataclass
+class Kernel:
+    """A built candidate: ``fn`` maps ``x [T, K]`` to ``[T, N]`` in ``x``'s dtype; ``held`` are the
+    tensors it keeps alive (what it costs in memory, counted once per storage)."""
+
+    name: str
+    fn: Callable[[torch.Tensor], torch.Tensor]
+    held: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to multiply by a weight. ``accepts(weight, dtype, device)`` is the cheap static test
+    (bits, group size, device); ``build(weight, dtype)`` makes the :class:`Kernel` and may raise
+    (a missing op, an unsupported CPU). ``tolerance`` bounds :func:`check`. ``copy``: it holds a
+    float copy of a quantized weight (more memory than the quantized form; see autotune)."""
+
+    name: str
+    tolerance: float
+    accepts: Callable[[Weight, torch.dtype, torch.device], bool]
+    build: Callable[[Weight, torch.dtype], Kernel]
+    copy: bool = False
+
+
+def _is_float(w: Weight) -> bool:
+    return isinstance(w, torch.Tensor)
+
+
+def _to(dt: torch.dtype, fn):
+    """``fn`` computing in ``dt``, taking and returning the caller's dtype."""
+    return lambda x: fn(x.to(dt)).to(x.dtype)
+
+
+# ---- float weights ----------------------------------------------------------------------------
+
+
+def _plain(w: Weight, dt: torch.dtype) -> Kernel:
+    weight = w.to(dt) if _is_float(w) else w.dequantize(dt)
+    return Kernel("plain", lambda x: F.linear(x, weight), (weight,))
+
+
+def _onednn(w: Weight, dt: torch.dtype) -> Kernel:
+    weight = (w if _is_float(w) else w.dequantize(torch.float32)).to(dt)
+    with torch.no_grad():
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    kernel = torch.ops.mkldnn._linear_pointwise
+    return Kernel("onednn", lambda x: kernel(x, packed, None, "none", [], ""), (packed,))
+
+
+# ---- quantized weights ------------------------------------------------------------------------
+
+
+def _per_channel_int8(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    return not _is_float(w) and w.bits == 8 and w.group_size == w.shape[1]
+
+
+def _int8pack(act: torch.dtype):
+    def build(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+        q = w.q.contiguous()
+        scale = w.scale.reshape(-1).to(act).contiguous()  # [N]: one scale per output channel
+        op = torch.ops.aten._weight_int8pack_mm
+        fn = (lambda x: op(x, q, scale)) if act == dt else _to(act, lambda x: op(x, q, scale))
+        return Kernel(f"int8pack-{_short(act)}", fn, (q, scale))
+
+    return build
+
+
+def _int4_groups(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    return not _is_float(w) and w.bits == 4 and w.group_size in INT4_CPU_GROUPS and device.type == "cpu"
+
+
+def _scales_and_zeros(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """[K / group, N, 2]: torch's int4 ops compute ``(q - 8) * scale + zero``; ours is
+    ``q * scale + offset``, so ``zero = offset + 8 * scale``."""
+    zero = w.offset + 8 * w.scale
+    return torch.stack([w.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+
+def _int4pack_cpu(act: torch.dtype):
+    def build(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1)  # [N, K / 2]
+        sz = _scales_and_zeros(w, act)
+        g, op = w.group_size, torch.ops.aten._weight_int4pack_mm_for_cpu
+        fn = (lambda x: op(x, packed, g, sz)) if act == dt else _to(act, lambda x: op(x, packed, g, sz))
+        return Kernel(f"int4pack-{_short(act)}", fn, (packed, sz))
+
+    return build
+
+
+def _symmetric_int4(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    """Q4_0-style groups (``offset == -8 * scale``): what ``_dyn_quant_matmul_4bit`` stores."""
+    return (
+        not _is_float(w)
+        and w.bits == 4
+        and device.type == "cpu"
+        and w.shape[1] % w.group_size == 0
+        and bool(torch.equal(w.offset, -8 * w.scale))
+    )
+
+
+def _dynquant4(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+    n, k = w.shape
+    nibbles = w.q[:, 1::2] << 4 | w.q[:, ::2]  # [N, K / 2]: the even column in the low nibble
+    packed = torch.ops.aten._dyn_quant_pack_4bit_weight(
+        nibbles.to(torch.uint8), w.scale.to(torch.float32), None, w.group_size, k, n
+    )
+    op, g = torch.ops.aten._dyn_quant_matmul_4bit, w.group_size
+    return Kernel("dynquant4", _to(torch.float32, lambda x: op(x, packed, g, k, n)), (packed,))
+
+
+def _dequant(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+    return Kernel(
+        "dequant", lambda x: F.linear(x, w.dequantize(dt)), tuple(t for t in (w.q, w.scale, w.offset) if t is not None)
+    )
+
+
+def _float_copy(act: torch.dtype):
+    def build(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+        weight = w.dequantize(act)
+        fn = (lambda x: F.linear(x, weight)) if act == dt else _to(act, lambda x: F.linear(x, weight))
+        return Kernel(f"float-copy-{_short(act)}", fn, (weight,))
+
+    return build
+
+
+# ---- CUDA -------------------------------------------------------------------------------------
+
+
+def _int4_cuda_ok(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    return (
+        device.type == "cuda"
+        and not _is_float(w)
+        and w.bits == 4
+        and w.group_size in (32, 64, 128, 256)
+        and _inner_k_tiles(w.shape[1]) is not None
+        and w.shape[0] % 8 == 0
+    )
+
+
+def _inner_k_tiles(k: int) -> int | None:
+    """The largest of torch's CUDA int4 tilings (8, 4, 2 tiles of 16 along K) that divides ``k``."""
+    return next((t for t in (8, 4, 2) if k % (t * 16) == 0), None)
+
+
+def _int4pack_cuda(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
+    nibbles = (w.q[:, ::2] << 4 | w.q[:, 1::2]).to(torch.uint8)  # [N, K / 2]: gpt-fast's order
+    packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), _inner_k_tiles(w.shape[1]))
+    sz = _scales_and_zeros(w, torch.bfloat16)
+    g, op = w.group_size, torch.ops.aten._weight_int4pack_mm
+    return Kernel("int4pack-cuda", _to(torch.bfloat16, lambda x: op(x, packed, g, sz)), (packed, sz))
+
+
+# ---- the lists --------------------------------------------------------------------------------
+
+
+def _short(dt: torch.dtype) -> str:
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dt]
+
+
+def _float_weight(w, dt, device) -> bool:
+    return _is_float(w)
+
+
+def _quantized(w, dt, device) -> bool:
+    return not _is_float(w)
+
+
+def _cpu(test):
+    return lambda w, dt, device: device.type == "cpu" and test(w, dt, device)
+
+
+def _tol(dt: torch.dtype) -> float:
+    return TOL_FLOAT32 if dt == torch.float32 else TOL_HALF
+
+
+def full_precision(candidate: Candidate, dt: torch.dtype) -> bool:
+    """Whether ``candidate`` computes at ``dt``'s precision (no bfloat16 or int8 rounding of a
+    float32 model's activations or output): what the LM head needs, since its logits feed sampling
+    and logprobs (bfloat16 logits near 25 move in steps of 0.125, enough to make ties)."""
+    return candidate.tolerance <= _tol(dt)
+
+
+def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
+    """Every candidate for compute dtype ``dt`` on ``device``'s kind, whatever the weight; each
+    says itself which weights it takes (:attr:`Candidate.accepts`)."""
+    half = TOL_HALF
+    out = [
+        Candidate(f"plain-{_short(dt)}", _tol(dt), _float_weight, _plain),
+        Candidate(f"dequant-{_short(dt)}", _tol(dt), _quantized, _dequant),
+        Candidate("int8pack-bf16", half, _per_channel_int8, _int8pack(torch.bfloat16)),
+    ]
+    if device.type == "cpu":
+        out += [
+            Candidate(f"onednn-{_short(dt)}", _tol(dt), _cpu(_float_weight), _onednn),
+            Candidate("int8pack-f32", _tol(dt), _cpu(_per_channel_int8), _int8pack(torch.float32)),
+            Candidate("int8group-bf16", half, grouped_int8.accepts, grouped_int8.builder(torch.bfloat16, Kernel)),
+            Candidate("int8group-f32", _tol(dt), grouped_int8.accepts, grouped_int8.builder(torch.float32, Kernel)),
+            Candidate("int4pack-bf16", half, _int4_groups, _int4pack_cpu(torch.bfloat16)),
+            Candidate("int4pack-f32", _tol(dt), _int4_groups, _int4pack_cpu(torch.float32)),
+            Candidate("dynquant4", TOL_INT8_ACTIVATIONS, _symmetric_int4, _dynquant4),
+            Candidate("float-copy-f32", _tol(dt), _cpu(_quantized), _float_copy(torch.float32), copy=True),
+            Candidate("float-copy-bf16", half, _cpu(_quantized), _float_copy(torch.bfloat16), copy=True),
+        ]
+    else:
+        out += [
+            Candidate("int4pack-cuda", half, _int4_cuda_ok, _int4pack_cuda),
+            Candidate(f"float-copy-{_short(dt)}", _tol(dt), _quantized, _float_copy(dt), copy=True),
+        ]
+    return out
+
+
+def reference(w: Weight) -> torch.Tensor:
+    """The float32 weight every candidate is checked against."""
+    return w.detach().to(torch.float32) if _is_float(w) else w.dequantize(torch.float32)
+
+
+def check(candidate: Candidate, w: Weight, dt: torch.dtype, device: torch.device, rows: int = 3) -> Kernel | None:
+    """Build ``candidate`` for ``w`` and compare it with ``F.linear`` on the dequantized float32
+    weight over ``rows`` random rows; the kernel when it matches within ``candidate.tolerance``,
+    else ``None`` (logged at INFO: why it is not eligible here)."""
+    if not candidate.accepts(w, dt, device):
+        return None
+    k = w.shape[1]
+    try:
+        with torch.inference_mode():
+            kernel = candidate.build(w, dt)
+            kernel.name = candidate.name
+            g = torch.Generator(device="cpu").manual_seed(0)
+            x = torch.randn(rows, k, generator=g).to(device)
+            ref = reference(w).to(device)
+            want = F.linear(x, ref)
+            got = kernel.fn(x.to(dt))
+            bound = F.linear(x.abs(), ref.abs()).amax().clamp_min(1e-12)
+            err = float(((got.float() - want).abs().amax() / bound).item())
+    except (RuntimeError, NotImplementedError, AttributeError, TypeError, ValueError) as exc:
+        log.info("kernel %s cannot run here for %s: %s", candidate.name, tuple(w.shape), str(exc).splitlines()[0])
+        return None
+    if got.dtype != dt or tuple(got.shape) != (rows, w.shape[0]) or not err <= candidate.tolerance:
+        log.info(
+            "kernel %s disagrees with F.linear for %s (relative error %.2g > %.2g, %s %s): not eligible",
+            candidate.name,
+            tuple(w.shape),
+            err,
+            candidate.tolerance,
+            got.dtype,
+            tuple(got.shape),
+        )
+        return None
+    return kernel

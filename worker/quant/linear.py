@@ -1,0 +1,197 @@
+"""The model's linear layers as the engine runs them: quantized at load when asked, each weight
+multiplied by the kernel measured fastest for its shape and the step's row count.
+
+:class:`Linears` is the ``linear`` factory :class:`worker.llama.LlamaModel` builds its layers
+through (weight → callable). The first weight of each shape and format is tuned
+(:func:`worker.quant.autotune.tune`); the others of that shape reuse its choice, so a 32-layer model
+is measured on its five distinct shapes, not on 225 weights. It counts the bytes of every tensor the
+chosen kernels hold (each storage once), which is the worker's weight memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from worker.contract import quant_rules as rules
+from worker.contract.protocol import KernelChoice, KernelPick
+from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
+from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, full_precision
+
+log = logging.getLogger(__name__)
+
+
+def gather_rows(w: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` [T] of a quantized table, dequantized: [T, K] float32."""
+    t, (_, k), g = ids.shape[0], w.shape, w.group_size
+    rows = F.embedding(ids, w.q).float().view(t, k // g, g) * F.embedding(ids, w.scale).unsqueeze(-1)
+    if w.offset is not None:
+        rows = rows + F.embedding(ids, w.offset).unsqueeze(-1)
+    return rows.view(t, k)
+
+
+class Dispatch:
+    """``x [T, K] -> [T, N]`` by the kernel of T's bucket: ``table[T]`` for T up to the last bucket,
+    the last bucket's kernel beyond it (one list lookup per call)."""
+
+    __slots__ = ("last", "table")
+
+    def __init__(self, table: list[Callable]):
+        self.table, self.last = table, table[-1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        return (self.table[t] if t < len(self.table) else self.last)(x)
+
+
+class Linears:
+    """Builds each linear layer's callable. ``quantization``: ``int8`` / ``int4`` quantize a float
+    weight passed to :meth:`__call__` (:mod:`worker.contract.quant_rules`), and store the embedding table
+    and the LM head (:meth:`embedding`, :meth:`head`) as int8 rows, one copy when they are tied;
+    anything else leaves weights as they come (float, or a :class:`QuantizedWeight` read from a
+    quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
+    chunks); ``max_logit_rows``: the most rows the LM head sees (one per running sequence).
+    ``allow_copies``: also consider float copies of quantized weights (off: quantization is for
+    memory). ``timer``: the clock of the measurements (a fake one in tests)."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        quantization: str = "none",
+        max_rows: int = 8,
+        max_logit_rows: int = 8,
+        allow_copies: bool = False,
+        timer: Callable[[], float] = time.perf_counter,
+    ):
+        self.device, self.dtype = device, dtype
+        self.bits = rules.bits_of(quantization)
+        self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
+        self.allow_copies, self.timer = allow_copies, timer
+        self.pool = {c.name: c for c in candidates(dtype, device)}
+        self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
+        self.choices: dict[tuple, Choice] = {}
+        self.counts: dict[tuple, int] = {}  # weights per choice
+        self.held: dict[int, int] = {}  # storage key -> bytes: the weight memory
+        self.seconds = 0.0  # spent tuning
+
+    def __call__(self, weight: Weight) -> Callable:
+        """A decoder layer's linear (fused qkv, o, gate_up, down): quantized first when asked."""
+        return self._build(self.quantize(weight), self.rows, list(self.pool.values()))
+
+    def head(self, weight: Weight) -> Callable:
+        """The LM head, tuned for at most ``max_logit_rows`` rows: int8 rows when quantizing, else
+        in the compute dtype; only kernels that keep the compute dtype's precision
+        (:func:`~worker.quant.kernels.full_precision`)."""
+        pool = [c for c in self.pool.values() if full_precision(c, self.dtype)]
+        return self._build(self.rows_int8(weight), self.logit_rows, pool)
+
+    def embedding(self, table: Weight) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``ids [T] -> [T, hidden]`` float32 rows of ``table`` [V, hidden] (int8 rows when
+        quantizing: only the T rows asked for are dequantized)."""
+        table = self.rows_int8(table)
+        if isinstance(table, torch.Tensor):
+            self.count(table)
+            return lambda ids: F.embedding(ids, table).float()
+        for t in (table.q, table.scale, table.offset):
+            self.count(t)
+        return lambda ids: gather_rows(table, ids)
+
+    def rows_int8(self, weight: Weight) -> Weight:
+        """``weight`` as int8 with one scale per row when quantizing (the same object for the same
+        float tensor: a tied embedding and LM head share it), else as it is."""
+        if self.bits is None or isinstance(weight, QuantizedWeight):
+            return weight
+        key = storage_key(weight)
+        if key not in self.rows8:
+            self.rows8[key] = quantize_int8(weight, weight.shape[1])
+        return self.rows8[key]
+
+    def quantize(self, weight: Weight) -> Weight:
+        """``weight`` [N, K] as :mod:`worker.contract.quant_rules` cuts it, when a float weight is to be
+        quantized; else (and where K holds no whole number of groups) as it is."""
+        if self.bits is None or isinstance(weight, QuantizedWeight):
+            return weight
+        k = weight.shape[1]
+        group = rules.group_size(self.bits, k)
+        if k % group:
+            return weight  # no whole number of groups along K: left in the compute dtype (as sizing counts it)
+        return (quantize_int8 if self.bits == 8 else quantize_int4)(weight, group)
+
+    def count(self, t: torch.Tensor | None) -> None:
+        """Count a tensor the model holds outside its linears (embeddings, norms, biases)."""
+        if t is not None:
+            self.held.setdefault(storage_key(t), t.numel() * t.element_size())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight tensor held, each storage once (second forms included)."""
+        return sum(self.held.values())
+
+    def _build(self, w: Weight, rows: list[int], pool: list[Candidate]) -> Callable:
+        key = (tuple(w.shape), weight_label(w, self.dtype), tuple(rows), tuple(c.name for c in pool))
+        choice = self.choices.get(key)
+        if choice is None:
+            start = time.perf_counter()
+            choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
+            self.seconds += time.perf_counter() - start
+            self.choices[key] = choice
+            kernels = {name: built[name] for name in choice.kernels()}
+        else:
+            with torch.inference_mode():
+                kernels = {name: self._named(name, w) for name in choice.kernels()}
+        self.counts[key] = self.counts.get(key, 0) + 1
+        for kernel in kernels.values():
+            for t in kernel.held:
+                self.held.setdefault(storage_key(t), t.numel() * t.element_size())
+        return self.dispatch(choice.picks, kernels)
+
+    @staticmethod
+    def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Callable:
+        """The callable that runs each bucket's pick (the one kernel itself when there is one)."""
+        if len({p.kernel for p in picks}) == 1:
+            return kernels[picks[0].kernel].fn
+        table: list[Callable] = []  # table[T]: the kernel of the smallest bucket >= T
+        for pick in picks:
+            table += [kernels[pick.kernel].fn] * (pick.rows + 1 - len(table))
+        return Dispatch(table)
+
+    def _named(self, name: str, w: Weight):
+        kernel = self.pool[name].build(w, self.dtype)
+        kernel.name = name
+        return kernel
+
+    def table(self) -> list[tuple[Choice, int]]:
+        """Every choice made, with how many weights use it, in the order they were first seen."""
+        return [(choice, self.counts[key]) for key, choice in self.choices.items()]
+
+    def report(self) -> list[KernelChoice]:
+        """:meth:`table` as wire structs (the worker's ``Ready``, ``GET /workers``)."""
+        return [
+            KernelChoice(
+                n=c.n,
+                k=c.k,
+                weight=c.weight,
+                count=count,
+                picks=[
+                    KernelPick(rows=p.rows, kernel=p.kernel, ms=None if p.seconds != p.seconds else p.seconds * 1e3)
+                    for p in c.picks
+                ],
+            )
+            for c, count in self.table()
+        ]
+
+    def log_table(self) -> None:
+        """One INFO line per weight shape: its format, how many weights, each bucket's kernel and time."""
+        for choice, count in self.table():
+            picks = ", ".join(
+                f"≤{p.rows}: {p.kernel}" + ("" if p.seconds != p.seconds else f" {p.seconds * 1e3:.3g} ms")
+                for p in choice.picks
+            )
+            log.info("kernels for %dx%d %s (%d weights): %s", choice.n, choice.k, choice.weight, count, picks)
+        log.info("weights hold %.1f MiB; kernel choice measured in %.1fs", self.weight_bytes / 2**20, self.seconds)
