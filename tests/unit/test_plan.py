@@ -230,7 +230,9 @@ def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMADEPLOY_CACHE", str(tmp_path / "empty-cache"))
     started = []
     monkeypatch.setattr(cli, "serve", lambda *a: started.append(a) or 0)
-    monkeypatch.setattr("launcher.models.resolve_model", lambda name, progress=True, quantization="auto": Path("/model"))
+    monkeypatch.setattr(
+        "launcher.models.resolve_model", lambda name, progress=True, quantization="auto": Path("/model")
+    )
     refused = CliRunner().invoke(cli.app, ["up", str(deploy)])
     assert refused.exit_code == 2 and not started
     assert "does not fit" in refused.output and "--force" in refused.output
