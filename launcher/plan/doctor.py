@@ -128,17 +128,22 @@ def arch_checks(gpus: list[GpuInfo], arch_list: list[str] | None) -> list[Check]
     return [Check(name, "ok", f"compute capability {', '.join(caps)} covered by {' '.join(arch_list)}")]
 
 
-def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
-    """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it)."""
-    from worker.contract import dtypes
-
+def placed_device(cfg: DeployConfig, inv: Inventory) -> tuple[str, list]:
+    """``("cuda" | "cpu", compute capabilities)`` of the devices the workers would be placed on
+    (CPU when the placement fails: its own check reports why)."""
     try:
         specs = place(cfg.workers, inv)
     except PlacementError:
         specs = []
     gpu_info = [g for s in specs for g in s.gpu_info]
-    device = "cuda" if gpu_info else "cpu"
-    caps = [g.capability for g in gpu_info if g.capability]
+    return ("cuda" if gpu_info else "cpu"), [g.capability for g in gpu_info if g.capability]
+
+
+def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
+    """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it)."""
+    from worker.contract import dtypes
+
+    device, caps = placed_device(cfg, inv)
     line = dtypes.describe(cfg.model.dtype, device, caps, inv.cpu_flags)
     warned = "warning:" in line
     return Check("dtype", "warn" if warned else "ok", line, "set model.dtype: auto" if warned else "")
@@ -150,15 +155,9 @@ def kernels_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
     from launcher.plan.doctor_kernels import kernel_check
     from worker.contract import dtypes
 
-    try:
-        specs = place(cfg.workers, inv)
-    except PlacementError:
-        specs = []
-    gpu_info = [g for s in specs for g in s.gpu_info]
-    device = "cuda" if gpu_info else "cpu"
+    device, caps = placed_device(cfg, inv)
     if device == "cuda" and not _cuda_runs():
         return Check("kernels", "skip", "the workers would run on GPUs this process cannot use")
-    caps = [g.capability for g in gpu_info if g.capability]
     return Check(
         "kernels", *kernel_check(cfg, shape, device, dtypes.resolve(cfg.model.dtype, device, caps, inv.cpu_flags))
     )
