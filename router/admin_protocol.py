@@ -21,6 +21,7 @@ import enum
 
 import msgspec
 
+from router.rollout_protocol import ApplyRequest
 from worker.contract.protocol import EngineLoad, KernelChoice
 
 
@@ -71,6 +72,7 @@ class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
     kernels: list[KernelChoice] = msgspec.field(
         default_factory=list
     )  # the kernel table it measured at start (its Ready)
+    revision: int = 0  # the deployment's configuration revision its process was started with
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):
@@ -96,6 +98,7 @@ class Started(msgspec.Struct, forbid_unknown_fields=True):
     pid: int
     restarts: int = 0
     device: str = ""
+    revision: int = 0  # the configuration revision it was started with (``llamadeploy apply``)
 
 
 class Exited(msgspec.Struct, forbid_unknown_fields=True):
@@ -104,6 +107,7 @@ class Exited(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "exited"
     failed: bool = False
     pid: int = 0
+    removed: bool = False  # the slot is gone for good (a rollout retired it): drop it from the table
 
 
 # ---- router -> supervisor: pushed events ---------------------------------------------------
@@ -135,7 +139,13 @@ class StartRequested(SupervisorEvent):
     """An operator asked (admin API) to start the slot, which has no process (failed, dead, stopped)."""
 
 
-Event = WorkerReady | WorkerDown | StartRequested
+class ApplyRequested(SupervisorEvent):
+    """An operator's ``llamadeploy apply`` (``worker_id`` is -1: it is about the deployment)."""
+
+    request: ApplyRequest
+
+
+Event = WorkerReady | WorkerDown | StartRequested | ApplyRequested
 
 _events_out = msgspec.msgpack.Encoder()
 _events_in = msgspec.msgpack.Decoder(Event)

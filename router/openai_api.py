@@ -31,7 +31,7 @@ from worker.contract.protocol import Grammar, SamplingParams
 
 
 def check_model(api: Api, name: str | None) -> None:
-    if name is not None and name != api.model_name:
+    if name is not None and name not in api.served_names:
         raise ApiError(
             404,
             f"The model '{name}' does not exist; this server serves '{api.model_name}'",
@@ -244,12 +244,13 @@ async def models(request: web.Request) -> web.Response:
             "object": "list",
             "data": [
                 {
-                    "id": api.model_name,
+                    "id": name,
                     "object": "model",
                     "created": 0,
                     "owned_by": "llamadeploy",
                     "max_model_len": api.cfg.model.max_model_len,
                 }
+                for name in api.served_names
             ],
         }
     )

@@ -24,10 +24,16 @@ class Api:
     pool: WorkerPool
     tokenizer: Any
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
+    also_served: tuple[str, ...] = ()  # a renamed model's other name while replicas of both serve (apply)
 
     @property
     def model_name(self) -> str:
         return self.cfg.model.public_name
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every model name a request may send: the configured one first."""
+        return (self.model_name, *(n for n in self.also_served if n != self.model_name))
 
     @property
     def max_prompt_tokens(self) -> int:

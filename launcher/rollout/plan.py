@@ -172,13 +172,16 @@ def plan_rollout(
     new_replicas: int,
     need_bytes: int,
     max_unavailable: int | None = None,
+    revision: int | None = None,
 ) -> RolloutPlan:
     """The plan from ``old`` to ``new`` for ``replicas`` (the running slots).
 
     ``new_replicas`` is the new config's replica count (resolved: ``auto`` placed), ``need_bytes``
     the memory one new replica takes (weights + KV cache + overhead). ``max_unavailable``
     (default :func:`default_max_unavailable` of the current count) bounds how many replicas may
-    be out of service at once; a replica not ready now counts as out already. Raises ValueError
+    be out of service at once; a replica not ready now counts as out already. ``revision``: the
+    target's number; replicas already on it are not replaced (a rollback replaces only what the
+    failed rollout changed). Raises ValueError
     for a negative ``max_unavailable`` or ``new_replicas < 1``.
     """
     if new_replicas < 1:
@@ -193,7 +196,8 @@ def plan_rollout(
     first_new_id = max((r.worker_id for r in replicas), default=-1) + 1
     wave = 1 if steps else 0
     starts = [Step("start", first_new_id + i, group, wave) for i in range(new_replicas - len(keep))]
-    replace, warnings = _replacements(keep if rolling else [], group, need_bytes, budget, wave + bool(starts))
+    stale = [r for r in keep if rolling and r.revision != revision]
+    replace, warnings = _replacements(stale, group, need_bytes, budget, wave + bool(starts))
     return RolloutPlan(live, rolling, fixed, tuple(steps + starts + replace), budget, tuple(warnings))
 
 

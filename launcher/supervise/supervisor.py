@@ -38,10 +38,20 @@ from pathlib import Path
 
 from launcher.config import DeployConfig, SupervisorConfig
 from launcher.plan.placement import WorkerSpec
+from launcher.rollout.revisions import Revisions
 from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
 from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
-from router.admin_protocol import Event, Exited, Started, StartRequested, WorkerDown, WorkerInfo, WorkerReady
+from router.admin_protocol import (
+    ApplyRequested,
+    Event,
+    Exited,
+    Started,
+    StartRequested,
+    WorkerDown,
+    WorkerInfo,
+    WorkerReady,
+)
 from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
@@ -147,6 +157,10 @@ class Slot(Child):
     last_exit: str = ""
     kill_reason: str = ""  # why the supervisor killed it, if it did
     start_requested: bool = False  # an operator asked for a start (the router's event); done when it has no process
+    settings_path: Path | None = None  # its worker settings file (None: the deployment's first)
+    model_path: Path | None = None  # its model (None: the deployment's first)
+    revision: int = 1  # the configuration revision it is started with (``llamadeploy apply``)
+    retiring: bool = False  # a rollout stops it for good: its exit removes the slot
 
     def ready(self) -> bool:
         """Its current process runs and the router said it is ready."""
@@ -199,6 +213,8 @@ class Supervisor:
         self._events: list[Event] = []  # received while pausing, handled by the next poll_once
         self.stopping = False
         self._table_failing = False  # the last table read failed (warned once per outage)
+        self.rollout = None  # the apply being carried out (launcher.rollout.executor.Rollout), stepped by poll_once
+        self.revisions = Revisions(run_dir, cfg)
 
     @property
     def router(self) -> subprocess.Popen | None:
@@ -309,7 +325,8 @@ class Supervisor:
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
         spec = slot.spec
-        launch = WorkerLaunch.for_slot(spec, self.worker_settings_path, self.model_path, self.address, self.child_env)
+        settings, model = slot.settings_path or self.worker_settings_path, slot.model_path or self.model_path
+        launch = WorkerLaunch.for_slot(spec, settings, model, self.address, self.child_env)
         slot.restart_at, slot.kill_reason, slot.start_requested = None, "", False
         try:
             # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
@@ -329,7 +346,12 @@ class Supervisor:
             slot.proc.pid,
             f", restart {slot.starts - 1}" if slot.starts > 1 else "",
         )
-        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=label))
+        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=label, revision=slot.revision))
+
+    def add_slot(self, spec: WorkerSpec) -> Slot:
+        """A new slot (a rollout's surge or scale-up) for ``spec``, not started yet."""
+        self.slots[spec.worker_id] = slot = Slot(spec)
+        return slot
 
     def start(self) -> None:
         self.start_router()
@@ -406,6 +428,8 @@ class Supervisor:
             return
         for event in events:
             self.on_event(event)
+        if self.rollout is not None and self.rollout.advance():
+            self.rollout = None
         now = self.clock()
         for wid, slot in self.slots.items():
             if slot.proc is None and slot.start_requested:
@@ -429,7 +453,12 @@ class Supervisor:
         )
 
     def on_event(self, event: Event) -> None:
-        """Act on one of the router's events about a slot of this deployment."""
+        """Act on one of the router's events about a slot of this deployment (or an apply)."""
+        if isinstance(event, ApplyRequested):
+            from launcher.rollout.begin import begin_apply
+
+            self.rollout = begin_apply(self, event.request) or self.rollout
+            return
         slot = self.slots.get(event.worker_id)
         if slot is None:
             return
@@ -485,7 +514,10 @@ class Supervisor:
         for wid, slot in self.slots.items():
             if slot.alive():
                 running += 1
-                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where()))
+                started = Started(
+                    pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), revision=slot.revision
+                )
+                self._report(wid, started)
             elif slot.last_exit:
                 self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
         log.info(
@@ -496,7 +528,7 @@ class Supervisor:
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
-        for wid, slot in self.slots.items():
+        for wid, slot in list(self.slots.items()):
             if slot.proc is None or slot.proc.poll() is None:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
@@ -508,6 +540,9 @@ class Supervisor:
             if rank is not None and slot.spec.tp > 1:
                 reason = f"rank {rank} {reason}"
             slot.last_exit = reason
+            if slot.retiring and not self.stopping:
+                self._retired(wid, pid, reason)
+                continue
             if self.stopping:
                 log.info("worker %d (pid %d) stopped: %s", wid, pid, reason)
             elif code == 0:
@@ -516,6 +551,12 @@ class Supervisor:
             else:
                 self._crashed(wid, slot, pid, reason)
             self._report(wid, Exited(reason=reason, failed=slot.failed, pid=pid))
+
+    def _retired(self, wid: int, pid: int, reason: str) -> None:
+        """A slot a rollout stopped for good has exited: it leaves this deployment and the router's table."""
+        del self.slots[wid]
+        log.info("worker %d (pid %d) retired: %s", wid, pid, reason)
+        self._report(wid, Exited(reason=f"retired ({reason})", pid=pid, removed=True))
 
     def _crashed(self, wid: int, slot: Slot, pid: int, reason: str) -> None:
         """Worker ``wid``'s process ``pid`` crashed: the crash rule schedules its restart or marks it failed."""
