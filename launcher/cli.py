@@ -129,7 +129,9 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
 
     run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))  # mode 0700
     address = address or cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
-    child_env = make_keys(run_dir, [s.worker_id for s in specs]) if uses_curve(address) else {}
+    from launcher.rollout.room import slot_key_ids
+
+    child_env = make_keys(run_dir, slot_key_ids(s.worker_id for s in specs)) if uses_curve(address) else {}
     stop = {"requested": False}
 
     def on_signal(signum, _frame):
@@ -246,6 +248,9 @@ def status(
             out.print(f"worker {w.id} {w.state.value}: {w.exit_reason}", highlight=False)
     if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
+    if rollout := client.try_call("GET", "/admin/rollout"):
+        last = rollout["progress"][-1] if rollout["progress"] else ""
+        out.print(f"last apply: revision {rollout['revision']} {rollout['state']}: {last}", highlight=False)
 
 
 STATE_COLORS = {

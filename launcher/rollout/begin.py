@@ -17,10 +17,9 @@ import msgspec
 
 from launcher.config import ConfigError, DeployConfig, parse_config
 from launcher.plan.placement import Inventory, PlacementError, place
-from launcher.rollout.executor import Rollout, Target, adopt_config, post_status
+from launcher.rollout.executor import Rollout, Target, adopt_config, move_slots, post_status
 from launcher.rollout.plan import RolloutPlan, plan_rollout
 from launcher.rollout.room import replica_need
-from router.admin_protocol import Started
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -161,8 +160,4 @@ def _apply_live(sup, new: Target) -> None:
     live = LiveSettings(settings=new.config.router_settings().model_dump(mode="json"))
     sup.admin.try_call("POST", "/admin/settings", msgspec.to_builtins(live))
     adopt_config(sup, new.config)
-    for wid, slot in sup.slots.items():
-        slot.settings_path, slot.model_path, slot.revision = new.settings_path, new.model_path, new.revision.number
-        if slot.alive():
-            started = Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), revision=slot.revision)
-            sup._report(wid, started)
+    move_slots(sup, new)

@@ -17,11 +17,11 @@ from pathlib import Path
 import msgspec
 
 from launcher.config import DeployConfig
-from launcher.rollout.plan import Replica, RolloutPlan, plan_rollout
+from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_rollout
 from launcher.rollout.revisions import Revision
-from launcher.rollout.room import free_beside, new_spec
+from launcher.rollout.room import SPARE_SLOTS, free_beside, has_keys, new_spec
 from launcher.rollout.tasks import RolloutFailed, Task
-from router.admin_protocol import Exited
+from router.admin_protocol import Exited, Started
 from router.rollout_protocol import LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class Rollout:
         self.sup, self.id, self.old, self.new, self.inventory = sup, rollout_id, old, new, inventory
         self.is_rollback = is_rollback  # an apply --rollback: its target is an earlier, kept revision
         self.target, self.budget, self.plan_lines = new, budget, plan.lines()
+        self.rolls = bool(plan.rolling)  # False: the kept slots' worker settings are the new ones already
         self.old_count = len(sup.slots)
         self.began = sup.clock()
         self.progress: list[str] = []
@@ -103,6 +104,8 @@ class Rollout:
             self.adopt(self.old.config)
             return self._end("failed")
         self.adopt(self.new.config)
+        if not self.rolls:
+            move_slots(self.sup, self.new)
         return self._end("done")
 
     def _end(self, state: str) -> bool:
@@ -171,7 +174,9 @@ class Rollout:
     def add_slot(self, like: int | None, worker_id: int | None = None) -> int:
         """Start a new slot on the target revision, shaped like slot ``like`` (else the first);
         returns its id. RolloutFailed when there is no room for it."""
-        wid = worker_id if worker_id is not None else max(self.sup.slots) + 1
+        wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
+        if not has_keys(self.sup, wid):
+            raise RolloutFailed(f"no room for worker {wid}: `up` made CURVE keys for {SPARE_SLOTS} more slots only")
         specs = [s.spec for s in self.sup.slots.values()]
         shape = self.sup.slots[like].spec if like is not None else specs[0]
         spec = new_spec(shape, wid, specs, self.inventory)
@@ -280,6 +285,20 @@ def _waves(plan: RolloutPlan) -> list[list]:
 def post_status(sup, status: RolloutStatus) -> None:
     """Post a status outside a rollout (refused, planned, nothing to do)."""
     sup.admin.try_call("POST", "/admin/rollout", msgspec.to_builtins(status))
+
+
+def move_slots(sup, target: Target) -> None:
+    """Every slot is on ``target`` now without restarting (its worker settings did not change):
+    the next start uses the target's files, and the router shows the new revision."""
+    for wid, slot in sup.slots.items():
+        slot.settings_path, slot.model_path, slot.revision = (
+            target.settings_path,
+            target.model_path,
+            target.revision.number,
+        )
+        if slot.alive():
+            started = Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), revision=slot.revision)
+            sup._report(wid, started)
 
 
 def adopt_config(sup, cfg: DeployConfig) -> None:

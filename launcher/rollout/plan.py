@@ -50,6 +50,7 @@ FIXED_KEYS = frozenset(
         "router.zmq_address",
         "router.keepalive_timeout_s",
         "router.max_connections",
+        "limits.max_body_bytes",  # the public app's body limit, set when it is built
         "logging.format",
     }
 )
@@ -151,10 +152,10 @@ def classify(keys: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...], tup
     for key in keys:
         if key == SCALE_KEY:
             continue
-        if key in LIVE_KEYS or key.startswith(LIVE_PREFIXES):
-            live.append(key)
-        elif key in FIXED_KEYS or key.startswith(FIXED_PREFIXES):
+        if key in FIXED_KEYS or key.startswith(FIXED_PREFIXES):
             fixed.append(key)
+        elif key in LIVE_KEYS or key.startswith(LIVE_PREFIXES):
+            live.append(key)
         else:
             rolling.append(key)
     return tuple(live), tuple(rolling), tuple(fixed)
@@ -193,12 +194,23 @@ def plan_rollout(
     group = new.model.public_name  # a renamed model rolls (model.served_name or model.name changed)
     keep, stop = _scale_down(replicas, new_replicas)
     steps = [Step("stop", r.worker_id, r.group, wave=0) for r in stop]
-    first_new_id = max((r.worker_id for r in replicas), default=-1) + 1
     wave = 1 if steps else 0
-    starts = [Step("start", first_new_id + i, group, wave) for i in range(new_replicas - len(keep))]
+    ids = free_ids({r.worker_id for r in keep}, new_replicas - len(keep))
+    starts = [Step("start", wid, group, wave) for wid in ids]
     stale = [r for r in keep if rolling and r.revision != revision]
     replace, warnings = _replacements(stale, group, need_bytes, budget, wave + bool(starts))
     return RolloutPlan(live, rolling, fixed, tuple(steps + starts + replace), budget, tuple(warnings))
+
+
+def free_ids(used: Iterable[int], count: int) -> list[int]:
+    """The ``count`` lowest slot ids not in ``used``: a new slot takes the id of one that left, so
+    ids stay few (each has its CURVE key pair, made at ``up``)."""
+    taken, out, wid = set(used), [], 0
+    while len(out) < count:
+        if wid not in taken:
+            out.append(wid)
+        wid += 1
+    return out
 
 
 def _scale_down(replicas: Sequence[Replica], count: int) -> tuple[list[Replica], list[Replica]]:

@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 
 from launcher.config import DeployConfig
 from launcher.plan.placement import Inventory, WorkerSpec
@@ -15,6 +16,22 @@ from launcher.plan.placement import Inventory, WorkerSpec
 log = logging.getLogger(__name__)
 
 UNKNOWN_NEED = sys.maxsize  # a replica whose size cannot be planned never surges
+SPARE_SLOTS = 8  # slot ids beyond the first replicas that `up` makes CURVE keys for (surge, scale-up)
+
+
+def slot_key_ids(worker_ids: Iterable[int]) -> list[int]:
+    """The slot ids ``up`` makes CURVE keys for: its replicas' and :data:`SPARE_SLOTS` more."""
+    ids = sorted(worker_ids)
+    return ids + list(range(ids[-1] + 1 if ids else 0, (ids[-1] + 1 if ids else 0) + SPARE_SLOTS))
+
+
+def has_keys(sup, worker_id: int) -> bool:
+    """Slot ``worker_id`` can connect: the router's socket needs no CURVE key (``ipc://``), or one was made."""
+    from worker.contract.env import KEYS_ENV
+    from worker.contract.keys import worker_name
+
+    folder = sup.child_env.get(KEYS_ENV)
+    return folder is None or (Path(folder) / f"{worker_name(worker_id)}.public").exists()
 
 
 def spare_cpus(specs: Iterable[WorkerSpec], cpus: list[int], count: int) -> tuple[int, ...] | None:

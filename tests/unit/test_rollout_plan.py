@@ -57,9 +57,10 @@ def test_what_a_worker_loads_or_is_started_with_rolls():
 
 
 def test_addresses_and_the_cluster_cannot_change_live():
-    plan = plan_rollout(cfg(), cfg(router={"port": 9000}, logging={"format": "json"}), replicas(2), 2, GIB)
-    assert plan.fixed == ("logging.format", "router.port")
-    assert [p.split(":")[0] for p in plan.problems()] == ["logging.format", "router.port"]
+    new = cfg(router={"port": 9000}, logging={"format": "json"}, limits={"max_body_bytes": 4096})
+    plan = plan_rollout(cfg(), new, replicas(2), 2, GIB)
+    assert plan.fixed == ("limits.max_body_bytes", "logging.format", "router.port")
+    assert [p.split(":")[0] for p in plan.problems()] == list(plan.fixed)
 
 
 def test_one_replica_at_a_time_by_default_drain_first_without_room():
