@@ -39,7 +39,7 @@ LIVE_KEYS = frozenset(
         "workers.stall_timeout_s",
     }
 )
-# Keys fixed for a deployment's lifetime: its addresses, its cluster, its log format.
+# Keys fixed for a deployment's lifetime: its addresses, its cluster, its log format, its placement.
 FIXED_PREFIXES = ("cluster.",)
 FIXED_KEYS = frozenset(
     {
@@ -52,6 +52,11 @@ FIXED_KEYS = frozenset(
         "router.max_connections",
         "limits.max_body_bytes",  # the public app's body limit, set when it is built
         "logging.format",
+        # the slots' placement: a replacement keeps its slot's devices (re-placing is `up`'s)
+        "workers.devices",
+        "workers.gpus_per_replica",
+        "workers.tensor_parallel_size",
+        "workers.workers_per_gpu",
     }
 )
 SCALE_KEY = "workers.replicas"

@@ -49,10 +49,10 @@ def test_what_a_worker_loads_or_is_started_with_rolls():
     live, rolling, fixed = classify(keys)
     assert live == () and fixed == ()
     assert set(rolling) == {"model.dtype", "model.max_model_len", "model.quantization", "workers.max_num_seqs"}
-    assert classify(["workers.tensor_parallel_size", "model.name", "workers.kv_cache_gib"])[1] == (
-        "workers.tensor_parallel_size",
-        "model.name",
-        "workers.kv_cache_gib",
+    assert classify(["model.name", "workers.kv_cache_gib", "workers.tensor_parallel_size"]) == (
+        (),
+        ("model.name", "workers.kv_cache_gib"),
+        ("workers.tensor_parallel_size",),  # a new placement: `up` again
     )
 
 

@@ -1,4 +1,5 @@
-"""Revisions of a running deployment and the router's rotated admin token (pure logic, files in tmp)."""
+"""Revisions of a running deployment, and the router's side of apply: the rotated admin token, the
+rollout board, the served names of a renamed model (pure logic; files in tmp)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,21 @@ def test_the_board_is_busy_while_a_rollout_runs():
     assert board.busy()
     board.post(RolloutStatus(id="a", state="done"))
     assert not board.busy()
+
+
+def test_a_renamed_model_answers_to_both_names_while_both_are_served():
+    import pytest
+
+    from router.errors import ApiError
+    from router.openai_api import check_model
+    from router.settings import RouterSettings
+    from router.state import Api
+
+    api = Api(RouterSettings.model_validate({"model": {"served_name": "old"}}), pool=None, tokenizer=None)
+    api.also_served = ("new",)
+    assert api.served_names == ("old", "new")
+    check_model(api, "old")
+    check_model(api, "new")
+    with pytest.raises(ApiError) as err:
+        check_model(api, "other")
+    assert err.value.status == 404
