@@ -129,9 +129,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
 
     run_dir = Path(tempfile.mkdtemp(prefix="llamadeploy-"))  # mode 0700
     address = address or cfg.router.zmq_address or f"ipc://{run_dir}/workers.ipc"
-    from launcher.rollout.room import slot_key_ids
-
-    child_env = make_keys(run_dir, slot_key_ids(s.worker_id for s in specs)) if uses_curve(address) else {}
+    child_env = make_keys(run_dir, [s.worker_id for s in specs]) if uses_curve(address) else {}
     stop = {"requested": False}
 
     def on_signal(signum, _frame):

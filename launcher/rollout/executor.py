@@ -19,7 +19,7 @@ import msgspec
 from launcher.config import DeployConfig
 from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_rollout
 from launcher.rollout.revisions import Revision
-from launcher.rollout.room import SPARE_SLOTS, free_beside, has_keys, new_spec
+from launcher.rollout.room import ensure_keys, free_beside, new_spec
 from launcher.rollout.tasks import RolloutFailed, Task
 from router.admin_protocol import Exited, Started
 from router.rollout_protocol import LiveSettings, RolloutStatus
@@ -175,13 +175,12 @@ class Rollout:
         """Start a new slot on the target revision, shaped like slot ``like`` (else the first);
         returns its id. RolloutFailed when there is no room for it."""
         wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
-        if not has_keys(self.sup, wid):
-            raise RolloutFailed(f"no room for worker {wid}: `up` made CURVE keys for {SPARE_SLOTS} more slots only")
         specs = [s.spec for s in self.sup.slots.values()]
         shape = self.sup.slots[like].spec if like is not None else specs[0]
         spec = new_spec(shape, wid, specs, self.inventory)
         if spec is None:
             raise RolloutFailed(f"no room for worker {wid}: no spare set of {len(shape.cpus)} CPU core(s)")
+        ensure_keys(self.sup, wid)
         self._point(self.sup.add_slot(spec))
         self.sup.start_worker(wid)
         self.note(f"worker {wid}: started on {spec.label} (revision {self.target.revision.number})")

@@ -16,22 +16,16 @@ from launcher.plan.placement import Inventory, WorkerSpec
 log = logging.getLogger(__name__)
 
 UNKNOWN_NEED = sys.maxsize  # a replica whose size cannot be planned never surges
-SPARE_SLOTS = 8  # slot ids beyond the first replicas that `up` makes CURVE keys for (surge, scale-up)
 
 
-def slot_key_ids(worker_ids: Iterable[int]) -> list[int]:
-    """The slot ids ``up`` makes CURVE keys for: its replicas' and :data:`SPARE_SLOTS` more."""
-    ids = sorted(worker_ids)
-    return ids + list(range(ids[-1] + 1 if ids else 0, (ids[-1] + 1 if ids else 0) + SPARE_SLOTS))
-
-
-def has_keys(sup, worker_id: int) -> bool:
-    """Slot ``worker_id`` can connect: the router's socket needs no CURVE key (``ipc://``), or one was made."""
+def ensure_keys(sup, worker_id: int) -> None:
+    """Make slot ``worker_id``'s CURVE key pair when the deployment uses CURVE and it has none
+    (a new slot: the router accepts it once the file exists)."""
     from worker.contract.env import KEYS_ENV
-    from worker.contract.keys import worker_name
+    from worker.contract.keys import add_worker_keys
 
-    folder = sup.child_env.get(KEYS_ENV)
-    return folder is None or (Path(folder) / f"{worker_name(worker_id)}.public").exists()
+    if folder := sup.child_env.get(KEYS_ENV):
+        add_worker_keys(Path(folder), worker_id)
 
 
 def spare_cpus(specs: Iterable[WorkerSpec], cpus: list[int], count: int) -> tuple[int, ...] | None:
