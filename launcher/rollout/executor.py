@@ -177,7 +177,7 @@ class Rollout:
         wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
         specs = [s.spec for s in self.sup.slots.values()]
         shape = self.sup.slots[like].spec if like is not None else specs[0]
-        spec = new_spec(shape, wid, specs, self.inventory)
+        spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.backend is not None)
         if spec is None:
             raise RolloutFailed(f"no room for worker {wid}: no spare set of {len(shape.cpus)} CPU core(s)")
         ensure_keys(self.sup, wid)

@@ -45,11 +45,14 @@ def free_beside(spec: WorkerSpec, specs: Iterable[WorkerSpec], inv: Inventory) -
     return min((free.get(i, 0) for i in spec.gpus), default=0)
 
 
-def new_spec(like: WorkerSpec, worker_id: int, specs: Iterable[WorkerSpec], inv: Inventory) -> WorkerSpec | None:
+def new_spec(
+    like: WorkerSpec, worker_id: int, specs: Iterable[WorkerSpec], inv: Inventory, cluster: bool = False
+) -> WorkerSpec | None:
     """Where new slot ``worker_id`` runs, shaped like ``like``: a spare core set of the same size
     on a CPU (None when there is none), the same GPUs on a GPU (the plan surges only where their
-    free memory holds the copy)."""
-    if like.device != "cpu":
+    free memory holds the copy). ``cluster``: Ray places the slot's actor on a node with room, so
+    the shape is all it needs."""
+    if like.device != "cpu" or cluster:
         return replace(like, worker_id=worker_id)
     cpus = spare_cpus(specs, inv.cpus, len(like.cpus))
     return replace(like, worker_id=worker_id, cpus=cpus) if cpus else None
