@@ -67,6 +67,7 @@ class Board:
         return s.state != "planning" or time.monotonic() - self.heard_at < UNANSWERED_S
 
     def post(self, status: RolloutStatus) -> None:
+        """The supervisor's latest word."""
         self.status, self.heard_at = status, time.monotonic()
 
 

@@ -34,6 +34,7 @@ def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
     was a dry run, changed nothing or only live settings (each reported to the router)."""
 
     def reply(state: str, **fields) -> None:
+        """Post this apply's outcome to the router."""
         post_status(sup, RolloutStatus(id=req.id, state=state, **fields))
 
     if sup.rollout is not None:

@@ -39,6 +39,7 @@ class Target:
 
     @property
     def config(self) -> DeployConfig:
+        """The revision's configuration."""
         return self.revision.config
 
 
@@ -116,6 +117,7 @@ class Rollout:
     # ---- what the tasks act through -----------------------------------------------------
 
     def now(self) -> float:
+        """The supervisor's clock (monotonic seconds)."""
         return self.sup.clock()
 
     def slot(self, wid: int):
@@ -131,6 +133,7 @@ class Rollout:
         self.note(f"worker {wid}: draining")
 
     def undrain(self, wid: int) -> None:
+        """Route to ``wid`` again (a step abandoned while draining it)."""
         self.sup.admin.try_call("POST", f"/admin/workers/{wid}/undrain")
 
     def idle(self, wid: int, since: float) -> bool:
@@ -141,6 +144,7 @@ class Rollout:
         return info is None or info.in_flight == 0 or self.now() - since > self.sup.cfg.supervisor.drain_timeout_s
 
     def kill(self, wid: int, why: str) -> None:
+        """Kill ``wid``'s process (once), logging ``why``."""
         slot = self.slot(wid)
         if slot.alive() and not slot.kill_reason:
             self.sup._kill(slot, why)
@@ -248,6 +252,7 @@ class Rollout:
         adopt_config(self.sup, cfg)
 
     def status(self) -> RolloutStatus:
+        """Where the rollout stands, as the router shows it."""
         return RolloutStatus(
             id=self.id,
             state=self.state,
@@ -260,6 +265,7 @@ class Rollout:
         )
 
     def post(self) -> None:
+        """Tell the router where the rollout stands (``POST /admin/rollout``)."""
         self.sup.admin.try_call("POST", "/admin/rollout", msgspec.to_builtins(self.status()))
 
 

@@ -29,10 +29,12 @@ class LoadCounts:
 
     @property
     def failed(self) -> int:
+        """Requests that did not end in a complete stream."""
         return sum(self.failures.values())
 
     @property
     def server_errors(self) -> int:
+        """Responses with a 5xx status."""
         return sum(n for status, n in self.statuses.items() if status >= 500)
 
     def rate(self, start: float, end: float) -> float:

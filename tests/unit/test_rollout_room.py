@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.plan.placement import Inventory, WorkerSpec
+from launcher.plan.placement import GpuInfo, Inventory, WorkerSpec
 from launcher.rollout.room import free_beside, new_spec, spare_cpus
 
 GIB = 2**30
@@ -30,8 +30,6 @@ def test_on_a_cluster_the_new_slot_takes_the_shape_and_ray_places_it():
 
 
 def test_a_gpu_slot_has_the_least_free_memory_of_its_gpus_beside_it():
-    from launcher.plan.placement import GpuInfo
-
     gpus = [
         GpuInfo(index=i, name="g", uuid=f"GPU-{i}", total_bytes=80 * GIB, free_bytes=f * GIB)
         for i, f in ((0, 30), (1, 10))
