@@ -1,37 +1,43 @@
-"""What the router's handlers share: the deployment's config, the worker pool, the tokenizer and
-what is derived from it once (grammar checker, token texts), under one aiohttp ``AppKey``."""
+"""What the router's handlers share: the deployment's config, the worker pool and the served
+models (each with its tokenizer and what is derived from it once: grammar checker, token texts),
+under one aiohttp ``AppKey``. A handler takes the model a request names through ONE function,
+:meth:`Api.for_request`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from aiohttp import web
 
+from router.errors import ApiError
 from router.settings import RouterSettings
 from router.shaping import TokenTexts
 from router.structured import GrammarChecker
 from router.tools import template_has_tools
 from router.workers import WorkerPool
+from worker.contract.settings import ModelConfig
+
+GENERATE, EMBED = "generate", "embed"
 
 
-@dataclass
-class Api:
-    """What the handlers share: config, worker pool and the model's tokenizer."""
+@dataclass(eq=False)
+class ServedModel:
+    """One model the deployment serves: its ``model`` section (``task`` resolved by the launcher:
+    ``generate`` or ``embed``), its tokenizer, and what is derived from the tokenizer, computed once."""
 
-    cfg: RouterSettings
-    pool: WorkerPool
+    config: ModelConfig
     tokenizer: Any
-    metrics: Any = None  # router.metrics.Metrics, made by the app factory
 
     @property
-    def model_name(self) -> str:
-        return self.cfg.model.public_name
+    def name(self) -> str:
+        return self.config.public_name
 
     @property
-    def max_prompt_tokens(self) -> int:
-        return self.cfg.limits.max_prompt_tokens or self.cfg.model.max_model_len - 1
+    def task(self) -> str:
+        """``generate`` or ``embed`` (``auto`` that reached the router counts as ``generate``)."""
+        return EMBED if self.config.task == EMBED else GENERATE
 
     @cached_property
     def grammar_checker(self) -> GrammarChecker:
@@ -53,6 +59,87 @@ class Api:
         """Characters in the vocabulary's longest token: a text longer than ``n`` times this has
         more than ``n`` tokens, so it can be refused without tokenizing it."""
         return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+
+@dataclass
+class Api:
+    """What the handlers share: config, worker pool and the served models.
+
+    Built with one ``tokenizer`` (the one-model form: ``cfg.model``), or with ``models`` (every
+    served model by name, in deploy.yaml's order). ``model`` is the one this view serves: the
+    first generate model in the app's own ``Api``, the request's in :meth:`for_request`'s answer;
+    ``tokenizer`` and the properties below are that model's."""
+
+    cfg: RouterSettings
+    pool: WorkerPool
+    tokenizer: Any = None
+    metrics: Any = None  # router.metrics.Metrics, made by the app factory
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    model: ServedModel | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            one = ServedModel(self.cfg.model, self.tokenizer)
+            self.models = {one.name: one}
+        if self.model is None:
+            self.model = next((m for m in self.models.values() if m.task == GENERATE), next(iter(self.models.values())))
+        self.tokenizer = self.model.tokenizer
+
+    def for_request(self, name: str | None, endpoint: str) -> Api:
+        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...) names:
+        ``name`` None is the first generate model. Raises 404 ``model_not_found`` for a name not
+        served, 400 when the model's task is not generation (naming the endpoint to use)."""
+        chosen = self.model if name is None else self.models.get(name)
+        if chosen is None:
+            served = "', '".join(self.models)
+            raise ApiError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{served}'",
+                param="model",
+                code="model_not_found",
+            )
+        if chosen.task != GENERATE:
+            raise ApiError(
+                400,
+                f"'{chosen.name}' is an embedding model: {endpoint} needs a generate model; use /v1/embeddings",
+                param="model",
+                code="wrong_endpoint",
+            )
+        return self if chosen is self.model else replace(self, model=chosen, tokenizer=chosen.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def pick_model(self) -> str | None:
+        """What :meth:`WorkerPool.pick` is told: this view's model, or None when it is the only one
+        (every worker serves it: no filter on the one-model path)."""
+        return None if len(self.models) == 1 else self.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.config.max_model_len
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.cfg.limits.max_prompt_tokens or self.max_model_len - 1
+
+    @property
+    def grammar_checker(self) -> GrammarChecker:
+        return self.model.grammar_checker
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        return self.model.token_texts
+
+    @property
+    def native_tools(self) -> bool:
+        return self.model.native_tools
+
+    @property
+    def longest_token_chars(self) -> int:
+        return self.model.longest_token_chars
 
 
 API = web.AppKey("api", Api)

@@ -31,6 +31,10 @@ class ModelConfig(Section):
         "stored, a float checkpoint unquantized; none = float weights (a GGUF file dequantized); int8 / int4 = "
         "quantize the float weights at load, per group (embeddings, norms and the LM head stay float)",
     )
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto",
+        description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
+    )
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
     random_init: bool = Field(
         False,
