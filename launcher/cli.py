@@ -156,7 +156,8 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
             enabled=cfg.logging.format == "text",
             console=console,
         ):
-            sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
+            longest = max(one.workers.startup_timeout_s for one in cfg.served())
+            sup.wait_ready(longest, lambda: stop["requested"])
         if not stop["requested"]:
             host = connect_host(cfg.router.host)
             quoted = "', '".join(names)

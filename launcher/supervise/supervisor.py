@@ -181,7 +181,8 @@ class Supervisor:
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_paths = [model_path] if isinstance(model_path, Path | str) else list(model_path)
         self.model_path = self.model_paths[0]  # the router's tokenizer: the first model's
-        self.model_names = [one.name for one in cfg.served()]
+        self.served = cfg.served()
+        self.model_names = [one.name for one in self.served]
         self.run_dir = run_dir
         self.address = address
         self.clock = clock
@@ -338,6 +339,10 @@ class Supervisor:
         )
         self._report(wid, self._started(slot))
 
+    def _startup_timeout_s(self, slot: Slot) -> float:
+        """``workers.startup_timeout_s`` of the slot's model (its entry may override the top level)."""
+        return self.served[slot.spec.model].workers.startup_timeout_s
+
     def _started(self, slot: Slot) -> Started:
         """The report of ``slot``'s current process: its pid, restarts, where it runs, whose model."""
         model = self.model_names[slot.spec.model]
@@ -427,7 +432,7 @@ class Supervisor:
             elif slot.due(now):
                 self.start_worker(wid)
             elif self._loading_too_long(slot, now):
-                self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
+                self._kill(slot, f"not ready after {self._startup_timeout_s(slot):.0f}s")
 
     def _loading_too_long(self, slot: Slot, now: float) -> bool:
         """A process the router answers for but has not called ready within ``startup_timeout_s``
@@ -437,7 +442,7 @@ class Supervisor:
             and slot.alive()
             and not slot.kill_reason
             and slot.ready_pid != slot.proc.pid
-            and now - slot.started_at > self.cfg.workers.startup_timeout_s
+            and now - slot.started_at > self._startup_timeout_s(slot)
         )
 
     def on_event(self, event: Event) -> None:
