@@ -20,6 +20,7 @@ from router.workers import WorkerPool
 from worker.contract.settings import ModelConfig
 
 GENERATE, EMBED = "generate", "embed"
+ENDPOINTS = {GENERATE: "/v1/chat/completions (or /v1/completions, /v1/responses)", EMBED: "/v1/embeddings"}
 
 
 @dataclass(eq=False)
@@ -82,14 +83,18 @@ class Api:
             one = ServedModel(self.cfg.model, self.tokenizer)
             self.models = {one.name: one}
         if self.model is None:
-            self.model = next((m for m in self.models.values() if m.task == GENERATE), next(iter(self.models.values())))
+            self.model = self.first(GENERATE)
         self.tokenizer = self.model.tokenizer
 
-    def for_request(self, name: str | None, endpoint: str) -> Api:
-        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...) names:
-        ``name`` None is the first generate model. Raises 404 ``model_not_found`` for a name not
-        served, 400 when the model's task is not generation (naming the endpoint to use)."""
-        chosen = self.model if name is None else self.models.get(name)
+    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> Api:
+        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...), an
+        endpoint of ``task``, names; ``name`` None is the first model of that task. Raises 404
+        ``model_not_found`` for a name not served, 400 ``wrong_endpoint`` when the model is served
+        for the other task (naming the model and the endpoints to use)."""
+        if name is None:
+            chosen = self.model if self.model.task == task else self.first(task)
+        else:
+            chosen = self.models.get(name)
         if chosen is None:
             served = "', '".join(self.models)
             raise ApiError(
@@ -98,14 +103,19 @@ class Api:
                 param="model",
                 code="model_not_found",
             )
-        if chosen.task != GENERATE:
+        if chosen.task != task:
+            what = "an embedding model" if chosen.task == EMBED else "a generative (chat) model"
             raise ApiError(
                 400,
-                f"'{chosen.name}' is an embedding model: {endpoint} needs a generate model; use /v1/embeddings",
+                f"The model '{chosen.name}' is {what}, which {endpoint} does not serve: use {ENDPOINTS[chosen.task]}",
                 param="model",
                 code="wrong_endpoint",
             )
         return self if chosen is self.model else replace(self, model=chosen, tokenizer=chosen.tokenizer)
+
+    def first(self, task: str) -> ServedModel:
+        """The first served model of ``task``, else the first model (whose task then refuses)."""
+        return next((m for m in self.models.values() if m.task == task), next(iter(self.models.values())))
 
     @property
     def model_name(self) -> str:

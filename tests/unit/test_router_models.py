@@ -62,11 +62,15 @@ def test_an_unknown_model_is_404_listing_the_served_ones():
     assert "'gpt-4'" in e.value.message and "'c1', 'c2'" in e.value.message
 
 
-def test_a_generate_endpoint_on_an_embedding_model_is_400_naming_both():
+def test_an_endpoint_of_the_other_task_is_400_naming_the_model_and_the_endpoint_to_use():
+    api = api_of(ModelConfig(name="c"), ModelConfig(name="e", task="embed"))
     with pytest.raises(ApiError) as e:
-        api_of(ModelConfig(name="c"), ModelConfig(name="e", task="embed")).for_request("e", "/v1/chat/completions")
-    assert e.value.status == 400 and e.value.param == "model"
-    assert all(word in e.value.message for word in ("'e'", "/v1/chat/completions", "/v1/embeddings"))
+        api.for_request("e", "/v1/chat/completions")
+    assert (e.value.status, e.value.code, e.value.param) == (400, "wrong_endpoint", "model")
+    assert all(word in e.value.message for word in ("'e'", "/v1/chat/completions", "use /v1/embeddings"))
+    with pytest.raises(ApiError, match=r"'c' is a generative \(chat\) model.*use /v1/chat/completions"):
+        api.for_request("c", "/v1/embeddings", "embed")
+    assert api.for_request(None, "/v1/embeddings", "embed").model_name == "e"  # the first embed model
 
 
 def test_the_one_model_form_is_its_own_view_and_picks_without_a_filter():

@@ -24,16 +24,16 @@ class ModelConfig(Section):
         DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path"
     )
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto",
+        description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     quantization: Literal["auto", "none", "int8", "int4"] = Field(
         "auto",
         description="weight-only quantization of the linear layers: auto = a GGUF file's quantized tensors as "
         "stored, a float checkpoint unquantized; none = float weights (a GGUF file dequantized); int8 / int4 = "
         "quantize the float weights at load, per group (embeddings, norms and the LM head stay float)",
-    )
-    task: Literal["auto", "generate", "embed"] = Field(
-        "auto",
-        description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
     )
     max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
     random_init: bool = Field(
