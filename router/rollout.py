@@ -25,7 +25,8 @@ from router.errors import ApiError
 from router.policies import make_policy
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 from router.settings import RouterSettings
-from router.state import API, Api
+from router.state import API, GENERATE, Api, ServedModel
+from worker.contract.settings import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -123,24 +124,39 @@ async def post_settings(request: web.Request) -> web.Response:
     live: LiveSettings = await _decode(request, LiveSettings)
     try:
         cfg = RouterSettings.model_validate(live.settings)
+        also = [ModelConfig.model_validate(m) for m in live.also_models]
     except ValidationError as exc:
         raise ApiError(400, f"invalid router settings: {exc.errors()[0]['msg']}", code="invalid_value") from None
-    apply_live(request.app[API], request.app[TOKENS], cfg, live.also_served)
-    return web.json_response({"policy": cfg.router.policy, "served": list(request.app[API].served_names)})
+    apply_live(request.app[API], request.app[TOKENS], cfg, also)
+    return web.json_response({"policy": cfg.router.policy, "served": list(request.app[API].models)})
 
 
-def apply_live(api: Api, tokens: AdminTokens, cfg: RouterSettings, also_served: list[str]) -> None:
+def apply_live(api: Api, tokens: AdminTokens, cfg: RouterSettings, also: list[ModelConfig]) -> None:
     """Switch the router to ``cfg``: what handlers read per request (limits, timeouts, retries, API
-    keys, the model's name and length) follows ``api.cfg``; the policy, the pool's watchdog
-    times, the admin token and the log level are set here."""
+    keys) follows ``api.cfg``; the policy, the pool's watchdog times, the admin token, the log level
+    and the served model (:func:`serve_models`) are set here."""
     if api.pool.policy.name != cfg.router.policy:
         api.pool.policy = make_policy(cfg.router.policy)
     api.pool.heartbeat_timeout_s = cfg.workers.heartbeat_timeout_s
     api.pool.stall_timeout_s = cfg.workers.stall_timeout_s
     tokens.rotate(cfg.router.admin_token)
     logging.getLogger().setLevel(cfg.logging.level.upper())
-    api.cfg, api.also_served = cfg, tuple(also_served)
-    log.info("live settings applied (policy %s, serving %s)", cfg.router.policy, ", ".join(api.served_names))
+    api.cfg = cfg
+    if not cfg.models and len(api.models) <= 2:  # one model, or one being renamed (apply refuses several)
+        serve_models(api, [cfg.model, *also])
+    log.info("live settings applied (policy %s, serving %s)", cfg.router.policy, ", ".join(api.models))
+
+
+def serve_models(api: Api, sections: list[ModelConfig]) -> None:
+    """Serve the model ``sections`` (the first is the default), reusing what is derived from the
+    tokenizer where a section is unchanged. Every section shares the current tokenizer: a rollout
+    keeps the model's tokenizer (the router tokenizes for the workers)."""
+    tokenizer = api.model.tokenizer
+    kept = {m.config.model_dump_json(): m for m in api.models.values()}
+    served = [kept.get(c.model_dump_json()) or ServedModel(c, tokenizer) for c in sections]
+    api.models = {m.name: m for m in served}
+    api.model = api.first(GENERATE)
+    api.tokenizer = api.model.tokenizer
 
 
 def add_routes(app: web.Application) -> None:

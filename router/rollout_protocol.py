@@ -54,8 +54,9 @@ class RolloutStatus(msgspec.Struct, kw_only=True):
 
 
 class LiveSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Router settings to apply now (a :class:`~router.settings.RouterSettings` as JSON data) and
-    the served model names clients may also use while replicas of both are served (a rename)."""
+    """Router settings to apply now (a :class:`~router.settings.RouterSettings` as JSON data), and
+    the ``model`` sections served beside its model while replicas of both serve (a rollout that
+    renames the model: the new name, each name routed to its own replicas)."""
 
     settings: dict[str, Any]
-    also_served: list[str] = msgspec.field(default_factory=list)
+    also_models: list[dict[str, Any]] = msgspec.field(default_factory=list)

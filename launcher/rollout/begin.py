@@ -63,7 +63,7 @@ def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
     rollout = Rollout(sup, req.id, old, new, plan, inventory, plan.max_unavailable, is_rollback=req.rollback)
     renamed = old.config.model.public_name != cfg.model.public_name
     during = cfg.model_copy(update={"model": old.config.model})  # the old model's limits until it is replaced
-    rollout.adopt(during, also_served=[cfg.model.public_name] if renamed else [])
+    rollout.adopt(during, also=[cfg.model] if renamed else [])
     rollout.note(f"revision {new.revision.number} ({new.revision.hash}): {len(plan.steps)} step(s)")
     return rollout
 
@@ -87,6 +87,10 @@ def _target_config(sup, req: ApplyRequest) -> DeployConfig:
         raise Refused(str(exc)) from None
     from launcher.plan.layouts import tp_refusal
 
+    if len(cfg.served()) > 1 or len(sup.revisions.current.config.served()) > 1:
+        raise Refused(
+            "models: apply changes a deployment of one model; with several models stop it and `llamadeploy up` again"
+        )
     if problem := tp_refusal(cfg):
         raise Refused(problem)
     return cfg
@@ -106,7 +110,7 @@ def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | N
         except PlacementError as exc:
             raise Refused(f"workers: {exc}") from None
     first = next(iter(sup.slots.values())).spec
-    need = replica_need(cfg, inventory, first)
+    need = replica_need(cfg.for_model(0), inventory, first)
     try:
         plan = plan_rollout(
             sup.revisions.current.config,

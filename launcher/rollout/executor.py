@@ -21,7 +21,7 @@ from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_rollout
 from launcher.rollout.revisions import Revision
 from launcher.rollout.room import ensure_keys, free_beside, new_spec
 from launcher.rollout.tasks import RolloutFailed, Task
-from router.admin_protocol import Exited, Started
+from router.admin_protocol import Exited
 from router.rollout_protocol import LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -214,6 +214,7 @@ class Rollout:
     def _point(self, slot) -> None:
         t = self.target
         slot.settings_path, slot.model_path, slot.revision = t.settings_path, t.model_path, t.revision.number
+        slot.model_name = t.config.model.public_name
 
     def _ask_exit(self, wid: int) -> None:
         """Ask the router to tell ``wid``'s process to exit (code 0); killed after :data:`STOP_GRACE_S`."""
@@ -245,9 +246,11 @@ class Rollout:
             revision=target.revision.number,
         )
 
-    def adopt(self, cfg: DeployConfig, also_served: list[str] | None = None) -> None:
-        """Make ``cfg`` the supervisor's and the router's settings (live: no process restarts)."""
-        live = LiveSettings(settings=cfg.router_settings().model_dump(mode="json"), also_served=also_served or [])
+    def adopt(self, cfg: DeployConfig, also: list | None = None) -> None:
+        """Make ``cfg`` the supervisor's and the router's settings (live: no process restarts);
+        ``also``: model sections the router serves beside ``cfg``'s (a rename in progress)."""
+        extra = [m.model_dump(mode="json") for m in also or []]
+        live = LiveSettings(settings=cfg.router_settings().model_dump(mode="json"), also_models=extra)
         self.sup.admin.try_call("POST", "/admin/settings", msgspec.to_builtins(live))
         adopt_config(self.sup, cfg)
 
@@ -302,8 +305,7 @@ def move_slots(sup, target: Target) -> None:
             target.revision.number,
         )
         if slot.alive():
-            started = Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), revision=slot.revision)
-            sup._report(wid, started)
+            sup._report(wid, sup._started(slot))
 
 
 def adopt_config(sup, cfg: DeployConfig) -> None:

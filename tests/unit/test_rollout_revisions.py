@@ -61,19 +61,23 @@ def test_the_board_is_busy_while_a_rollout_runs():
     assert not board.busy()
 
 
-def test_a_renamed_model_answers_to_both_names_while_both_are_served():
+def test_a_renamed_model_is_served_under_both_names_while_replicas_of_both_serve():
     import pytest
 
     from router.errors import ApiError
-    from router.openai_api import check_model
+    from router.rollout import serve_models
     from router.settings import RouterSettings
     from router.state import Api
+    from worker.contract.settings import ModelConfig
 
-    api = Api(RouterSettings.model_validate({"model": {"served_name": "old"}}), pool=None, tokenizer=None)
-    api.also_served = ("new",)
-    assert api.served_names == ("old", "new")
-    check_model(api, "old")
-    check_model(api, "new")
+    old, new = ModelConfig(served_name="old"), ModelConfig(served_name="new")
+    api = Api(RouterSettings(model=old), pool=None, tokenizer=None)
+    kept = api.model
+    serve_models(api, [old, new])  # during the rollout: the old name stays the default
+    assert list(api.models) == ["old", "new"] and api.model is kept and api.pick_model == "old"
+    assert api.for_request("new", "/v1/chat/completions").model.name == "new"
+    serve_models(api, [new])  # done: the old name went with its last replica
+    assert list(api.models) == ["new"] and api.pick_model is None
     with pytest.raises(ApiError) as err:
-        check_model(api, "other")
+        api.for_request("old", "/v1/chat/completions")
     assert err.value.status == 404
