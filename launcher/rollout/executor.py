@@ -311,7 +311,8 @@ def move_slots(sup, target: Target) -> None:
 def adopt_config(sup, cfg: DeployConfig) -> None:
     """The supervisor runs under ``cfg`` now: its own rules, the router settings file a restarted
     router reads, its admin token; a standby router (loaded with the old settings) is replaced."""
-    sup.cfg = cfg
+    sup.cfg, sup.served = cfg, cfg.served()
+    sup.model_names = [one.name for one in sup.served]
     sup.router_settings_path.write_text(cfg.router_settings().model_dump_json())
     sup.admin.token = cfg.router.admin_token
     if sup.standby is not None:
