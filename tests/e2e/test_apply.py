@@ -199,3 +199,12 @@ def test_rollback_returns_to_the_previous_revision(d):
     assert done.returncode == 0, done.stdout
     workers = d.workers()
     assert [w["id"] for w in workers] == [0] and workers[0]["revision"] == rev - 1, workers
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "status", str(d.path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert status.returncode == 0 and f"last apply: revision {rev - 1} done" in status.stdout, status.stdout
