@@ -69,8 +69,9 @@ def up(
 
     from launcher.plan.layouts import tp_refusal
 
-    if problem := tp_refusal(cfg):
-        fail(problem)
+    for k in range(len(cfg.served())):  # each model under its own workers section
+        if problem := tp_refusal(cfg.for_model(k)):
+            fail(problem)
     sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
 
