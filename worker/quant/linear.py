@@ -75,6 +75,7 @@ class Linears:
         self.allow_copies, self.timer = allow_copies, timer
         self.pool = {c.name: c for c in candidates(dtype, device)}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
+        self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
         self.choices: dict[tuple, Choice] = {}
         self.counts: dict[tuple, int] = {}  # weights per choice
         self.held: dict[int, int] = {}  # storage key -> bytes: the weight memory
@@ -86,15 +87,26 @@ class Linears:
 
     def head(self, weight: Weight) -> Callable:
         """The LM head, tuned for at most ``max_logit_rows`` rows: int8 rows when quantizing, else
-        in the compute dtype; only kernels that keep the compute dtype's precision
-        (:func:`~worker.quant.kernels.full_precision`)."""
+        in the compute dtype; only kernels whose logits keep the compute dtype's precision
+        (:func:`~worker.quant.kernels.full_precision`). Where its kernel holds the rows in a layout of
+        its own, the per-row form is dropped and a tied embedding (:meth:`embedding`) reads that one."""
         pool = [c for c in self.pool.values() if full_precision(c, self.dtype)]
-        return self._build(self.rows_int8(weight), self.logit_rows, pool)
+        held = self.rows_int8(weight)
+        fn = self._build(held, self.logit_rows, pool)
+        if held is not weight and storage_key(held.q) in self.gathers:
+            self.rows8.pop(storage_key(weight))
+            self.gathers[storage_key(weight)] = self.gathers[storage_key(held.q)]
+        return fn
 
     def embedding(self, table: Weight) -> Callable[[torch.Tensor], torch.Tensor]:
         """``ids [T] -> [T, hidden]`` float32 rows of ``table`` [V, hidden] (int8 rows when
-        quantizing: only the T rows asked for are dequantized)."""
+        quantizing: only the T rows asked for are dequantized). A table tied to an LM head built
+        first (:meth:`head`) whose kernel re-laid it out is read from that layout: held once."""
+        key = storage_key(table if isinstance(table, torch.Tensor) else table.q)
+        if key in self.gathers:
+            return self.gathers[key]  # its tensors were counted with the head's kernel
         table = self.rows_int8(table)
+        self.rows8.pop(key, None)  # the tie is made
         if isinstance(table, torch.Tensor):
             self.count(table)
             return lambda ids: F.embedding(ids, table).float()
@@ -147,6 +159,8 @@ class Linears:
                 kernels = {name: self._named(name, w) for name in choice.kernels()}
         self.counts[key] = self.counts.get(key, 0) + 1
         for kernel in kernels.values():
+            if kernel.gather is not None and isinstance(w, QuantizedWeight):
+                self.gathers.setdefault(storage_key(w.q), kernel.gather)
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
         return self.dispatch(choice.picks, kernels)
