@@ -104,3 +104,25 @@ def test_an_untied_table_is_quantized_on_its_own():
     ids = torch.tensor([7])
     assert torch.equal(embed(ids), quantize_int8(table_w, 192).dequantize()[ids])
     assert linears.rows8 == {}
+
+
+def test_tensor_parallel_ranks_run_rank_0s_kernels_whatever_they_measured():
+    """A follower's own measurement is replaced by rank 0's picks (indices into the pool's sorted
+    names, as :meth:`worker.tp.TPGroup.rank0_ints` carries them), built here where it had not."""
+    qw = quantize_int8(table(), 192)
+    sent = []
+
+    def rank0(mine: list[int]) -> list[int]:
+        sent.append(mine)
+        names = sorted(linears.pool)
+        return [names.index("dequant-f32"), names.index("int8pack-f32")]
+
+    linears = Linears(CPU, torch.float32, "none", max_rows=2, timer=StillClock().time, agree=rank0)
+    linears.pool = {n: c for n, c in linears.pool.items() if n in ("dequant-f32", "int8pack-f32", "int8split-bf16")}
+    run = linears(qw)
+    (choice,) = [c for c, _ in linears.table()]
+    assert [p.kernel for p in choice.picks] == ["dequant-f32", "int8pack-f32"] and len(sent[0]) == 2
+    x = torch.randn(2, 192)
+    assert torch.allclose(run(x), F.linear(x, qw.dequantize()), atol=1e-4)
+    linears(quantize_int8(table() + 1, 192))  # the same shape again: rank 0's choice reused, no second collective
+    assert len(sent) == 1

@@ -21,7 +21,7 @@ from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
-from worker.quant.kernels import Candidate, Kernel, Weight, candidates, full_precision
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ class Linears:
     quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
     chunks); ``max_logit_rows``: the most rows the LM head sees (one per running sequence).
     ``allow_copies``: also consider float copies of quantized weights (off: quantization is for
-    memory). ``timer``: the clock of the measurements (a fake one in tests)."""
+    memory). ``timer``: the clock of the measurements (a fake one in tests). ``agree``: with tensor
+    parallelism, maps this rank's picks (kernel indices per bucket) to rank 0's
+    (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica runs rank 0's table."""
 
     def __init__(
         self,
@@ -68,11 +70,12 @@ class Linears:
         max_logit_rows: int = 8,
         allow_copies: bool = False,
         timer: Callable[[], float] = time.perf_counter,
+        agree: Callable[[list[int]], list[int]] | None = None,
     ):
         self.device, self.dtype = device, dtype
         self.bits = rules.bits_of(quantization)
         self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
-        self.allow_copies, self.timer = allow_copies, timer
+        self.allow_copies, self.timer, self.agree = allow_copies, timer, agree
         self.pool = {c.name: c for c in candidates(dtype, device)}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
         self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
@@ -151,6 +154,8 @@ class Linears:
         if choice is None:
             start = time.perf_counter()
             choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
+            if self.agree is not None:
+                choice = self._rank0s(choice, built, w, pool)
             self.seconds += time.perf_counter() - start
             self.choices[key] = choice
             kernels = {name: built[name] for name in choice.kernels()}
@@ -164,6 +169,23 @@ class Linears:
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
         return self.dispatch(choice.picks, kernels)
+
+    def _rank0s(self, choice: Choice, built: dict[str, Kernel], w: Weight, pool: list[Candidate]) -> Choice:
+        """``choice`` with rank 0's picks (:attr:`agree`); a kernel rank 0 picked that this rank did
+        not build is built here, and one that cannot run here raises ``RuntimeError``."""
+        names = sorted(c.name for c in pool)
+        theirs = self.agree([names.index(p.kernel) for p in choice.picks])
+        picks = []
+        for pick, index in zip(choice.picks, theirs, strict=True):
+            name = names[index]
+            if name not in built:
+                cand = next(c for c in pool if c.name == name)
+                if (kernel := check(cand, w, self.dtype, self.device)) is None:
+                    raise RuntimeError(f"rank 0 chose kernel {name} for {tuple(w.shape)}, which cannot run here")
+                built[name] = kernel
+            picks.append(Pick(pick.rows, name, choice.times.get(name, {}).get(pick.rows, float("nan"))))
+        choice.picks = picks
+        return choice
 
     @staticmethod
     def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Callable:
