@@ -2,7 +2,7 @@
 
 A float32 model's head may run bfloat16 activations only where the products are summed in float32
 (``int8group-bf16`` for a grouped int8 table such as GGUF's Q8_0, ``int8split-bf16`` for int8 rows
-quantized at load): those match ``F.linear`` on the dequantized weight within ``TOL_BF16_SUM`` of the
+quantized at load, ``int4split-bf16`` for a 4-bit table): those match ``F.linear`` on the dequantized weight within ``TOL_BF16_SUM`` of the
 bound and their logits are not on bfloat16's grid. A tied table whose head kernel re-lays it out is
 held once: the embedding reads its rows from the kernel's layout.
 """
@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from worker.quant.autotune import storage_key
-from worker.quant.format import quantize_int8
+from worker.quant.format import quantize_int4, quantize_int8
 from worker.quant.kernels import TOL_BF16_SUM, Kernel, candidates, check, full_precision
 from worker.quant.linear import Linears
 
 CPU = torch.device("cpu")
-HEAD_KERNELS = {"int8/g32": "int8group-bf16", "int8/channel": "int8split-bf16"}
+HEAD_KERNELS = {"int8/g32": "int8group-bf16", "int8/channel": "int8split-bf16", "int4/g32": "int4split-bf16"}
 
 
 class StillClock:
@@ -29,15 +29,20 @@ class StillClock:
         return 0.0
 
 
-def table(v: int = 300, k: int = 192) -> torch.Tensor:
+def table(v: int = 320, k: int = 192) -> torch.Tensor:
     return torch.randn(v, k, generator=torch.Generator().manual_seed(3)) * 0.05
 
 
 def quantized(fmt: str, w: torch.Tensor):
+    if fmt == "int4/g32":
+        return quantize_int4(w, 32)
     return quantize_int8(w, 32 if fmt == "int8/g32" else w.shape[1])
 
 
-@pytest.mark.skipif(not hasattr(torch.ops.aten, "_weight_int8pack_mm"), reason="no _weight_int8pack_mm here")
+@pytest.mark.skipif(
+    not hasattr(torch.ops.aten, "_weight_int8pack_mm") or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"),
+    reason="no weight-only ops here",
+)
 @pytest.mark.parametrize("fmt", list(HEAD_KERNELS))
 def test_bfloat16_summed_head_kernels_match_f_linear_and_leave_the_bfloat16_grid(fmt):
     """Tolerance: TOL_BF16_SUM (6e-3) of max(|x| @ |W|.T): bfloat16 activations, scales and
@@ -59,7 +64,7 @@ def test_bfloat16_summed_head_kernels_match_f_linear_and_leave_the_bfloat16_grid
 
 def test_bfloat16_output_kernels_stay_off_a_float32_head():
     names = {c.name for c in candidates(torch.float32, CPU) if full_precision(c, torch.float32)}
-    assert {"int8group-bf16", "int8split-bf16", "int8group-f32", "int8pack-f32"} <= names
+    assert {"int8group-bf16", "int8split-bf16", "int4split-bf16", "int8group-f32", "int8pack-f32"} <= names
     assert not names & {"int8pack-bf16", "int4pack-bf16", "float-copy-bf16", "dynquant4"}
 
 
@@ -75,9 +80,9 @@ def test_a_tied_q8_0_table_is_held_once_and_its_rows_read_from_the_head_layout()
     linears = linears_running("int8group-bf16")
     head = linears.head(qw)
     embed = linears.embedding(qw)
-    ids = torch.tensor([0, 5, 5, 299])
+    ids = torch.tensor([0, 5, 5, 319])
     assert torch.equal(embed(ids), qw.dequantize()[ids])
-    assert head(torch.randn(2, 192)).shape == (2, 300)
+    assert head(torch.randn(2, 192)).shape == (2, 320)
     v, k = qw.shape
     # int8 values once, the scales as float32 (the file's) and bfloat16 (the kernel's)
     assert linears.weight_bytes == v * k + v * (k // 32) * (4 + 2)
@@ -90,14 +95,14 @@ def test_int8_at_load_ties_the_split_head_and_the_embedding_to_one_copy():
     linears.head(w)
     embed = linears.embedding(w)
     assert linears.rows8 == {} and storage_key(w) in linears.gathers
-    ids = torch.tensor([1, 2, 299])
+    ids = torch.tensor([1, 2, 319])
     assert torch.equal(embed(ids), quantize_int8(w, w.shape[1]).dequantize()[ids])
     v, k = w.shape
     assert linears.weight_bytes == v * k + v * 4 + v * (k // 64) * 2  # int8 once; f32 row scales; bf16 chunk scales
 
 
 def test_an_untied_table_is_quantized_on_its_own():
-    head_w, table_w = table(), table(300, 192) + 1
+    head_w, table_w = table(), table() + 1
     linears = linears_running("int8split-bf16", "int8")
     linears.head(head_w)
     embed = linears.embedding(table_w)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.quant import grouped_int8
+from worker.quant import grouped_int8, split_int4
 from worker.quant.format import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ TOL_FLOAT32 = 1e-4
 TOL_HALF = 2e-2  # bfloat16 / float16 activations or weights
 TOL_INT8_ACTIVATIONS = 6e-2
 # bfloat16 activations and scales, each group's product rounded to bfloat16 and the products summed in
-# float32 (:mod:`worker.quant.grouped_int8`): three roundings of 2^-9 at worst, and no bfloat16 grid
+# float32 (:mod:`worker.quant.grouped_int8`, :mod:`worker.quant.split_int4`): three roundings of 2^-9 at worst, and no bfloat16 grid
 # on the output (the sum of products of different sizes is not on it). Measured ~1e-3 on an LM head.
 TOL_BF16_SUM = 6e-3
 
@@ -262,6 +262,9 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
             Candidate("int8group-f32", _tol(dt), grouped_int8.accepts, grouped_int8.builder(torch.float32, Kernel)),
             Candidate("int4pack-bf16", half, _int4_groups, _int4pack_cpu(torch.bfloat16)),
             Candidate("int4pack-f32", _tol(dt), _int4_groups, _int4pack_cpu(torch.float32)),
+            Candidate(
+                "int4split-bf16", TOL_BF16_SUM, split_int4.accepts, split_int4.builder(Kernel, _scales_and_zeros)
+            ),
             Candidate("dynquant4", TOL_INT8_ACTIVATIONS, _symmetric_int4, _dynquant4),
             Candidate("float-copy-f32", _tol(dt), _cpu(_quantized), _float_copy(torch.float32), copy=True),
             Candidate("float-copy-bf16", half, _cpu(_quantized), _float_copy(torch.bfloat16), copy=True),
