@@ -148,3 +148,20 @@ def test_a_second_copy_must_save_a_tenth_of_the_table_per_copy_it_adds():
     assert choose([packed, copy], times, rows) == [Pick(r, "packed", times["packed"][r]) for r in rows]
     scales = Kernel("plain", None, (packed.held[0], torch.zeros(1)))
     assert choose([packed, scales], times, rows)[0] == Pick(1, "plain", 0.07)
+
+
+def test_a_quantized_weight_holds_its_values_once_however_fast_a_second_layout():
+    """int8pack-f32 on the weight's own values beside int8split-bf16's re-laid copy: with
+    max_added (a quantized weight) the second layout is dropped even where it is far faster; a
+    bfloat16 copy of the scales (a small addition) may stay."""
+    from worker.quant.autotune import MAX_ADDED_QUANTIZED, Pick, choose
+
+    rows = [1, 2, 4]
+    times = {"own": {1: 1.0, 2: 1.0, 4: 1.0}, "relaid": {1: 2.0, 2: 2.0, 4: 0.1}}
+    q, scale = torch.zeros(1000, dtype=torch.int8), torch.zeros(10)
+    own = Kernel("own", None, (q, scale))
+    relaid = Kernel("relaid", None, (torch.zeros(1000, dtype=torch.int8), scale))
+    assert choose([own, relaid], times, rows)[2] == Pick(4, "relaid", 0.1)
+    assert [p.kernel for p in choose([own, relaid], times, rows, MAX_ADDED_QUANTIZED)] == ["own"] * 3
+    scales_only = Kernel("relaid", None, (q, torch.zeros(10, dtype=torch.bfloat16)))
+    assert choose([own, scales_only], times, rows, MAX_ADDED_QUANTIZED)[2] == Pick(4, "relaid", 0.1)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.quant.format import QuantizedWeight
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ MAX_TUNED_ROWS = 128  # larger steps (a big prefill) run the largest bucket's pi
 SLOW_ROUND_S = 0.05  # past this per round of calls, two rounds are enough
 PRUNE = 8.0  # a kernel this many times slower than the best at a bucket is not timed at larger ones
 MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster where it is used
+# a quantized weight's values are held once (quantization is for memory): a second form may add a
+# copy of its scales (int8pack's bfloat16 ones), not another layout of its values
+MAX_ADDED_QUANTIZED = 0.25
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -138,11 +142,15 @@ def storage_key(t: torch.Tensor) -> int:
         return id(t)
 
 
-def choose(kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int]) -> list[Pick]:
+def choose(
+    kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int], max_added: float | None = None
+) -> list[Pick]:
     """The pick per bucket: the fastest, except that a kernel holding tensors the primary (the one
     fastest at the most buckets; among equals, the least time summed over them) does not hold must
     beat the primary by :data:`MIN_GAIN` in that bucket, and must pay for its memory over the whole
-    table (:func:`_pays`), else the primary runs there too."""
+    table (:func:`_pays`), else the primary runs there too. ``max_added``: the most bytes a second
+    form may add, as a fraction of the primary's (:data:`MAX_ADDED_QUANTIZED` for a quantized
+    weight: its values are held once)."""
     by_name = {kn.name: kn for kn in kernels}
     fastest = {r: min((t[r], name) for name, t in times.items() if r in t)[1] for r in rows}
     wins = {name: sum(f == name for f in fastest.values()) for name in by_name}
@@ -158,12 +166,15 @@ def choose(kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list
             best = primary
         chosen[r] = best
     for name in set(chosen.values()) - {primary}:
-        if not _pays(by_name[name], by_name[primary], times, [r for r in rows if chosen[r] == name], total[primary]):
+        used = [r for r in rows if chosen[r] == name]
+        if not _pays(by_name[name], by_name[primary], times, used, total[primary], max_added):
             chosen.update({r: primary for r in rows if chosen[r] == name})
-    return [Pick(r, chosen[r], times[chosen[r]][r]) for r in rows]
+    return [Pick(r, chosen[r], times[chosen[r]].get(r, float("nan"))) for r in rows]  # NaN: the primary, pruned there
 
 
-def _pays(form: Kernel, primary: Kernel, times: dict[str, dict[int, float]], used: list[int], base: float) -> bool:
+def _pays(
+    form: Kernel, primary: Kernel, times: dict[str, dict[int, float]], used: list[int], base: float, max_added=None
+) -> bool:
     """Whether a second ``form`` of a weight, run at the buckets ``used``, saves at least
     :data:`MIN_GAIN` of the primary's time over the whole table (``base``) per copy of the
     primary's bytes it adds: a full second copy must save 10% of the table's time, a bfloat16 copy
@@ -173,6 +184,8 @@ def _pays(form: Kernel, primary: Kernel, times: dict[str, dict[int, float]], use
     if not added:
         return True
     own = sum(_nbytes(t) for t in _distinct(primary.held)) or 1
+    if max_added is not None and added > max_added * own:
+        return False
     saved = sum(times[primary.name][r] - times[form.name][r] for r in used if r in times[primary.name])
     return saved >= MIN_GAIN * base * added / own
 
@@ -213,7 +226,8 @@ def tune(
     if len(kernels) == 1:
         picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
     else:
-        picks = choose(kernels, times, rows)
+        one_copy = isinstance(w, QuantizedWeight) and not allow_copies
+        picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)
     return Choice(n, k, what, picks, times, list(built)), built
 
 
