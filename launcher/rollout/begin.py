@@ -133,7 +133,7 @@ def current_target(sup) -> Target:
     rev = sup.revisions.current
     slot = next((s for s in sup.slots.values() if s.revision == rev.number and s.settings_path), None)
     if slot is None:
-        return Target(rev, sup.worker_settings_path, sup.model_path)
+        return Target(rev, sup.worker_settings_path, sup.model_paths[0])
     return Target(rev, slot.settings_path, slot.model_path)
 
 
