@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.helpers.deployment import MODEL, wait_for
+from tests.helpers.deployment import MODEL, all_ready_and_idle, wait_for
 
 CHINESE = "《三国演义》的主要人物有"
 
@@ -97,15 +96,17 @@ def test_round_robin_alternates(deployment):
 
 def test_least_loaded_prefers_idle_worker(deployment):
     assert deployment.workers()[0]["state"] == "ready"
-    long_done = threading.Event()
-
-    def long_request():
-        deployment.chat("Tell me a very long story.", max_tokens=300, ignore_eos=True, timeout=300)
-        long_done.set()
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    try:
+    # A long stream holds one worker; leaving the block closes it, and the router cancels it there
+    # (no need to wait for its end).
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=300) as long:
+        assert long.status_code == 200
         busy = wait_for(
             lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None),
             30,
@@ -115,10 +116,9 @@ def test_least_loaded_prefers_idle_worker(deployment):
             before = served(deployment)
             assert deployment.chat("Say hi.", max_tokens=3).status_code == 200
             after = served(deployment)
-            assert not long_done.is_set()
+            assert deployment.worker(busy)["in_flight"] == 1  # the long one still runs there
             assert after[1 - busy] == before[1 - busy] + 1 and after[busy] == before[busy]
-    finally:
-        t.join()
+    wait_for(lambda: all_ready_and_idle(deployment), 60, what="the long stream cancelled")
 
 
 def test_openai_sdk(deployment):
