@@ -11,6 +11,14 @@ from openai import OpenAI
 from tests.helpers.deployment import MODEL, all_ready_and_idle, wait_for
 
 CHINESE = "《三国演义》的主要人物有"
+# a stream far longer than any test waits for: the tests close it, and the router cancels it
+LONG_STREAM = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me a very long story."}],
+    "max_tokens": 1500,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def sse_events(d, body: dict) -> list[bytes]:
@@ -98,14 +106,7 @@ def test_least_loaded_prefers_idle_worker(deployment):
     assert deployment.workers()[0]["state"] == "ready"
     # A long stream holds one worker; leaving the block closes it, and the router cancels it there
     # (no need to wait for its end).
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a very long story."}],
-        "max_tokens": 1500,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=300) as long:
+    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=LONG_STREAM, timeout=300) as long:
         assert long.status_code == 200
         busy = wait_for(
             lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None),
@@ -191,14 +192,7 @@ def test_bad_completion_prompt(deployment):
 
 
 def test_client_disconnect_cancels_generation(deployment):
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a very long story."}],
-        "max_tokens": 1000,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=LONG_STREAM, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 5:
                 break
