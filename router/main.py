@@ -18,8 +18,10 @@ from router.state import Api
 from router.supervisor_events import EventSender
 from router.workers import WorkerPool
 from worker.contract import keys
+from worker.contract.embed_spec import read_spec
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
+from worker.contract.tasks import resolve_task
 
 log = logging.getLogger("router")
 
@@ -96,7 +98,9 @@ async def run_router(
     sender = EventSender(events) if events else None
     if sender is not None:
         pool.tell_supervisor = sender.send
-    api = Api(cfg, pool, tokenizer)
+    api = Api(cfg, pool, tokenizer, task=resolve_task(cfg.model, model_path))
+    if api.task == "embed":
+        api.embed_spec = read_spec(model_path, cfg.model.max_model_len)
     runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -31,13 +31,10 @@ from worker.contract.protocol import Grammar, SamplingParams
 
 
 def check_model(api: Api, name: str | None) -> None:
-    if name is not None and name != api.model_name:
-        raise ApiError(
-            404,
-            f"The model '{name}' does not exist; this server serves '{api.model_name}'",
-            param="model",
-            code="model_not_found",
-        )
+    """404 for a model not served, 400 for an embedding model (router.embeddings.model)."""
+    from router.embeddings.model import model_for
+
+    model_for(api, name, "generate")
 
 
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:

@@ -24,6 +24,8 @@ class Api:
     pool: WorkerPool
     tokenizer: Any
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
+    task: str = "generate"  # what the model is served for (worker.contract.tasks.resolve_task)
+    embed_spec: Any = None  # worker.contract.embed_spec.EmbedSpec of an embedding model
 
     @property
     def model_name(self) -> str:

@@ -24,6 +24,10 @@ class ModelConfig(Section):
         DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path"
     )
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
+    task: Literal["auto", "generate", "embed"] = Field(
+        "auto",
+        description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     quantization: Literal["auto", "none", "int8", "int4"] = Field(
         "auto",
