@@ -1,0 +1,255 @@
+"""``POST /v1/embeddings`` end to end on one deployment of the embedded embedding model
+(all-MiniLM-L6-v2, one CPU worker): vectors against sentence-transformers in process, the answer's
+forms (float, base64, ``dimensions``), every malformed input refused while the worker keeps
+serving, the bodies the clients send (openai SDK, Spring AI, LangChain4j), batching across requests,
+the JDK example, and last a ``kill -9`` of the worker."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from tests.helpers.deployment import Deployment, wait_for
+from tests.helpers.java import needs_java, run_example
+
+EMBED_MODEL = "all-minilm-l6-v2"
+SUBJECTS = ["The cat", "A data centre", "My grandmother", "The river", "An old violin"]
+VERBS = ["sleeps near", "hums beside", "remembers", "flows past", "waits for"]
+VERBS += ["sings about", "ignores", "dreams of", "sits under", "looks at"]
+SENTENCES = [f"{s} {v} the window." for s, v in itertools.product(SUBJECTS, VERBS)]
+SENTENCES[7] = "émigré naïve café — 日本語のテキスト 🙂"  # non-ASCII and characters the vocabulary lacks
+SENTENCES[11] = "word " * 200  # a long one (about 200 tokens, within the 256 limit)
+assert len(SENTENCES) == 50
+
+
+@pytest.fixture(scope="module")
+def emb(tmp_path_factory) -> Deployment:
+    """One CPU worker of all-minilm-l6-v2; room for 100 concurrent requests and a fast restart."""
+    d = Deployment(
+        tmp_path_factory.mktemp("embeddings"),
+        {
+            "model": {"name": EMBED_MODEL, "task": "embed", "quantization": "auto"},
+            "workers": {"replicas": 1, "max_waiting": 160},
+        },
+    )
+    d.start()
+    yield d
+    assert d.stop() == 0, d.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """sentence-transformers' own ``encode`` of the same model folder, in this process (float32)."""
+    from sentence_transformers import SentenceTransformer
+
+    from launcher.models import resolve_model
+
+    return SentenceTransformer(str(resolve_model(EMBED_MODEL)), device="cpu")
+
+
+def post(d: Deployment, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(f"{d.base_url}/embeddings", json=body, timeout=timeout)
+
+
+def vectors(answer: dict) -> np.ndarray:
+    """The answer's vectors in index order, decoding base64 as OpenAI's SDKs do (little-endian float32)."""
+    rows = sorted(answer["data"], key=lambda r: r["index"])
+    return np.array(
+        [
+            np.frombuffer(base64.b64decode(r["embedding"]), "<f4")
+            if isinstance(r["embedding"], str)
+            else r["embedding"]
+            for r in rows
+        ],
+        dtype=np.float32,
+    )
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_vectors_equal_sentence_transformers(emb, reference):
+    got = post(emb, {"model": EMBED_MODEL, "input": SENTENCES})
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    assert answer["object"] == "list" and answer["model"] == EMBED_MODEL
+    assert [r["index"] for r in answer["data"]] == list(range(50))
+    assert all(r["object"] == "embedding" for r in answer["data"])
+    expected = reference.encode(SENTENCES, convert_to_numpy=True)
+    ours = vectors(answer)
+    assert ours.shape == expected.shape == (50, 384)
+    worst = cosines(ours, expected).min()
+    assert worst >= 0.9999, worst
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
+    tokens = sum(len(reference.tokenizer(s)["input_ids"]) for s in SENTENCES)
+    assert answer["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+
+
+def test_base64_and_float_decode_to_the_same_vectors(emb):
+    body = {"input": SENTENCES[:5]}
+    as_float = post(emb, {**body, "encoding_format": "float"}).json()
+    as_b64 = post(emb, {**body, "encoding_format": "base64"}).json()
+    assert all(isinstance(r["embedding"], str) for r in as_b64["data"])
+    assert np.array_equal(vectors(as_float), vectors(as_b64))  # float32 both ways: bit for bit
+
+
+def test_dimensions(emb):
+    """MiniLM was not trained for shorter vectors (no truncate_dim in its config): any other width
+    is a 400 naming dimensions; its own width is accepted. The truncation itself (cut, renormalise)
+    is tests/unit/test_embed_request.py's, on a spec that allows it."""
+    refused = post(emb, {"input": "hello", "dimensions": 128})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "dimensions", refused.text
+    assert "384" in refused.json()["error"]["message"]
+    same = post(emb, {"input": "hello", "dimensions": 384})
+    assert same.status_code == 200 and len(same.json()["data"][0]["embedding"]) == 384
+
+
+MALFORMED = {
+    "no input": {},
+    "empty list": {"input": []},
+    "empty string": {"input": ""},
+    "an empty string in a list": {"input": ["a", ""]},
+    "2049 inputs": {"input": ["x"] * 2049},
+    "mixed kinds": {"input": ["a", [1, 2]]},
+    "nested too deep": {"input": [[[1, 2]]]},
+    "a number": {"input": 3.5},
+    "an object": {"input": {"text": "a"}},
+    "booleans as ids": {"input": [True, False]},
+    "floats as ids": {"input": [[1.5, 2]]},
+    "an empty id array": {"input": [[101, 102], []]},
+    "ids out of vocabulary": {"input": [[101, 30522]]},
+    "negative id": {"input": [-1, 5]},
+    "wrong encoding_format": {"input": "a", "encoding_format": "int8"},
+    "dimensions zero": {"input": "a", "dimensions": 0},
+    "dimensions a string": {"input": "a", "dimensions": "128"},
+    "too long": {"input": ["short", "word " * 300]},
+}
+
+
+@pytest.mark.parametrize("body", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_input_is_a_400_and_the_worker_keeps_serving(emb, body):
+    got = post(emb, body)
+    assert got.status_code == 400, got.text
+    error = got.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"] and error["param"], error
+    assert post(emb, {"input": "still serving"}).status_code == 200
+
+
+def test_too_long_names_the_input_and_both_lengths_unless_truncated(emb):
+    long = "word " * 300  # 302 tokens with [CLS] and [SEP]
+    got = post(emb, {"input": ["short", long]})
+    message = got.json()["error"]["message"]
+    assert got.status_code == 400 and "input[1]" in message and "302" in message and "256" in message, message
+    cut = post(emb, {"input": ["short", long], "truncate": True})
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 3 + 256
+
+
+def test_token_id_inputs(emb, reference):
+    ids = reference.tokenizer(["Hello world", "The river flows."])["input_ids"]
+    by_ids = post(emb, {"input": ids}).json()
+    by_text = post(emb, {"input": ["Hello world", "The river flows."]}).json()
+    assert cosines(vectors(by_ids), vectors(by_text)).min() >= 0.99999
+    one = post(emb, {"input": ids[0]}).json()  # an array of ids is one input
+    assert len(one["data"]) == 1 and one["usage"]["prompt_tokens"] == len(ids[0])
+
+
+def test_openai_sdk_base64_default_and_float(emb, reference):
+    client = OpenAI(base_url=emb.base_url, api_key="unused", max_retries=0)
+    default = client.embeddings.create(model=EMBED_MODEL, input=["A cat sits.", "Rain falls."])  # asks for base64
+    floats = client.embeddings.create(model=EMBED_MODEL, input=["A cat sits.", "Rain falls."], encoding_format="float")
+    a = np.array([d.embedding for d in default.data], dtype=np.float32)
+    b = np.array([d.embedding for d in floats.data], dtype=np.float32)
+    assert a.shape == (2, 384) and np.array_equal(a, b)
+    assert cosines(a, reference.encode(["A cat sits.", "Rain falls."])).min() >= 0.9999
+    assert default.usage.prompt_tokens == default.usage.total_tokens > 0
+
+
+def test_spring_ai_body(emb):
+    """Spring AI's OpenAiEmbeddingModel (models/spring-ai-openai OpenAiEmbeddingModel.createRequest,
+    OpenAiApi.EmbeddingRequest): a batch of document texts (its TokenCountBatchingStrategy fills a
+    request up to the model's token budget), ``model``, ``encoding_format: float``; null fields left out."""
+    docs = [f"Chunk {i} of the user manual: press the red button to stop." for i in range(40)]
+    got = post(emb, {"input": docs, "model": EMBED_MODEL, "encoding_format": "float"})
+    assert got.status_code == 200, got.text
+    data = got.json()["data"]
+    assert [d["index"] for d in data] == list(range(40)) and all(len(d["embedding"]) == 384 for d in data)
+
+
+def test_langchain4j_body(emb):
+    """LangChain4j's OpenAiEmbeddingModel (langchain4j-open-ai OpenAiEmbeddingModel.embedTexts): the
+    texts of up to maxSegmentsPerBatch (2048) segments, ``model``, ``dimensions`` and ``user`` when set
+    (here: its builder's dimensions(384) and user), read back as ``data[i].embedding`` floats."""
+    got = post(emb, {"input": ["I love Java", "Spring is here"], "model": EMBED_MODEL, "dimensions": 384, "user": "u1"})
+    assert got.status_code == 200, got.text
+    assert [len(d["embedding"]) for d in got.json()["data"]] == [384, 384]
+
+
+def test_chat_endpoints_refuse_the_embedding_model(emb):
+    chat = httpx.post(f"{emb.base_url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    completion = httpx.post(f"{emb.base_url}/completions", json={"model": EMBED_MODEL, "prompt": "hi"})
+    for got in (chat, completion):
+        assert got.status_code == 400 and got.json()["error"]["code"] == "wrong_endpoint", got.text
+        assert EMBED_MODEL in got.json()["error"]["message"] and "/v1/embeddings" in got.json()["error"]["message"]
+    unknown = post(emb, {"input": "a", "model": "nope"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
+    """Batching across requests: all of them answered, each vector as sentence-transformers'
+    (batch composition changes nothing beyond float rounding), none refused."""
+    lines = [f"line number {i} about {SUBJECTS[i % 5].lower()}" for i in range(100)]
+    big = [f"item {i}" for i in range(2048)]
+    with ThreadPoolExecutor(101) as pool:
+        large = pool.submit(post, emb, {"input": big}, 600)
+        small = [pool.submit(post, emb, {"input": line}, 600) for line in lines]
+        answers = [f.result() for f in small]
+        large_answer = large.result()
+    assert [a.status_code for a in answers] == [200] * 100, [a.text for a in answers if a.status_code != 200][:3]
+    assert large_answer.status_code == 200, large_answer.text
+    got = np.concatenate([vectors(a.json()) for a in answers])
+    assert cosines(got, reference.encode(lines)).min() >= 0.9999
+    sample = [0, 1, 1000, 2047]
+    assert cosines(vectors(large_answer.json())[sample], reference.encode([big[i] for i in sample])).min() >= 0.9999
+    assert emb.next_heartbeat(0)["peak_running"] > 1  # requests shared steps
+
+
+@needs_java
+def test_java_embeddings_example(emb, reference):
+    a, b = "A cat sits on the mat.", "A kitten is lying on the rug."
+    out = run_example("Embeddings.java", emb.base_url, a, b)
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    expected = float(cosines(*[v[None] for v in reference.encode([a, b])])[0])
+    assert lines["dimensions"] == "384" and abs(float(lines["cosine"]) - expected) < 1e-4, lines
+
+
+def test_kill9_of_the_worker_retries_its_requests_and_it_restarts(emb):
+    """Last (it restarts the worker): requests in flight when the worker dies are retried on the
+    restarted worker (nothing reached their clients) or fail with a clean 502; it comes back."""
+    victim = emb.worker(0)
+    body = {"input": [f"sentence {i} " * 5 for i in range(512)]}  # about a second of work each
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(post, emb, body, 600) for _ in range(4)]
+        wait_for(lambda: emb.worker(0)["in_flight"] >= 4, 60, "the requests to reach the worker")
+        time.sleep(0.5)
+        os.kill(victim["pid"], signal.SIGKILL)
+        results = [f.result() for f in futures]
+    for r in results:
+        assert r.status_code in (200, 502), r.text
+        if r.status_code == 502:
+            assert r.json()["error"]["code"] == "worker_lost"
+    assert any(r.status_code == 200 for r in results)
+    back = wait_for(
+        lambda: (w := emb.worker(0))["state"] == "ready" and w["pid"] != victim["pid"] and w, 120, "worker 0 back"
+    )
+    assert back["restarts"] == 1 and "SIGKILL" in back["exit_reason"]
+    assert post(emb, {"input": "after the restart"}).status_code == 200
