@@ -14,6 +14,7 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
+from router.embeddings.request import EmbeddingRequest
 from router.responses.request import ResponsesRequest
 from router.schemas import ChatRequest, CompletionRequest
 from router.settings import RouterSettings
@@ -141,6 +142,12 @@ def build_openapi(cfg: RouterSettings) -> dict:
                 "The `response` object; with `stream: true`, Server-Sent Events whose `event:` is each JSON "
                 "`type`, ending with `response.completed`, `response.incomplete` or `response.failed`",
             ),
+            "/v1/embeddings": _post(
+                "Create embeddings (an embedding model's deployment)",
+                "EmbeddingRequest",
+                "The vectors: `data[i].embedding` floats, or base64 of little-endian float32 with "
+                "`encoding_format: base64`",
+            ),
             "/v1/models": _get("List the served model"),
             "/health": _get("Ready to serve (200) or not (503)", open_=True),
             "/health/ready": _get("Same as /health", open_=True),
@@ -155,6 +162,7 @@ def build_openapi(cfg: RouterSettings) -> dict:
                     (ChatRequest, "ChatCompletionRequest"),
                     (CompletionRequest, "CompletionRequest"),
                     (ResponsesRequest, "ResponsesRequest"),
+                    (EmbeddingRequest, "EmbeddingRequest"),
                 ),
                 "Error": ERROR,
             }

@@ -21,14 +21,18 @@ MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
 
 
 class EmbeddingRequest(Body):
-    """The fields of ``POST /v1/embeddings`` (module docstring)."""
+    """An OpenAI embeddings request (`POST /v1/embeddings`)."""
 
     model: Text | None = None
-    input: Any = None
+    input: Any = Field(
+        None,
+        description="a string, an array of strings, an array of token ids, or an array of token-id arrays "
+        f"(1 to {MAX_INPUTS} inputs, none empty)",
+    )
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: StrictInt | None = Field(None, ge=1)
     user: Text | None = None
-    truncate: StrictBool = False
+    truncate: StrictBool = Field(False, description="cut an input over the model's token limit instead of a 400")
 
 
 def bad_input(message: str) -> ApiError:

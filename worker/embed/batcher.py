@@ -110,11 +110,14 @@ class Batcher:
 
     @property
     def running(self) -> int:
-        return sum(j.started for j in self.jobs.values())
+        """Requests with an input started (read by the heartbeat thread too: it copies the queue
+        first, which the engine thread may change meanwhile)."""
+        return sum(j.started for j in list(self.jobs.values()))
 
     @property
     def waiting(self) -> int:
-        return sum(not j.started for j in self.jobs.values())
+        """Requests none of whose inputs started yet."""
+        return sum(not j.started for j in list(self.jobs.values()))
 
     def take(self) -> Step:
         """This step's inputs, round-robin over the queue within the token budget, and the

@@ -36,10 +36,15 @@ class Embedder:
 
     @classmethod
     def load(cls, model_path: str | Path, spec: EmbedSpec, device: torch.device, dtype: torch.dtype) -> Embedder:
-        """Load ``model_path``'s weights (the base stack: ``AutoModel``) for inference."""
+        """Load ``model_path``'s weights (the base stack: ``AutoModel``) for inference; a folder served
+        from a GGUF file (:mod:`worker.contract.gguf_link`) is dequantized by transformers."""
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(str(model_path), dtype=dtype).to(device).eval()
+        from worker.contract.gguf_link import gguf_file
+
+        gguf = gguf_file(model_path)
+        extra = {"gguf_file": gguf.name} if gguf is not None else {}
+        model = AutoModel.from_pretrained(str(model_path), dtype=dtype, **extra).to(device).eval()
         pad = model.config.pad_token_id
         return cls(model, spec, device, int(pad) if isinstance(pad, int) else 0)
 
