@@ -99,27 +99,32 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
     """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
     find the model and serve; exit 2 on a placement, plan or model problem."""
     from launcher.models import ModelNotFound, resolve_model
-    from launcher.plan.placement import PlacementError, discover, place
+    from launcher.plan.packing import place_models
+    from launcher.plan.placement import PlacementError, discover
     from launcher.plan.plan import preflight
+    from launcher.plan.several import preflight_models
 
     inventory = discover()
+    served = cfg.served()
     try:
-        specs = place(cfg.workers, inventory)
+        specs = place_models([one.workers for one in served], inventory, [one.name for one in served])
     except PlacementError as exc:
         fail(f"workers: {exc}")
-    if problem := preflight(cfg, inventory, specs):
+    check = preflight if len(served) == 1 else preflight_models
+    if problem := check(cfg, inventory, specs):
         if not force:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
     try:
-        model_path = resolve_model(cfg.model.name, quantization=cfg.model.quantization)
+        paths = [resolve_model(one.model.name, quantization=one.model.quantization) for one in served]
     except ModelNotFound as exc:
         fail(str(exc))
-    return serve(cfg, specs, model_path)
+    return serve(cfg, specs, paths[0] if len(paths) == 1 else paths)
 
 
-def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str | None = None) -> int:
-    """Run one deployment in the foreground; returns the process exit code. ``backend`` starts the
+def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None, address: str | None = None) -> int:
+    """Run one deployment in the foreground; returns the process exit code. ``model_path``: the
+    model's folder, or one per model of ``cfg.served()``. ``backend`` starts the
     worker slots (None: local processes; :class:`launcher.ray.backend.RayBackend`), ``address`` is
     the router's ZeroMQ endpoint (default ``router.zmq_address``, else ``ipc://`` in the run dir)."""
     from launcher.supervise.progress import loading_progress
@@ -142,26 +147,27 @@ def serve(cfg: DeployConfig, specs, model_path: Path, backend=None, address: str
     sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env, backend=backend)
     try:
         sup.start()
-        log.info("loading %s on %d worker(s): %s", cfg.model.public_name, len(specs), ", ".join(s.label for s in specs))
+        names = [one.name for one in cfg.served()]
+        where = ", ".join(s.label + (f" ({names[s.model]})" if len(names) > 1 else "") for s in specs)
+        log.info("loading %s on %d worker(s): %s", ", ".join(names), len(specs), where)
         with loading_progress(
             sup.admin.try_table,
             len(specs),
             enabled=cfg.logging.format == "text",
             console=console,
         ):
-            sup.wait_ready(cfg.workers.startup_timeout_s, lambda: stop["requested"])
+            longest = max(one.workers.startup_timeout_s for one in cfg.served())
+            sup.wait_ready(longest, lambda: stop["requested"])
         if not stop["requested"]:
             host = connect_host(cfg.router.host)
+            quoted = "', '".join(names)
             failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
             workers = (
                 f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}"
                 if failed
                 else f"{len(specs)} worker(s)"
             )
-            ready = (
-                f"http://{host}:{cfg.router.port}/v1  (model '{cfg.model.public_name}', {workers}, "
-                f"policy {cfg.router.policy})"
-            )
+            ready = f"http://{host}:{cfg.router.port}/v1  (model '{quoted}', {workers}, policy {cfg.router.policy})"
             if cfg.logging.format == "json":
                 log.info("ready: %s", ready)  # one JSON object per line, even for this
             else:
@@ -254,7 +260,19 @@ STATE_COLORS = {
     WorkerState.DEAD: "red",
     WorkerState.FAILED: "bold red",
 }
-STATUS_COLUMNS = ("id", "node", "device", "pid", "state", "in-flight", "run/wait", "kv cache", "served", "restarts")
+STATUS_COLUMNS = (
+    "id",
+    "model",
+    "node",
+    "device",
+    "pid",
+    "state",
+    "in-flight",
+    "run/wait",
+    "kv cache",
+    "served",
+    "restarts",
+)
 
 
 def worker_table(info):
@@ -263,11 +281,12 @@ def worker_table(info):
 
     table = Table(title=f"llamadeploy workers (policy {info.policy})")
     for col in (*STATUS_COLUMNS, "uptime", "memory"):
-        table.add_column(col, justify="right" if col not in ("node", "device", "state") else "left")
+        table.add_column(col, justify="right" if col not in ("model", "node", "device", "state") else "left")
     for w in info.workers:
         kv = w.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0
         table.add_row(
             str(w.id),
+            w.model,
             w.node_ip or "local",
             w.device,
             str(w.pid),
@@ -414,12 +433,35 @@ def plan(
     if cfg.cluster.backend == "ray" and not gpus:
         inventory, specs = ray_layout(cfg)
     try:
-        shape = read_shape(cfg.model.name)
+        shapes = [read_shape(one.model.name) for one in cfg.served()]
     except (ModelNotFound, ShapeError) as exc:
         fail(str(exc))
-    result = make_plan(cfg, inventory, shape, specs=specs)
+    if len(shapes) > 1:
+        raise typer.Exit(_plan_several(cfg, inventory, shapes))
+    result = make_plan(cfg, inventory, shapes[0], specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _plan_several(cfg: DeployConfig, inventory, shapes) -> int:
+    """``plan`` of a ``models:`` deployment: each model's tables, the split per worker, one line
+    per problem; returns the exit code (0: it fits)."""
+    from rich.text import Text
+
+    from launcher.plan.report import render
+    from launcher.plan.several import plan_models
+
+    result = plan_models(cfg, inventory, shapes)
+    out = report_console()
+    for k, (name, one) in enumerate(zip(result.names, result.plans, strict=True)):
+        out.print(Text.assemble(("model ", "bold"), (name, "bold cyan")))
+        one.errors = []  # said once below, with the model's name
+        out.print(render(one, cfg.for_model(k)))
+    for line in result.split():
+        out.print(line, highlight=False)
+    for e in result.errors:
+        out.print(Text.assemble(("error: ", "bold red"), e))
+    return 0 if result.ok else 1
 
 
 @app.command()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,11 +62,43 @@ class ClusterConfig(Section):
     )
 
 
+class ModelEntry(ModelConfig):
+    """One entry of deploy.yaml's ``models:`` list: every key of the ``model:`` section, and a
+    ``workers:`` section whose keys override the top-level ``workers:`` for this model only."""
+
+    workers: WorkersConfig | None = Field(
+        None, description="keys given here override the top-level workers section for this model"
+    )
+
+    def model_section(self) -> ModelConfig:
+        """The entry as a ``model:`` section (without its ``workers`` override)."""
+        return ModelConfig.model_validate(self.model_dump(exclude={"workers"}))
+
+
+@dataclass(frozen=True)
+class Served:
+    """One model of a deployment: its ``model`` section and the ``workers`` section it runs under
+    (the top-level one with the entry's own keys over it)."""
+
+    model: ModelConfig
+    workers: WorkersConfig
+
+    @property
+    def name(self) -> str:
+        return self.model.public_name
+
+
 class DeployConfig(Section):
     """The whole deploy.yaml: each role's sections, composed. A child process gets only its own
-    settings (:meth:`worker_settings`, :meth:`router_settings`)."""
+    settings (:meth:`worker_settings`, :meth:`router_settings`).
+
+    Several models: a ``models:`` list instead of ``model:`` (:meth:`served`); ``model`` is then
+    the first entry, the one a request without ``model`` goes to when it generates."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    models: list[ModelEntry] | None = Field(
+        None, min_length=1, description="several models behind one endpoint (instead of model:)"
+    )
     router: RouterConfig = Field(default_factory=RouterConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
@@ -72,21 +106,59 @@ class DeployConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
-    def worker_settings(self) -> WorkerSettings:
-        """What a worker process receives: no router secret is in it."""
-        return WorkerSettings(model=self.model, workers=self.workers, logging=self.logging)
+    def served(self) -> list[Served]:
+        """Every model this deployment serves, in deploy.yaml's order: the ``models:`` entries, or
+        the one ``model:`` section under the top-level ``workers:``."""
+        if not self.models:
+            return [Served(self.model, self.workers)]
+        return [Served(e.model_section(), merged_workers(self.workers, e.workers)) for e in self.models]
+
+    def for_model(self, index: int) -> DeployConfig:
+        """This config as if model ``index`` of :meth:`served` were its only one (``model`` and
+        ``workers`` replaced; not validated again): what the one-model plan and checks read."""
+        one = self.served()[index]
+        return self.model_copy(update={"model": one.model, "workers": one.workers, "models": None})
+
+    def worker_settings(self, index: int = 0) -> WorkerSettings:
+        """What a worker of model ``index`` (of :meth:`served`) receives: no router secret is in it."""
+        one = self.served()[index]
+        return WorkerSettings(model=one.model, workers=one.workers, logging=self.logging)
 
     def router_settings(self) -> RouterSettings:
         """What the router process receives."""
         drain = DrainSettings.model_validate(self.supervisor.model_dump(include=set(DrainSettings.model_fields)))
         return RouterSettings(
             model=self.model,
+            models=[m.model for m in self.served()] if self.models else [],
             router=self.router,
             workers=self.workers,
             limits=self.limits,
             logging=self.logging,
             supervisor=drain,
         )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DeployConfig:
+        if self.models is None:
+            return self
+        if "model" in self.model_fields_set:
+            raise ValueError("give either model: (one model) or models: (a list), not both")
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(self.models):
+            if (first := seen.setdefault(entry.public_name, i)) != i:
+                raise ValueError(
+                    f"models[{first}] and models[{i}] are both served as '{entry.public_name}': "
+                    "give one of them another served_name"
+                )
+        for i, entry in enumerate(self.models):
+            if entry.workers is not None:
+                try:
+                    merged_workers(self.workers, entry.workers)
+                except ValidationError as exc:
+                    said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+                    raise ValueError(f"models[{i}].workers: {said}") from None
+        self.__dict__["model"] = self.models[0].model_section()  # not an assignment: no re-validation
+        return self
 
     @model_validator(mode="after")
     def _ray_layout(self) -> DeployConfig:
@@ -97,7 +169,12 @@ class DeployConfig(Section):
                 "router.zmq_address is ipc://, which workers on other nodes cannot reach: with cluster.backend: ray "
                 "leave it unset (tcp:// on cluster.router_host:cluster.zmq_port) or give a tcp:// address"
             )
-        if isinstance(self.workers.devices, list):
+        if self.models is not None and len(self.models) > 1:
+            raise ValueError(
+                "models: lists several models, which cluster.backend: ray does not serve yet; "
+                "use cluster.backend: local, or one model"
+            )
+        if any(isinstance(one.workers.devices, list) for one in self.served()):
             raise ValueError(
                 "workers.devices lists GPU indices, which name one machine's GPUs: with cluster.backend: ray "
                 "use devices: auto (every GPU Ray offers) or cpu"
@@ -106,12 +183,22 @@ class DeployConfig(Section):
 
     @model_validator(mode="after")
     def _tp_is_local(self) -> DeployConfig:
-        if self.workers.tensor_parallel_size > 1 and self.cluster.backend == "ray":
+        tp = max(one.workers.tensor_parallel_size for one in self.served())
+        if tp > 1 and self.cluster.backend == "ray":
             raise ValueError(
                 "workers.tensor_parallel_size > 1 is not supported with cluster.backend: ray yet; "
                 "set workers.tensor_parallel_size: 1 or cluster.backend: local"
             )
         return self
+
+
+def merged_workers(top: WorkersConfig, override: WorkersConfig | None) -> WorkersConfig:
+    """``top`` with the keys ``override`` was given explicitly over it. Raises pydantic's
+    ``ValidationError`` when the two together break a rule (tensor parallel and a layer split)."""
+    if override is None:
+        return top
+    given = override.model_dump(include=override.model_fields_set)
+    return WorkersConfig.model_validate({**top.model_dump(include=top.model_fields_set), **given})
 
 
 class ConfigError(Exception):
@@ -126,8 +213,10 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
     if err["type"] == "extra_forbidden":
         section: Any = model
         for part in err["loc"][:-1]:
+            if isinstance(part, int):
+                continue  # an item of a list: its section is the list's item type
             field = section.model_fields.get(str(part)) if isinstance(section, type) else None
-            section = field.annotation if field is not None else None
+            section = _section_type(field.annotation) if field is not None else None
         known = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
         guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
@@ -138,6 +227,16 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
     if isinstance(got, dict) or any(str(p) in SECRET_KEYS for p in err["loc"]):
         return f"{where}{msg}"  # a whole section, or a secret: do not echo it
     return f"{where}{msg} (got {got!r})"
+
+
+def _section_type(annotation: Any) -> Any:
+    """The section class inside ``annotation``: itself, or the model in ``list[M] | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := _section_type(arg)) is not None:
+            return found
+    return None
 
 
 def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:

@@ -49,6 +49,7 @@ class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
 
     id: int
     state: WorkerState
+    model: str = ""  # the served name of the model it serves
     device: str = ""
     pid: int = 0
     in_flight: int = 0
@@ -96,6 +97,7 @@ class Started(msgspec.Struct, forbid_unknown_fields=True):
     pid: int
     restarts: int = 0
     device: str = ""
+    model: str = ""  # the served name of the slot's model
 
 
 class Exited(msgspec.Struct, forbid_unknown_fields=True):

@@ -55,22 +55,26 @@ COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves 
 SHUTTING_DOWN = 503  # a worker's Failed code when it leaves with the request in flight
 
 
-async def _choose(pool: WorkerPool, tried: set[int], last_loss: str, prompt: list[int]) -> Worker:
-    """The worker for this attempt. A retry prefers a worker not tried yet; when no worker is ready
-    at all (one replica, just killed) it waits, up to ``RETRY_WAIT_S`` and within the request's
-    own timeout, for a restarting one to rejoin. Raises ``UpstreamError`` (502) when none can."""
+async def _choose(
+    pool: WorkerPool, tried: set[int], last_loss: str, prompt: list[int], model: str | None = None
+) -> Worker:
+    """The worker for this attempt, one of ``model``'s replicas (None: any). A retry prefers a worker
+    not tried yet; when none is ready at all (one replica, just killed) it waits, up to
+    ``RETRY_WAIT_S`` and within the request's own timeout, for a restarting one to rejoin. Raises
+    ``UpstreamError`` (502) when none can."""
     try:
-        return pool.pick(exclude=tried, admitting=not tried, prompt=prompt)
+        return pool.pick(exclude=tried, admitting=not tried, prompt=prompt, model=model)
     except NoWorker:
         if not tried:
             raise
     deadline = time.monotonic() + RETRY_WAIT_S
     while True:
         try:
-            return pool.pick(admitting=False, prompt=prompt)  # a worker already tried may be back (restarted)
+            return pool.pick(admitting=False, prompt=prompt, model=model)  # a worker tried may be back (restarted)
         except NoWorker:
             left = deadline - time.monotonic()
-            if left <= 0 or not any(w.state in COMING_BACK for w in pool.workers.values()):
+            mine = [w for w in pool.workers.values() if model is None or w.model == model]
+            if left <= 0 or not any(w.state in COMING_BACK for w in mine):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
         await pool.wait_change(left)  # a worker's state changed: it may be ready now
 
@@ -155,8 +159,10 @@ async def stream_tokens(
     on_tokens: Callable[[int, Tokens], None] | None = None,
     max_migrations: int = 0,
     on_migration: Callable[[str], None] | None = None,
+    model: str | None = None,
 ) -> AsyncIterator[Tokens]:
-    """The request's events, across retries and migrations (see the module docstring).
+    """The request's events, across retries and migrations (see the module docstring), on
+    ``model``'s replicas (a served name; None: any worker).
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
@@ -166,7 +172,7 @@ async def stream_tokens(
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
     while True:
-        worker = await _choose(pool, tried, last_loss, prompt)
+        worker = await _choose(pool, tried, last_loss, prompt, model)
         if moving is not None:
             log.warning(
                 "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",

@@ -1,4 +1,5 @@
-"""Router process entry: ``python -m router.main --config RUN/router.json --model-path DIR --address ZMQ``."""
+"""Router process entry: ``python -m router.main --config RUN/router.json --model-path DIR --address ZMQ``
+(``--model-path`` once per served model, in the settings' ``models`` order)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from aiohttp import web
 from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
 from router.settings import RouterSettings
-from router.state import Api
+from router.state import Api, ServedModel
 from router.supervisor_events import EventSender
 from router.workers import WorkerPool
 from worker.contract import keys
 from worker.contract.embed_spec import read_spec
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
+from worker.contract.settings import ModelConfig
 from worker.contract.tasks import resolve_task
 
 log = logging.getLogger("router")
@@ -68,16 +70,40 @@ async def wait_for_takeover() -> int | None:
     return int(count) if word == "go" and count.isdigit() else None
 
 
-async def run_router(
-    cfg: RouterSettings, model_path: str, address: str, restarts: int = 0, standby: bool = False, events: str = ""
-) -> None:
-    """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
-    time (imports, tokenizer), then binds nothing until :func:`wait_for_takeover` says so.
-    ``events``: the supervisor's event address (:mod:`router.supervisor_events`; "" without one)."""
+def load_models(cfg: RouterSettings, model_paths: list[str]) -> dict[str, ServedModel]:
+    """Every served model with its tokenizer, by served name (``model_paths[k]`` is model ``k``'s
+    folder; the one-model form: ``cfg.model`` and one path)."""
     from transformers import AutoTokenizer
 
+    configs = cfg.models or [cfg.model]
+    if len(configs) != len(model_paths):
+        raise SystemExit(f"{len(configs)} model(s) in the settings but {len(model_paths)} --model-path")
+    served = [served_model(c, p, AutoTokenizer.from_pretrained(p)) for c, p in zip(configs, model_paths, strict=True)]
+    return {m.name: m for m in served}
+
+
+def served_model(config: ModelConfig, path: str, tokenizer) -> ServedModel:
+    """The model in ``path`` with ``task: auto`` resolved from its files (:mod:`worker.contract.tasks`,
+    the rule the worker applies too) and, for an embedding model, its pooling spec."""
+    config = config.model_copy(update={"task": resolve_task(config, path)})
+    spec = read_spec(path, config.max_model_len) if config.task == "embed" else None
+    return ServedModel(config, tokenizer, embed_spec=spec)
+
+
+async def run_router(
+    cfg: RouterSettings,
+    model_path: str | list[str],
+    address: str,
+    restarts: int = 0,
+    standby: bool = False,
+    events: str = "",
+) -> None:
+    """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
+    time (imports, tokenizers), then binds nothing until :func:`wait_for_takeover` says so.
+    ``model_path``: the model's folder, or one per served model. ``events``: the supervisor's
+    event address (:mod:`router.supervisor_events`; "" without one)."""
     raise_file_limit()  # before create_app, which sizes the connection cap from it
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    models = load_models(cfg, [model_path] if isinstance(model_path, str) else model_path)
     if standby:
         log.info("standby router loaded; waiting to take over")
         taken = await wait_for_takeover()
@@ -98,9 +124,7 @@ async def run_router(
     sender = EventSender(events) if events else None
     if sender is not None:
         pool.tell_supervisor = sender.send
-    api = Api(cfg, pool, tokenizer, task=resolve_task(cfg.model, model_path))
-    if api.task == "embed":
-        api.embed_spec = read_spec(model_path, cfg.model.max_model_len)
+    api = Api(cfg, pool, models=models)
     runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -116,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a launcher killed from here on takes this process with it
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--config", required=True)
-    ap.add_argument("--model-path", required=True)
+    ap.add_argument("--model-path", required=True, action="append", help="once per served model")
     ap.add_argument("--address", required=True)
     ap.add_argument("--restarts", type=int, default=0, help="times the supervisor has restarted the router")
     ap.add_argument(

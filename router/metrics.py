@@ -2,7 +2,7 @@
 
 Everything lives in a per-router :class:`~prometheus_client.CollectorRegistry` (never the global
 one), so several apps in one test process do not collide. Names follow vLLM's style: a
-``llamadeploy_`` prefix, the unit in the name, ``_total`` on counters, ``worker_id`` labels.
+``llamadeploy_`` prefix, the unit in the name, ``_total`` on counters, ``worker_id`` and ``model`` (its served name) labels.
 
 * Router side, updated as requests run: HTTP requests by endpoint and status, end-to-end latency,
   TTFT and inter-token latency (timed here as token events arrive), prompt and generation tokens,
@@ -130,7 +130,7 @@ LOAD_METRICS = {
 }
 
 
-def _family(kind: str, name: str, doc: str, labels: tuple[str, ...] = ("worker_id",)):
+def _family(kind: str, name: str, doc: str, labels: tuple[str, ...] = ("worker_id", "model")):
     family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
     return family(f"{PREFIX}_{name}", doc, labels=list(labels))
 
@@ -142,7 +142,7 @@ class WorkerCollector:
         self.pool = pool
 
     def collect(self):
-        state = _family("gauge", "worker_state", "1 for the worker's current state", ("worker_id", "state"))
+        state = _family("gauge", "worker_state", "1 for the worker's current state", ("worker_id", "model", "state"))
         in_flight = _family("gauge", "worker_requests_in_flight", "Requests the router has dispatched to the worker")
         kv_ratio = _family("gauge", "kv_cache_usage_ratio", "Reserved KV-cache tokens / KV budget (0..1)")
         kv_budget = _family("gauge", "kv_cache_budget_tokens", "KV-cache budget of the worker in tokens")
@@ -150,24 +150,24 @@ class WorkerCollector:
             "gauge",
             "worker_memory_used_bytes",
             "Device memory in use: torch allocated on GPU, RSS on CPU",
-            ("worker_id", "device"),
+            ("worker_id", "model", "device"),
         )
         load_time = _family("gauge", "model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
         restarts = _family("counter", "worker_restarts", "Times the worker process was replaced")
         figures = {name: _family(*spec) for name, spec in LOAD_METRICS.items()}
         for w in sorted(self.pool.workers.values(), key=lambda w: w.worker_id):
-            wid = str(w.worker_id)
+            wid = [str(w.worker_id), w.model]
             load = w.load or EngineLoad()
             for s in State:
-                state.add_metric([wid, s.value], 1.0 if w.state == s else 0.0)
+                state.add_metric([*wid, s.value], 1.0 if w.state == s else 0.0)
             for name, family in figures.items():
-                family.add_metric([wid], getattr(load, name))
-            in_flight.add_metric([wid], w.in_flight)
-            kv_ratio.add_metric([wid], load.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0)
-            kv_budget.add_metric([wid], w.kv_budget_tokens)
-            memory.add_metric([wid, w.device], load.mem_bytes)
-            load_time.add_metric([wid], w.load_seconds)
-            restarts.add_metric([wid], w.restarts)
+                family.add_metric(wid, getattr(load, name))
+            in_flight.add_metric(wid, w.in_flight)
+            kv_ratio.add_metric(wid, load.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0)
+            kv_budget.add_metric(wid, w.kv_budget_tokens)
+            memory.add_metric([*wid, w.device], load.mem_bytes)
+            load_time.add_metric(wid, w.load_seconds)
+            restarts.add_metric(wid, w.restarts)
         yield from (state, in_flight, kv_ratio, kv_budget, memory, load_time, restarts, *figures.values())
 
 
@@ -199,25 +199,28 @@ class Metrics:
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds",
             "Request arrival to first token event",
-            ["worker_id"],
+            ["worker_id", "model"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             f"{PREFIX}_inter_token_latency_seconds",
             "Time between consecutive token events",
-            ["worker_id"],
+            ["worker_id", "model"],
             buckets=ITL_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter(
-            f"{PREFIX}_prompt_tokens", "Prompt tokens of finished requests", ["worker_id"], registry=r
+            f"{PREFIX}_prompt_tokens", "Prompt tokens of finished requests", ["worker_id", "model"], registry=r
         )
         self.generation_tokens = Counter(
-            f"{PREFIX}_generation_tokens", "Generated tokens of finished requests", ["worker_id"], registry=r
+            f"{PREFIX}_generation_tokens", "Generated tokens of finished requests", ["worker_id", "model"], registry=r
         )
         self.request_success = Counter(
-            f"{PREFIX}_request_success", "Requests finished by a worker", ["worker_id", "finished_reason"], registry=r
+            f"{PREFIX}_request_success",
+            "Requests finished by a worker",
+            ["worker_id", "model", "finished_reason"],
+            registry=r,
         )
         self.migrations = Counter(
             f"{PREFIX}_request_migrations",
@@ -248,23 +251,25 @@ class RequestTimer:
         m = self.metrics
         if m is None:
             return
-        now, wid = time.monotonic(), str(worker_id)
+        now = time.monotonic()
+        w = m.pool.workers.get(worker_id)
+        wid = (str(worker_id), w.model if w is not None else "")  # labels: worker_id, model
         if self.first_at is None:
             self.first_at = now
             m.waiting.dec()
             m.running.inc()
-            m.ttft.labels(wid).observe(now - self.started)
+            m.ttft.labels(*wid).observe(now - self.started)
             m.activity.first_token(now - self.started)
         elif self.last is not None and self.last[0] == tok.request_id:  # not across a retry
-            m.itl.labels(wid).observe(now - self.last[1])
+            m.itl.labels(*wid).observe(now - self.last[1])
         self.last = (tok.request_id, now)
         m.activity.tokens(len(tok.token_ids))
         if tok.finish_reason is not None:
             m.activity.finished()
-            m.request_success.labels(wid, tok.finish_reason).inc()
+            m.request_success.labels(*wid, tok.finish_reason).inc()
             if tok.usage is not None:
-                m.prompt_tokens.labels(wid).inc(tok.usage.prompt_tokens)
-                m.generation_tokens.labels(wid).inc(tok.usage.completion_tokens)
+                m.prompt_tokens.labels(*wid).inc(tok.usage.prompt_tokens)
+                m.generation_tokens.labels(*wid).inc(tok.usage.completion_tokens)
 
     def on_migration(self, reason: str) -> None:
         """The request moved to another worker (``reason``: why the last one was lost)."""

@@ -30,16 +30,9 @@ from router.workers import WorkerPool
 from worker.contract.protocol import Grammar, SamplingParams
 
 
-def check_model(api: Api, name: str | None) -> None:
-    """404 for a model not served, 400 for an embedding model (router.embeddings.model)."""
-    from router.embeddings.model import model_for
-
-    model_for(api, name, "generate")
-
-
 def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
     """Apply the limits and the context length; build the worker's parameters."""
-    lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
+    lim, max_len = api.cfg.limits, api.max_model_len
     _check_lengths(api, req, prompt_len, max_tokens)
     stops = _checked_stops(req, lim)
     bias = req.logit_bias_ids()
@@ -75,7 +68,7 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
 def _check_lengths(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> None:
     """The prompt within ``limits.max_prompt_tokens``, ``max_tokens`` within ``limits.max_tokens``
     and both within the model's context; else 400 as OpenAI words it."""
-    lim, max_len = api.cfg.limits, api.cfg.model.max_model_len
+    lim, max_len = api.cfg.limits, api.max_model_len
     max_prompt = api.max_prompt_tokens
     if prompt_len > max_prompt:
         raise ApiError(
@@ -195,9 +188,8 @@ async def tokenize_prompt(api: Api, prompt: str | list[int]) -> list[int]:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    api = request.app[API]
     req = parse(ChatRequest, await read_json(request))
-    check_model(api, req.model)
+    api = request.app[API].for_request(req.model, "/v1/chat/completions")
     tools = tool_mode(req)
     grammar = await request_grammar(api, req, tools)
     prompt = await tokenize_chat(api, req)
@@ -209,9 +201,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     """Each prompt gets ``n`` choices (indices prompt × n + i, as OpenAI numbers them); ``echo``
     and ``max_tokens: 0`` as :mod:`router.echo` says."""
-    api = request.app[API]
     req = parse(CompletionRequest, await read_json(request))
-    check_model(api, req.model)
+    api = request.app[API].for_request(req.model, "/v1/completions")
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "max_tokens: 0 is only allowed with echo: true (the prompt alone)", param="max_tokens")
     prompts = [await tokenize_prompt(api, p) for p in req.prompt]
@@ -235,21 +226,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    api = request.app[API]
-    return web.json_response(
+    """Every served model, in deploy.yaml's order, with its context length and task."""
+    data = [
         {
-            "object": "list",
-            "data": [
-                {
-                    "id": api.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "llamadeploy",
-                    "max_model_len": api.cfg.model.max_model_len,
-                }
-            ],
+            "id": m.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "llamadeploy",
+            "max_model_len": m.config.max_model_len,
+            "task": m.task,
         }
-    )
+        for m in request.app[API].models.values()
+    ]
+    return web.json_response({"object": "list", "data": data})
 
 
 async def respond(
@@ -298,6 +287,7 @@ async def respond(
             on_tokens=timer.on_tokens,
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
+            model=api.pick_model,
         )
 
     merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges

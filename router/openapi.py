@@ -124,7 +124,8 @@ def build_openapi(cfg: RouterSettings) -> dict:
     """The document for a router running ``cfg`` (its limits and whether API keys are required)."""
     lim = cfg.limits
     description = (
-        f"OpenAI-compatible API serving `{cfg.model.public_name}`. Limits: request body "
+        f"OpenAI-compatible API serving `{'`, `'.join(m.public_name for m in cfg.models or [cfg.model])}`. "
+        "Limits: request body "
         f"{lim.max_body_bytes} bytes (limits.max_body_bytes), prompt {lim.max_prompt_tokens or cfg.model.max_model_len - 1} "
         f"tokens (limits.max_prompt_tokens), max_tokens {lim.max_tokens} (limits.max_tokens), "
         f"{lim.max_stop_strings} stop strings of {lim.max_stop_length} characters (limits.max_stop_strings, "

@@ -124,6 +124,9 @@ class RouterSettings(Section):
     reach no other child."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
+    models: list[ModelConfig] = Field(
+        default_factory=list, description="every served model, in deploy.yaml's order ([]: `model` alone)"
+    )
     router: RouterConfig = Field(default_factory=RouterConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

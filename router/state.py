@@ -1,39 +1,45 @@
-"""What the router's handlers share: the deployment's config, the worker pool, the tokenizer and
-what is derived from it once (grammar checker, token texts), under one aiohttp ``AppKey``."""
+"""What the router's handlers share: the deployment's config, the worker pool and the served
+models (each with its tokenizer and what is derived from it once: grammar checker, token texts),
+under one aiohttp ``AppKey``. A handler takes the model a request names through ONE function,
+:meth:`Api.for_request`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 from aiohttp import web
 
+from router.errors import ApiError
 from router.settings import RouterSettings
 from router.shaping import TokenTexts
 from router.structured import GrammarChecker
 from router.tools import template_has_tools
 from router.workers import WorkerPool
+from worker.contract.settings import ModelConfig
+
+GENERATE, EMBED = "generate", "embed"
+ENDPOINTS = {GENERATE: "/v1/chat/completions (or /v1/completions, /v1/responses)", EMBED: "/v1/embeddings"}
 
 
-@dataclass
-class Api:
-    """What the handlers share: config, worker pool and the model's tokenizer."""
+@dataclass(eq=False)
+class ServedModel:
+    """One model the deployment serves: its ``model`` section (``task`` resolved by the launcher:
+    ``generate`` or ``embed``), its tokenizer, and what is derived from the tokenizer, computed once."""
 
-    cfg: RouterSettings
-    pool: WorkerPool
+    config: ModelConfig
     tokenizer: Any
-    metrics: Any = None  # router.metrics.Metrics, made by the app factory
-    task: str = "generate"  # what the model is served for (worker.contract.tasks.resolve_task)
-    embed_spec: Any = None  # worker.contract.embed_spec.EmbedSpec of an embedding model
+    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.main)
 
     @property
-    def model_name(self) -> str:
-        return self.cfg.model.public_name
+    def name(self) -> str:
+        return self.config.public_name
 
     @property
-    def max_prompt_tokens(self) -> int:
-        return self.cfg.limits.max_prompt_tokens or self.cfg.model.max_model_len - 1
+    def task(self) -> str:
+        """``generate`` or ``embed`` (``auto`` that reached the router counts as ``generate``)."""
+        return EMBED if self.config.task == EMBED else GENERATE
 
     @cached_property
     def grammar_checker(self) -> GrammarChecker:
@@ -55,6 +61,96 @@ class Api:
         """Characters in the vocabulary's longest token: a text longer than ``n`` times this has
         more than ``n`` tokens, so it can be refused without tokenizing it."""
         return max(map(len, self.tokenizer.get_vocab()), default=1)
+
+
+@dataclass
+class Api:
+    """What the handlers share: config, worker pool and the served models.
+
+    Built with one ``tokenizer`` (the one-model form: ``cfg.model``), or with ``models`` (every
+    served model by name, in deploy.yaml's order). ``model`` is the one this view serves: the
+    first generate model in the app's own ``Api``, the request's in :meth:`for_request`'s answer;
+    ``tokenizer`` and the properties below are that model's."""
+
+    cfg: RouterSettings
+    pool: WorkerPool
+    tokenizer: Any = None
+    metrics: Any = None  # router.metrics.Metrics, made by the app factory
+    models: dict[str, ServedModel] = field(default_factory=dict)
+    model: ServedModel | None = None
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            one = ServedModel(self.cfg.model, self.tokenizer)
+            self.models = {one.name: one}
+        if self.model is None:
+            self.model = self.first(GENERATE)
+        self.tokenizer = self.model.tokenizer
+
+    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> Api:
+        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...), an
+        endpoint of ``task``, names; ``name`` None is the first model of that task. Raises 404
+        ``model_not_found`` for a name not served, 400 ``wrong_endpoint`` when the model is served
+        for the other task (naming the model and the endpoints to use)."""
+        if name is None:
+            chosen = self.model if self.model.task == task else self.first(task)
+        else:
+            chosen = self.models.get(name)
+        if chosen is None:
+            served = "', '".join(self.models)
+            raise ApiError(
+                404,
+                f"The model '{name}' does not exist; this server serves '{served}'",
+                param="model",
+                code="model_not_found",
+            )
+        if chosen.task != task:
+            what = "an embedding model" if chosen.task == EMBED else "a generative (chat) model"
+            raise ApiError(
+                400,
+                f"The model '{chosen.name}' is {what}, which {endpoint} does not serve: use {ENDPOINTS[chosen.task]}",
+                param="model",
+                code="wrong_endpoint",
+            )
+        return self if chosen is self.model else replace(self, model=chosen, tokenizer=chosen.tokenizer)
+
+    def first(self, task: str) -> ServedModel:
+        """The first served model of ``task``, else the first model (whose task then refuses)."""
+        return next((m for m in self.models.values() if m.task == task), next(iter(self.models.values())))
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    @property
+    def pick_model(self) -> str | None:
+        """What :meth:`WorkerPool.pick` is told: this view's model, or None when it is the only one
+        (every worker serves it: no filter on the one-model path)."""
+        return None if len(self.models) == 1 else self.model.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.model.config.max_model_len
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.cfg.limits.max_prompt_tokens or self.max_model_len - 1
+
+    @property
+    def grammar_checker(self) -> GrammarChecker:
+        return self.model.grammar_checker
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        return self.model.token_texts
+
+    @property
+    def native_tools(self) -> bool:
+        return self.model.native_tools
+
+    @property
+    def longest_token_chars(self) -> int:
+        return self.model.longest_token_chars
 
 
 API = web.AppKey("api", Api)

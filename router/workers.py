@@ -50,7 +50,7 @@ from router.admin_protocol import (
 )
 from router.errors import ApiError
 from router.events import EventLog
-from router.policies import make_policy
+from router.policies import LeastLoaded, RoundRobin, make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.worker_link import WorkerLink
 from worker.contract.keys import ServerKeys
@@ -107,6 +107,7 @@ class Worker:
 
     worker_id: int
     state: State = State.STARTING
+    model: str = ""  # the served name of its model (the supervisor's Started, then its Hello)
     device: str = ""
     pid: int = 0
     max_num_seqs: int = 1
@@ -164,6 +165,7 @@ class Worker:
         return WorkerInfo(
             **msgspec.structs.asdict(self.load or EngineLoad()),
             id=self.worker_id,
+            model=self.model,
             device=self.device,
             pid=self.pid,
             state=self.state,
@@ -219,6 +221,7 @@ class WorkerPool:
     ):
         self.address = address
         self.policy = make_policy(policy)
+        self._policies: dict[str, RoundRobin | LeastLoaded] = {"": self.policy}  # per model: model_policy
         self.affinity = PrefixAffinity()  # which worker's prefix cache likely holds a prompt
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
@@ -255,23 +258,44 @@ class WorkerPool:
     def ready_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.state == State.READY]
 
-    def pick(self, exclude: set[int] = frozenset(), admitting: bool = True, prompt: list[int] | None = None) -> Worker:
+    def pick(
+        self,
+        exclude: set[int] = frozenset(),
+        admitting: bool = True,
+        prompt: list[int] | None = None,
+        model: str | None = None,
+    ) -> Worker:
         """Choose a ready worker with room by policy. Raises ``NoWorker`` (503) or ``Overloaded`` (429).
 
         ``admitting`` is false for the retry of a request already accepted, which is served even
         while the server shuts down; ``prompt`` (token ids) lets the policy prefer a worker whose
-        prefix cache likely holds it."""
+        prefix cache likely holds it; ``model`` (a served name) limits the choice to its replicas,
+        under that model's own rotation (None: any worker, one deployment's only model)."""
         if admitting and not self.accepting:
             raise NoWorker("the server is shutting down")
-        ready = [w for w in self.ready_workers() if w.worker_id not in exclude]
+        ready = [
+            w
+            for w in self.workers.values()
+            if w.state == State.READY and w.worker_id not in exclude and (model is None or w.model == model)
+        ]
         if not ready:
-            raise NoWorker()
+            raise NoWorker() if model is None else NoWorker(f"no worker of model '{model}' is ready")
         room = [w for w in ready if w.in_flight < w.capacity]
         if not room:
             raise Overloaded()
+        policy = self.policy if model is None else self.model_policy(model)
         if prompt is None:
-            return self.policy.pick(room)
-        return self.policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
+            return policy.pick(room)
+        return policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
+
+    def model_policy(self, model: str) -> RoundRobin | LeastLoaded:
+        """``model``'s own instance of the policy (its rotation over its own replicas); a new
+        ``policy`` set through the admin API replaces them all."""
+        if self._policies.get("") is not self.policy:
+            self._policies = {"": self.policy}
+        if model not in self._policies:
+            self._policies[model] = make_policy(self.policy.name)
+        return self._policies[model]
 
     def register(self, worker: Worker, request_id: str) -> RouterRequest:
         """Count ``request_id`` against ``worker`` at once; returns its record, whose ``events`` the
@@ -392,16 +416,17 @@ class WorkerPool:
         up on). A start, or a start that failed, answers a requested start: the one place its flag
         is cleared."""
         if isinstance(report, Started):
-            self.on_started(worker_id, report.pid, report.restarts, report.device)
+            self.on_started(worker_id, report.pid, report.restarts, report.device, report.model)
         else:
             self.mark_lost(worker_id, report.reason, failed=report.failed)
         if isinstance(report, Started) or report.failed:
             self.workers[worker_id].start_requested = False
 
-    def on_started(self, worker_id: int, pid: int, restarts: int, device: str) -> None:
+    def on_started(self, worker_id: int, pid: int, restarts: int, device: str, model: str = "") -> None:
         """The supervisor started a process for this slot (before it says Hello)."""
         w = self.workers.setdefault(worker_id, Worker(worker_id, device=device))
         w.restarts = restarts
+        w.model = model or w.model
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
@@ -531,7 +556,7 @@ class WorkerPool:
             self.mark_lost(wid, "replaced by a new process", kind="replaced")
         # The restart count comes from the supervisor (``on_started``), which also sees the
         # processes that crash before saying Hello; a Hello never counts one.
-        w.pid, w.device, w.registered = msg.pid, msg.device, True
+        w.pid, w.device, w.registered, w.model = msg.pid, msg.device, True, msg.model
         w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
         w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
         w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None

@@ -116,6 +116,7 @@ class WorkerSpec:
     gpu_info: tuple[GpuInfo, ...] = field(default=(), compare=False)
     share: float = 1.0
     tp: int = 1
+    model: int = 0  # which model of the deployment (launcher.config.DeployConfig.served) it serves
 
     @property
     def cuda_visible_devices(self) -> str:

@@ -169,7 +169,7 @@ class Supervisor:
         self,
         cfg: DeployConfig,
         specs: list[WorkerSpec],
-        model_path: Path,
+        model_path: Path | list[Path],
         run_dir: Path,
         address: str,
         clock: Callable[[], float] = time.monotonic,
@@ -179,15 +179,22 @@ class Supervisor:
         self.cfg = cfg
         self.backend = backend  # None: local processes; else an object with spawn_worker(spec, launch)
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
-        self.model_path = model_path
+        self.model_paths = [model_path] if isinstance(model_path, Path | str) else list(model_path)
+        self.model_path = self.model_paths[0]  # the router's tokenizer: the first model's
+        self.served = cfg.served()
+        self.model_names = [one.name for one in self.served]
         self.run_dir = run_dir
         self.address = address
         self.clock = clock
         # each child reads only its own role's settings: no router secret reaches a worker's file
         self.router_settings_path = run_dir / "router.json"
         self.router_settings_path.write_text(cfg.router_settings().model_dump_json())
-        self.worker_settings_path = run_dir / "worker.json"
-        self.worker_settings_path.write_text(cfg.worker_settings().model_dump_json())
+        self.worker_settings_paths = [run_dir / "worker.json"] + [
+            run_dir / f"worker-{k}.json" for k in range(1, len(self.model_names))
+        ]  # one per model: each worker reads its own model's settings
+        for k, path in enumerate(self.worker_settings_paths):
+            path.write_text(cfg.worker_settings(k).model_dump_json())
+        self.worker_settings_path = self.worker_settings_paths[0]
         self.slots = {s.worker_id: Slot(s) for s in specs}
         self.router_child = Child()  # its proc is None while a dead router waits for its restart
         self.router_answering = False  # the current router process has answered its admin API
@@ -260,8 +267,7 @@ class Supervisor:
             "router.main",
             "--config",
             str(self.router_settings_path),
-            "--model-path",
-            str(self.model_path),
+            *(arg for path in self.model_paths for arg in ("--model-path", str(path))),
             "--address",
             self.address,
             "--events",
@@ -309,7 +315,9 @@ class Supervisor:
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
         spec = slot.spec
-        launch = WorkerLaunch.for_slot(spec, self.worker_settings_path, self.model_path, self.address, self.child_env)
+        launch = WorkerLaunch.for_slot(
+            spec, self.worker_settings_paths[spec.model], self.model_paths[spec.model], self.address, self.child_env
+        )
         slot.restart_at, slot.kill_reason, slot.start_requested = None, "", False
         try:
             # Set before the child imports torch: the worker sees only its own GPUs ("" hides all on CPU).
@@ -329,7 +337,16 @@ class Supervisor:
             slot.proc.pid,
             f", restart {slot.starts - 1}" if slot.starts > 1 else "",
         )
-        self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=label))
+        self._report(wid, self._started(slot))
+
+    def _startup_timeout_s(self, slot: Slot) -> float:
+        """``workers.startup_timeout_s`` of the slot's model (its entry may override the top level)."""
+        return self.served[slot.spec.model].workers.startup_timeout_s
+
+    def _started(self, slot: Slot) -> Started:
+        """The report of ``slot``'s current process: its pid, restarts, where it runs, whose model."""
+        model = self.model_names[slot.spec.model]
+        return Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), model=model)
 
     def start(self) -> None:
         self.start_router()
@@ -415,7 +432,7 @@ class Supervisor:
             elif slot.due(now):
                 self.start_worker(wid)
             elif self._loading_too_long(slot, now):
-                self._kill(slot, f"not ready after {self.cfg.workers.startup_timeout_s:.0f}s")
+                self._kill(slot, f"not ready after {self._startup_timeout_s(slot):.0f}s")
 
     def _loading_too_long(self, slot: Slot, now: float) -> bool:
         """A process the router answers for but has not called ready within ``startup_timeout_s``
@@ -425,7 +442,7 @@ class Supervisor:
             and slot.alive()
             and not slot.kill_reason
             and slot.ready_pid != slot.proc.pid
-            and now - slot.started_at > self.cfg.workers.startup_timeout_s
+            and now - slot.started_at > self._startup_timeout_s(slot)
         )
 
     def on_event(self, event: Event) -> None:
@@ -485,7 +502,7 @@ class Supervisor:
         for wid, slot in self.slots.items():
             if slot.alive():
                 running += 1
-                self._report(wid, Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where()))
+                self._report(wid, self._started(slot))
             elif slot.last_exit:
                 self._report(wid, Exited(reason=slot.last_exit, failed=slot.failed))
         log.info(

@@ -1,2 +1,2 @@
-"""``POST /v1/embeddings``: the request (:mod:`.request`), the model it names (:mod:`.model`), the
+"""``POST /v1/embeddings``: the request (:mod:`.request`), the
 worker round trip (:mod:`.dispatch`) and the answer (:mod:`.api`)."""

@@ -19,11 +19,10 @@ from aiohttp import web
 
 from router.bodies import read_json, request_timeout, timeout_error
 from router.embeddings.dispatch import embed
-from router.embeddings.model import ServedModel, model_for
 from router.embeddings.request import EmbeddingRequest, bad_input, split_input
 from router.errors import ApiError
 from router.schemas import parse
-from router.state import API, REQUEST_ID
+from router.state import API, EMBED, REQUEST_ID
 from worker.contract.embed_spec import EmbedSpec
 
 
@@ -46,13 +45,13 @@ def check_dimensions(spec: EmbedSpec, dimensions: int | None) -> int | None:
     return dimensions
 
 
-def tokenize(model: ServedModel, inputs: list, truncate: bool) -> list[list[int]]:
+def tokenize(tokenizer, spec: EmbedSpec, inputs: list, truncate: bool) -> list[list[int]]:
     """Token ids of each input (texts with the model's special tokens; id arrays as given), each
     within the model's limit (cut with ``truncate``, else 400 naming the input)."""
-    limit, vocab = model.spec.max_tokens, len(model.tokenizer)
+    limit, vocab = spec.max_tokens, len(tokenizer)
     if isinstance(inputs[0], str):
         kwargs = {"truncation": True, "max_length": limit} if truncate else {}
-        ids = model.tokenizer(inputs, **kwargs)["input_ids"]
+        ids = tokenizer(inputs, **kwargs)["input_ids"]
     else:
         ids = [seq[:limit] if truncate else seq for seq in inputs]
         for i, seq in enumerate(ids):
@@ -86,18 +85,20 @@ def shape(raw: list[bytes], dimensions: int | None, encoding: str) -> list:
 
 async def create_embeddings(request: web.Request) -> web.Response:
     """``POST /v1/embeddings`` (module docstring)."""
-    api = request.app[API]
     req = parse(EmbeddingRequest, await read_json(request))
-    model = model_for(api, req.model, "embed")
+    api = request.app[API].for_request(req.model, "/v1/embeddings", EMBED)  # 404 / 400 wrong_endpoint
     if req.input is None:
         raise bad_input("input is required")
     inputs = split_input(req.input)
-    dimensions = check_dimensions(model.spec, req.dimensions)
-    ids = await asyncio.get_running_loop().run_in_executor(None, tokenize, model, inputs, req.truncate)
+    spec = api.model.embed_spec
+    dimensions = check_dimensions(spec, req.dimensions)
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(None, tokenize, api.tokenizer, spec, inputs, req.truncate)
     timeout = request_timeout(request, api)
+    tag = request.get(REQUEST_ID, "")
     try:
         async with asyncio.timeout(timeout):
-            result = await embed(model.pool, ids, model.max_retries, request.get(REQUEST_ID, ""))
+            result = await embed(api.pool, ids, api.cfg.router.max_retries, tag, model=api.pick_model)
     except TimeoutError:
         raise timeout_error(timeout) from None
     encoding = req.encoding_format or "float"
@@ -106,4 +107,4 @@ async def create_embeddings(request: web.Request) -> web.Response:
         for i, v in enumerate(shape(result.vectors, dimensions, encoding))
     ]
     usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
-    return web.json_response({"object": "list", "data": data, "model": model.name, "usage": usage})
+    return web.json_response({"object": "list", "data": data, "model": api.model_name, "usage": usage})

@@ -36,12 +36,15 @@ class _Lost(Exception):
     pass
 
 
-async def embed(pool: WorkerPool, inputs: list[list[int]], max_retries: int, request_tag: str = "") -> Vectors:
-    """The vectors of ``inputs`` (token id lists), across retries; raises :class:`UpstreamError`."""
+async def embed(
+    pool: WorkerPool, inputs: list[list[int]], max_retries: int, request_tag: str = "", model: str | None = None
+) -> Vectors:
+    """The vectors of ``inputs`` (token id lists) from a worker of ``model`` (a served name; None:
+    any worker), across retries; raises :class:`UpstreamError`."""
     tried: set[int] = set()
     last_loss = ""
     while True:
-        worker = await _choose(pool, tried, last_loss, None)
+        worker = await _choose(pool, tried, last_loss, None, model)
         try:
             return await _attempt(pool, worker, inputs, request_tag)
         except _Lost as loss:

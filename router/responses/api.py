@@ -18,7 +18,7 @@ from router.bodies import read_json, request_timeout, timeout_error
 from router.errors import ApiError
 from router.generation import stream_tokens
 from router.metrics import request_timer
-from router.openai_api import check_model, request_grammar, sampling_params, tokenize_chat
+from router.openai_api import request_grammar, sampling_params, tokenize_chat
 from router.responses.output import OutputBuilder
 from router.responses.request import ResponsesRequest, refuse_stateful, to_chat
 from router.responses.shaping import ResponseShaper
@@ -46,10 +46,9 @@ def responses_names():
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    api = request.app[API]
     req = parse(ResponsesRequest, await read_json(request))
     refuse_stateful(req)
-    check_model(api, req.model)
+    api = request.app[API].for_request(req.model, "/v1/responses")
     chat = to_chat(req)
     with responses_names():
         tools = tool_mode(chat)
@@ -88,6 +87,7 @@ async def respond(
             on_tokens=timer.on_tokens,
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
+            model=api.pick_model,
         )
     )
     if chat.stream:

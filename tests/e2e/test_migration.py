@@ -106,7 +106,9 @@ def migrations(d: Deployment) -> float:
 def token_events(d: Deployment, wid: int) -> float:
     """Token events the router has received from worker ``wid`` (its inter-token latency samples)."""
     text = httpx.get(f"{d.url}/metrics", timeout=10).text
-    found = re.search(rf'^llamadeploy_inter_token_latency_seconds_count\{{worker_id="{wid}"\}} (\S+)$', text, re.M)
+    found = re.search(
+        rf'^llamadeploy_inter_token_latency_seconds_count\{{[^}}]*worker_id="{wid}"[^}}]*\}} (\S+)$', text, re.M
+    )
     return float(found.group(1)) if found else 0.0
 
 

@@ -69,13 +69,16 @@ class Deployment:
             # float32: the tests compare outputs token for token across batching, chunking and prefix-cache
             # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; README "The engine").
             # quantization none: float weights, the converted checkpoint, whose answers the tests assert
-            # (tests/e2e/test_gguf_native.py serves the GGUF file as stored)
+            # (tests/e2e/test_multimodel.py serves the GGUF file as stored)
             "model": {"name": MODEL, "max_model_len": 2048, "dtype": "float32", "quantization": "none"},
             "router": {"port": self.port, "admin_port": self.admin_port, "request_timeout_s": 120},
             "workers": {"devices": "cpu", "replicas": 2, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10},
             "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30},
         }
         self.config = deep_merge(base, config or {})
+        if "models" in self.config:  # several models: the base model keys are each entry's defaults
+            shared = self.config.pop("model")
+            self.config["models"] = [{**shared, **entry} for entry in self.config["models"]]
         self.env = {**os.environ, **(env or {})}
         self.path = self.tmp / "deploy.yaml"
         self.log_path = self.tmp / "up.log"
@@ -95,7 +98,10 @@ class Deployment:
 
     @property
     def replicas(self) -> int:
-        return self.config["workers"]["replicas"]
+        """Every model's replicas (an entry of ``models:`` may override ``workers.replicas``)."""
+        top = self.config["workers"]["replicas"]
+        entries = self.config.get("models") or [{}]
+        return sum((entry.get("workers") or {}).get("replicas", top) for entry in entries)
 
     def start(self, timeout: float = 240.0) -> Deployment:
         self.path.write_text(yaml.safe_dump(self.config))

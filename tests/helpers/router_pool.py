@@ -29,9 +29,9 @@ class RecordingPool(WorkerPool):
     def frame(self, wid: int, msg) -> None:
         self.link.dispatch(worker_identity(wid), encode(msg))
 
-    def boot(self, wid: int, pid: int, restarts: int = 0) -> None:
+    def boot(self, wid: int, pid: int, restarts: int = 0, model: str = "m") -> None:
         """What a (re)start looks like to the router: the supervisor's report, Hello, Ready."""
-        self.on_started(wid, pid, restarts, f"cpu[{wid}]")
+        self.on_started(wid, pid, restarts, f"cpu[{wid}]", model)
         self.frame(
             wid,
             Hello(
@@ -39,7 +39,7 @@ class RecordingPool(WorkerPool):
                 worker_id=wid,
                 pid=pid,
                 device=f"cpu[{wid}]",
-                model="m",
+                model=model,
                 max_num_seqs=8,
                 max_waiting=8,
             ),

@@ -103,15 +103,17 @@ class PoolAdmin:
 
 
 class Harness(Supervisor):
-    def __init__(self, tmp_path, config: dict | None = None, workers: int = 2):
+    def __init__(self, tmp_path, config: dict | None = None, workers: int = 2, models: list[int] | None = None):
+        """``models[i]``: the model (of ``config``'s ``models:``) worker ``i`` serves (default: 0)."""
         base = {
             "workers": {"devices": "cpu", "startup_timeout_s": 60},
             "supervisor": {"restart_backoff_s": 1.0, "max_restarts": 2},
         }
         for section, keys in (config or {}).items():
-            base[section] = {**base.get(section, {}), **keys}
+            base[section] = {**base.get(section, {}), **keys} if isinstance(keys, dict) else keys
         cfg = DeployConfig.model_validate(base)
-        specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,)) for i in range(workers)]
+        models = models or [0] * workers
+        specs = [WorkerSpec(worker_id=i, device="cpu", gpus=(), cpus=(i,), model=models[i]) for i in range(workers)]
         self.now = 1000.0
         INBOX.frames.clear()
         super().__init__(cfg, specs, tmp_path, tmp_path, "ipc://unused", clock=lambda: self.now)

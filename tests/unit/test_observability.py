@@ -54,25 +54,28 @@ def samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
 
 def test_worker_gauges_come_from_the_pool_at_scrape_time(pool):
     w = pool.workers[0] = Worker(
-        0, state=State.READY, device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2
+        0, state=State.READY, model="m", device="cpu[0,1]", kv_budget_tokens=1000, load_seconds=4.5, restarts=2
     )
     for k in range(3):
         pool.register(w, f"req-{k}")
     w.load = EngineLoad(running=2, waiting=1, kv_used_tokens=250, mem_bytes=123456)
-    pool.workers[1] = Worker(1, state=State.STARTING)
+    pool.workers[1] = Worker(1, state=State.STARTING, model="m")
     m = Metrics(pool)
     s = samples(m)
-    wid0 = (("worker_id", "0"),)
+    wid0 = (("model", "m"), ("worker_id", "0"))  # every worker figure names the worker's model
     assert s[("llamadeploy_worker_num_requests_running", wid0)] == 2
     assert s[("llamadeploy_worker_num_requests_waiting", wid0)] == 1
     assert s[("llamadeploy_worker_requests_in_flight", wid0)] == 3
     assert s[("llamadeploy_kv_cache_usage_ratio", wid0)] == 0.25
-    assert s[("llamadeploy_worker_memory_used_bytes", (("device", "cpu[0,1]"), ("worker_id", "0")))] == 123456
+    assert (
+        s[("llamadeploy_worker_memory_used_bytes", (("device", "cpu[0,1]"), ("model", "m"), ("worker_id", "0")))]
+        == 123456
+    )
     assert s[("llamadeploy_model_load_time_seconds", wid0)] == 4.5
     assert s[("llamadeploy_worker_restarts_total", wid0)] == 2
-    assert s[("llamadeploy_worker_state", (("state", "ready"), ("worker_id", "0")))] == 1
-    assert s[("llamadeploy_worker_state", (("state", "starting"), ("worker_id", "1")))] == 1
-    assert s[("llamadeploy_kv_cache_usage_ratio", (("worker_id", "1"),))] == 0  # no heartbeat yet
+    assert s[("llamadeploy_worker_state", (("model", "m"), ("state", "ready"), ("worker_id", "0")))] == 1
+    assert s[("llamadeploy_worker_state", (("model", "m"), ("state", "starting"), ("worker_id", "1")))] == 1
+    assert s[("llamadeploy_kv_cache_usage_ratio", (("model", "m"), ("worker_id", "1")))] == 0  # no heartbeat yet
     w.load = EngineLoad(running=0, waiting=0, kv_used_tokens=0, mem_bytes=1)
     assert samples(m)[("llamadeploy_worker_num_requests_running", wid0)] == 0
 
@@ -85,6 +88,7 @@ def test_registries_are_per_router(pool):
 
 
 def test_request_timer_counts_ttft_itl_tokens_and_gauges(pool):
+    pool.workers[1] = Worker(1, model="chat")
     m = Metrics(pool)
     timer = RequestTimer(m, time.monotonic())
     gauges: list[tuple[float, float]] = []
@@ -113,12 +117,15 @@ def test_request_timer_counts_ttft_itl_tokens_and_gauges(pool):
     asyncio.run(main())
     assert gauges[0] == (1, 0) and gauges[1] == (0, 1) and now() == (0, 0)
     s = samples(m)
-    wid = (("worker_id", "1"),)
+    wid = (("model", "chat"), ("worker_id", "1"))
     assert s[("llamadeploy_time_to_first_token_seconds_count", wid)] == 1
     assert s[("llamadeploy_inter_token_latency_seconds_count", wid)] == 2
     assert s[("llamadeploy_prompt_tokens_total", wid)] == 7
     assert s[("llamadeploy_generation_tokens_total", wid)] == 3
-    assert s[("llamadeploy_request_success_total", (("finished_reason", "length"), ("worker_id", "1")))] == 1
+    assert (
+        s[("llamadeploy_request_success_total", (("finished_reason", "length"), ("model", "chat"), ("worker_id", "1")))]
+        == 1
+    )
 
 
 def test_request_timer_releases_a_request_that_never_got_a_token(pool):

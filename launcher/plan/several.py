@@ -1,0 +1,109 @@
+"""The plan of a deployment of several models: each model's :class:`~launcher.plan.plan.Plan` on
+the replicas :func:`~launcher.plan.packing.place_models` gave it, and the checks across models
+(the RAM all CPU replicas need together). One line per problem, each naming its model."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from launcher.config import DeployConfig
+from launcher.plan.packing import place_models
+from launcher.plan.placement import Inventory, PlacementError, WorkerSpec
+from launcher.plan.plan import Plan, make_plan
+from worker.contract.shapes import ModelShape
+from worker.contract.units import GiB
+
+log = logging.getLogger(__name__)
+
+RAM_ERROR = "CPU workers need"  # how make_plan's own RAM check begins: replaced by the check over all models
+
+
+@dataclass
+class ModelsPlan:
+    """Every model's plan (``plans[k]`` for ``names[k]``) and the problems of the whole deployment
+    (``errors``: each model's, prefixed with its name, and those across models; ``errors`` stop ``up``)."""
+
+    names: list[str]
+    plans: list[Plan]
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def split(self) -> list[str]:
+        """One line per worker: its model, devices and share of its GPUs (what ``plan`` shows)."""
+        lines = []
+        for name, plan in zip(self.names, self.plans, strict=True):
+            for f in plan.fits:
+                share = f" ({f.spec.share:.0%} of each GPU)" if f.spec.device == "cuda" else ""
+                lines.append(
+                    f"worker {f.spec.worker_id}: model '{name}' on {f.spec.label}{share}, "
+                    f"may use {f.budget / GiB:.2f} GiB, {f.seqs} full-length sequence(s)"
+                )
+        return lines
+
+
+def plan_models(
+    cfg: DeployConfig,
+    inv: Inventory,
+    shapes: list[ModelShape],
+    dtype: str | None = None,
+    specs: list[WorkerSpec] | None = None,
+) -> ModelsPlan:
+    """Place (unless ``specs`` are given) every model of ``cfg`` on ``inv`` and plan each one with
+    its shape (``shapes[k]`` for ``cfg.served()[k]``). A placement error is one error line."""
+    served = cfg.served()
+    names = [one.name for one in served]
+    errors: list[str] = []
+    if specs is None:
+        try:
+            specs = place_models([one.workers for one in served], inv, names)
+        except PlacementError as exc:
+            errors.append(f"workers: {exc}")
+            specs = []
+    plans = [
+        make_plan(cfg.for_model(k), inv, shape, dtype, specs=[s for s in specs if s.model == k])
+        for k, shape in enumerate(shapes)
+    ]
+    result = ModelsPlan(names, plans, errors)
+    for name, plan in zip(names, plans, strict=True):
+        result.errors.extend(f"model '{name}': {e}" for e in plan.errors if not e.startswith(RAM_ERROR))
+        result.warnings.extend(f"model '{name}': {w}" for w in plan.warnings)
+    cpu_need = sum(f.budget for plan in plans for f in plan.fits if f.spec.device == "cpu")
+    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
+        each = ", ".join(
+            f"'{name}' {sum(f.budget for f in plan.fits if f.spec.device == 'cpu') / GiB:.2f} GiB"
+            for name, plan in zip(names, plans, strict=True)
+        )
+        result.errors.append(
+            f"{RAM_ERROR} {cpu_need / GiB:.2f} GiB of RAM together ({each}; weights + overhead + kv_cache_gib "
+            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or workers.kv_cache_gib"
+        )
+    return result
+
+
+def preflight_models(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str | None:
+    """``up``'s check before loading several models: ``None`` when they fit together (or a
+    model's config cannot be read here: resolving it reports that), else the errors."""
+    from launcher.models import ModelNotFound
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
+
+    shapes = []
+    for one in cfg.served():
+        try:
+            shapes.append(read_shape(one.model.name))
+        except (ModelNotFound, ShapeError) as exc:
+            log.warning("memory plan skipped: %s", exc)
+            return None
+    result = plan_models(cfg, inv, shapes, specs=specs)
+    for warning in result.warnings:
+        log.warning("plan: %s", warning)
+    for line in result.split():
+        log.info("plan: %s", line)
+    if result.ok:
+        return None
+    return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(result.errors)

@@ -1,0 +1,143 @@
+"""Two models behind one endpoint (``models:``), one CPU replica each: SmolLM2 quantized to int8 at
+load (``smollm2-int8``) and the shipped Q4_1 GGUF file served as stored (``smollm2-q4``).
+
+The one deployment also carries what a deployment of each form alone used to check: the int8
+worker's kernel table and weight memory, the GGUF worker's quantized matrices (no float copy).
+Routing: each model answers the README's question, ``/v1/models`` lists both, an unknown model is
+404 ``model_not_found``, ``GET /workers`` and ``/metrics`` name each replica's model, and a
+restart of one model's replica leaves the other serving (last: it restarts a worker). A GGUF
+file of a type without a native kernel is refused by ``up`` before anything starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from gguf import GGMLQuantizationType, GGUFWriter
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers.deployment import Deployment, assert_openai_error, wait_for
+
+# Each worker times its kernel candidates at start (tens of seconds on a busy 2-core box) before it is ready.
+pytestmark = pytest.mark.timeout(600)
+
+INT8, Q4 = "smollm2-int8", "smollm2-q4"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    # a fixed prefill budget: no calibration steps at start (they time the kernels, not this test's subject)
+    config = {
+        "models": [
+            {"served_name": INT8, "quantization": "int8"},
+            {"served_name": Q4, "quantization": "auto"},
+        ],
+        "workers": {"replicas": 1, "max_prefill_tokens": 256},
+        "router": {"request_timeout_s": 300},
+        "supervisor": {"router_standby": False},
+    }
+    d = Deployment(tmp_path_factory.mktemp("two-models"), config)
+    try:
+        yield d.start(timeout=540)
+    finally:
+        d.stop()  # also when the start times out: no processes left behind
+
+
+def worker_of(d: Deployment, model: str) -> dict:
+    (w,) = [w for w in d.workers() if w["model"] == model]
+    return w
+
+
+@pytest.mark.parametrize("model", [INT8, Q4])
+def test_each_model_answers_the_readme_question(two, model):
+    r = two.chat(QUESTION, max_tokens=16, model=model, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == model
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_models_lists_both_and_an_unknown_model_is_404(two):
+    listed = httpx.get(f"{two.base_url}/models", timeout=10).json()["data"]
+    assert [(m["id"], m["task"]) for m in listed] == [(INT8, "generate"), (Q4, "generate")]
+    r = two.chat(QUESTION, max_tokens=4, model="no-such-model")
+    assert r.status_code == 404, r.text
+    assert_openai_error(r.json(), "model_not_found")
+    assert "no-such-model" in r.json()["error"]["message"] and INT8 in r.json()["error"]["message"]
+
+
+def test_workers_and_metrics_name_each_replicas_model(two):
+    assert sorted((w["id"], w["model"]) for w in two.workers()) == [(0, INT8), (1, Q4)]  # global ids, model order
+    text = httpx.get(f"{two.url}/metrics", timeout=10).text
+    ready = {
+        (s.labels["worker_id"], s.labels["model"])
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "llamadeploy_worker_state" and s.labels["state"] == "ready" and s.value == 1
+    }
+    assert ready == {("0", INT8), ("1", Q4)}
+
+
+def test_int8_worker_shows_its_kernel_table_and_weight_memory(two):
+    w = worker_of(two, INT8)
+    kernels = w["kernels"]
+    assert {row["weight"] for row in kernels} == {"int8/channel"}  # the linears and the LM head
+    assert sum(row["count"] for row in kernels) == 4 * 30 + 1  # SmolLM2: qkv, o, gate_up, down x 30, the head
+    for row in kernels:
+        assert [p["rows"] for p in row["picks"]][:4] == [1, 2, 4, 8]
+        assert all(p["kernel"] and (p["ms"] is None or p["ms"] > 0) for p in row["picks"])
+    # int8 SmolLM2-135M: ~106M linear values at 1 byte, the 28M-entry tied table as int8 rows, scales
+    assert 100 * 2**20 < w["weight_bytes"] < 160 * 2**20
+    assert "kernels for 3072x576 int8/channel (30 weights)" in two.log()
+
+
+def test_gguf_worker_keeps_its_weights_quantized(two):
+    """The weight memory is the quantized size, and no quantized matrix runs from a float copy."""
+    worker = worker_of(two, Q4)
+    float32_bytes = 134_515_008 * 4  # SmolLM2-135M's parameters (tied LM head) in float32
+    # below bfloat16's size whatever second forms the kernel table keeps (one Q4_1 form alone is ~0.2x float32)
+    assert 0 < worker["weight_bytes"] < 0.5 * float32_bytes, worker["weight_bytes"]
+    counts: dict[str, int] = {}
+    for k in worker["kernels"]:
+        counts[k["weight"]] = counts.get(k["weight"], 0) + k["count"]
+    assert counts == {"Q4_1/g32": 30 * 4, "Q8_0/g32": 1}  # per layer qkv, o, gate_up, down; the tied LM head
+    for k in worker["kernels"]:
+        assert not any(p["kernel"].startswith(("float-copy", "plain", "onednn")) for p in k["picks"]), k
+
+
+def test_unservable_type_refused_before_start(tmp_path):
+    path = tmp_path / "q6.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((4, 210), dtype=np.uint8), raw_dtype=GGMLQuantizationType.Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cfg = {"model": {"name": str(path)}, "workers": {"devices": "cpu", "replicas": 1}}
+    (tmp_path / "deploy.yaml").write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "launcher.cli", "up", str(tmp_path / "deploy.yaml")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = " ".join((done.stdout + done.stderr).split())
+    assert "Q6_K" in out and "model.quantization: none" in out
+
+
+def test_restarting_one_models_replica_leaves_the_other_serving(two):
+    """Last of the deployment's tests: ``restart-worker`` of the int8 replica (the deployment ends
+    while it reloads); the Q4 replica answers meanwhile and was never touched."""
+    before = worker_of(two, INT8)
+    cmd = [sys.executable, "-m", "launcher.cli", "restart-worker", str(before["id"]), "--no-wait"]
+    done = subprocess.run([*cmd, "--config", str(two.path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    wait_for(lambda: worker_of(two, INT8)["pid"] != before["pid"], 60, what="the int8 replica's new process")
+    assert worker_of(two, INT8)["state"] != "ready"  # loading: it takes no request
+    answer = two.chat(QUESTION, max_tokens=16, model=Q4, timeout=300)
+    assert answer.status_code == 200, answer.text
+    assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+    q4 = worker_of(two, Q4)
+    assert q4["state"] == "ready" and q4["restarts"] == 0

@@ -1,0 +1,79 @@
+"""The router's served models: the one function that takes a request's model, and dispatch that
+chooses only among that model's replicas, each model under its own rotation."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.errors import ApiError
+from router.settings import RouterSettings
+from router.state import Api, ServedModel
+from router.workers import NoWorker, State
+from tests.helpers.router_pool import RecordingPool
+from worker.contract.settings import ModelConfig
+
+
+def pool_of(models: dict[int, str]) -> RecordingPool:
+    pool = RecordingPool()
+    for wid, model in models.items():
+        pool.boot(wid, pid=100 + wid, model=model)
+    return pool
+
+
+def test_pick_chooses_only_the_models_replicas_each_in_its_own_rotation():
+    pool = pool_of({0: "a", 1: "a", 2: "b", 3: "b"})
+    picks = [(m, pool.pick(model=m).worker_id) for m in ["a", "b"] * 3]
+    assert picks == [("a", 0), ("b", 2), ("a", 1), ("b", 3), ("a", 0), ("b", 2)]
+    assert {pool.pick().worker_id for _ in range(4)} == {0, 1, 2, 3}  # no model: any worker
+
+
+def test_a_model_without_a_ready_replica_is_503_even_when_another_model_has_one():
+    pool = pool_of({0: "a", 1: "b"})
+    pool.mark_lost(1, "killed by SIGKILL")
+    with pytest.raises(NoWorker) as e:
+        pool.pick(model="b")
+    assert e.value.status == 503 and "'b'" in e.value.message
+    assert pool.pick(model="a").worker_id == 0
+
+
+def test_the_supervisors_start_report_names_the_model_before_hello():
+    pool = RecordingPool()
+    pool.on_started(4, 200, 0, "cpu[4]", "embed")
+    (row,) = pool.table().workers
+    assert (row.id, row.model, row.state) == (4, "embed", State.STARTING)
+
+
+def api_of(*configs: ModelConfig) -> Api:
+    served = [ServedModel(c, tokenizer=None) for c in configs]
+    return Api(RouterSettings(), RecordingPool(), models={m.name: m for m in served})
+
+
+def test_a_request_without_model_goes_to_the_first_generate_model():
+    api = api_of(ModelConfig(name="e", task="embed"), ModelConfig(name="c1"), ModelConfig(name="c2"))
+    assert api.for_request(None, "/v1/completions").model_name == "c1"
+    chosen = api.for_request("c2", "/v1/completions")
+    assert (chosen.model_name, chosen.pick_model, chosen.pool) == ("c2", "c2", api.pool)
+
+
+def test_an_unknown_model_is_404_listing_the_served_ones():
+    with pytest.raises(ApiError) as e:
+        api_of(ModelConfig(name="c1"), ModelConfig(name="c2")).for_request("gpt-4", "/v1/chat/completions")
+    assert (e.value.status, e.value.code, e.value.param) == (404, "model_not_found", "model")
+    assert "'gpt-4'" in e.value.message and "'c1', 'c2'" in e.value.message
+
+
+def test_an_endpoint_of_the_other_task_is_400_naming_the_model_and_the_endpoint_to_use():
+    api = api_of(ModelConfig(name="c"), ModelConfig(name="e", task="embed"))
+    with pytest.raises(ApiError) as e:
+        api.for_request("e", "/v1/chat/completions")
+    assert (e.value.status, e.value.code, e.value.param) == (400, "wrong_endpoint", "model")
+    assert all(word in e.value.message for word in ("'e'", "/v1/chat/completions", "use /v1/embeddings"))
+    with pytest.raises(ApiError, match=r"'c' is a generative \(chat\) model.*use /v1/chat/completions"):
+        api.for_request("c", "/v1/embeddings", "embed")
+    assert api.for_request(None, "/v1/embeddings", "embed").model_name == "e"  # the first embed model
+
+
+def test_the_one_model_form_is_its_own_view_and_picks_without_a_filter():
+    api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool(), tokenizer=None)
+    assert api.for_request("m", "/v1/completions") is api and api.for_request(None, "/v1/completions") is api
+    assert (api.pick_model, api.max_prompt_tokens) == (None, 511)
