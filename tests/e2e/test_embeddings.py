@@ -10,7 +10,6 @@ import base64
 import itertools
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -236,11 +235,10 @@ def test_kill9_of_the_worker_retries_its_requests_and_it_restarts(emb):
     """Last (it restarts the worker): requests in flight when the worker dies are retried on the
     restarted worker (nothing reached their clients) or fail with a clean 502; it comes back."""
     victim = emb.worker(0)
-    body = {"input": [f"sentence {i} " * 5 for i in range(512)]}  # about a second of work each
-    with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(post, emb, body, 600) for _ in range(4)]
-        wait_for(lambda: emb.worker(0)["in_flight"] >= 4, 60, "the requests to reach the worker")
-        time.sleep(0.5)
+    body = {"input": [f"sentence {i} " * 5 for i in range(256)]}
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(post, emb, body, 600) for _ in range(2)]
+        wait_for(lambda: emb.worker(0)["in_flight"] >= 2, 60, "the requests to reach the worker", interval=0.02)
         os.kill(victim["pid"], signal.SIGKILL)
         results = [f.result() for f in futures]
     for r in results:
