@@ -86,8 +86,11 @@ def served_model(config: ModelConfig, path: str, tokenizer) -> ServedModel:
     """The model in ``path`` with ``task: auto`` resolved from its files (:mod:`worker.contract.tasks`,
     the rule the worker applies too) and, for an embedding model, its pooling spec."""
     config = config.model_copy(update={"task": resolve_task(config, path)})
-    spec = read_spec(path, config.max_model_len) if config.task == "embed" else None
-    return ServedModel(config, tokenizer, embed_spec=spec)
+    if config.task != "embed":
+        return ServedModel(config, tokenizer)
+    spec = read_spec(path, config.max_model_len)
+    # its context is the tokens one input may have (what /v1/models shows)
+    return ServedModel(config.model_copy(update={"max_model_len": spec.max_tokens}), tokenizer, embed_spec=spec)
 
 
 async def run_router(

@@ -201,6 +201,8 @@ def test_chat_endpoints_refuse_the_embedding_model(emb):
         assert EMBED_MODEL in got.json()["error"]["message"] and "/v1/embeddings" in got.json()["error"]["message"]
     unknown = post(emb, {"input": "a", "model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    [listed] = httpx.get(f"{emb.base_url}/models").json()["data"]
+    assert (listed["id"], listed["task"], listed["max_model_len"]) == (EMBED_MODEL, "embed", 256)  # tokens per input
 
 
 def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
