@@ -1,8 +1,9 @@
 """``POST /v1/embeddings`` end to end on one deployment of the embedded embedding model
-(all-MiniLM-L6-v2, one CPU worker): vectors against sentence-transformers in process, the answer's
-forms (float, base64, ``dimensions``), every malformed input refused while the worker keeps
-serving, the bodies the clients send (openai SDK, Spring AI, LangChain4j), batching across requests,
-the JDK example, and last a ``kill -9`` of the worker."""
+(all-MiniLM-L6-v2) beside the chat model, one CPU worker each: vectors against sentence-transformers
+in process, the answer's forms (float, base64, ``dimensions``), every malformed input refused while
+the worker keeps serving, the bodies the clients send (openai SDK, Spring AI, LangChain4j),
+batching across requests, chat beside embeddings (each endpoint refusing the other's model), the
+JDK example, and last a ``kill -9`` of the embedding worker."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from tests.helpers.deployment import MODEL as CHAT_MODEL
 from tests.helpers.deployment import Deployment, wait_for
 from tests.helpers.java import needs_java, run_example
 
@@ -32,17 +34,27 @@ assert len(SENTENCES) == 50
 
 @pytest.fixture(scope="module")
 def emb(tmp_path_factory) -> Deployment:
-    """One CPU worker of all-minilm-l6-v2; room for 100 concurrent requests and a fast restart."""
+    """Chat beside embeddings: SmolLM2 (worker 0) and all-minilm-l6-v2 (worker 1), one CPU replica
+    each; room for 100 concurrent embedding requests."""
     d = Deployment(
         tmp_path_factory.mktemp("embeddings"),
         {
-            "model": {"name": EMBED_MODEL, "task": "embed", "quantization": "auto"},
+            "models": [
+                {"name": CHAT_MODEL, "workers": {"max_prefill_tokens": 256}},  # no calibration at start
+                {"name": EMBED_MODEL},  # task: auto finds a sentence-transformers folder
+            ],
             "workers": {"replicas": 1, "max_waiting": 160},
         },
     )
-    d.start()
-    yield d
-    assert d.stop() == 0, d.log()[-3000:]
+    try:
+        yield d.start(timeout=400)
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+
+
+def embed_worker(d: Deployment) -> dict:
+    (w,) = [w for w in d.workers() if w["model"] == EMBED_MODEL]
+    return w
 
 
 @pytest.fixture(scope="module")
@@ -193,16 +205,26 @@ def test_langchain4j_body(emb):
     assert [len(d["embedding"]) for d in got.json()["data"]] == [384, 384]
 
 
-def test_chat_endpoints_refuse_the_embedding_model(emb):
-    chat = httpx.post(f"{emb.base_url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-    completion = httpx.post(f"{emb.base_url}/completions", json={"model": EMBED_MODEL, "prompt": "hi"})
-    for got in (chat, completion):
+def test_chat_beside_embeddings_and_each_endpoint_refuses_the_other_model(emb):
+    chat = emb.chat("What is the capital of France?", max_tokens=8)
+    assert chat.status_code == 200 and chat.json()["model"] == CHAT_MODEL, chat.text
+    body = {"model": EMBED_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    wrong = [
+        httpx.post(f"{emb.base_url}/chat/completions", json=body, timeout=60),
+        httpx.post(f"{emb.base_url}/completions", json={"model": EMBED_MODEL, "prompt": "hi"}, timeout=60),
+    ]
+    for got in wrong:
         assert got.status_code == 400 and got.json()["error"]["code"] == "wrong_endpoint", got.text
         assert EMBED_MODEL in got.json()["error"]["message"] and "/v1/embeddings" in got.json()["error"]["message"]
+    back = post(emb, {"input": "a", "model": CHAT_MODEL})
+    assert back.status_code == 400 and back.json()["error"]["code"] == "wrong_endpoint", back.text
+    assert "/v1/chat/completions" in back.json()["error"]["message"]
     unknown = post(emb, {"input": "a", "model": "nope"})
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-    [listed] = httpx.get(f"{emb.base_url}/models").json()["data"]
-    assert (listed["id"], listed["task"], listed["max_model_len"]) == (EMBED_MODEL, "embed", 256)  # tokens per input
+    listed = httpx.get(f"{emb.base_url}/models", timeout=10).json()["data"]
+    got = [(m["id"], m["task"]) for m in listed]
+    assert got == [(CHAT_MODEL, "generate"), (EMBED_MODEL, "embed")]
+    assert listed[1]["max_model_len"] == 256  # tokens per input
 
 
 def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
@@ -221,7 +243,7 @@ def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
     assert cosines(got, reference.encode(lines)).min() >= 0.9999
     sample = [0, 1, 1000, 2047]
     assert cosines(vectors(large_answer.json())[sample], reference.encode([big[i] for i in sample])).min() >= 0.9999
-    assert emb.next_heartbeat(0)["peak_running"] > 1  # requests shared steps
+    assert emb.next_heartbeat(embed_worker(emb)["id"])["peak_running"] > 1  # requests shared steps
 
 
 @needs_java
@@ -233,23 +255,29 @@ def test_java_embeddings_example(emb, reference):
     assert lines["dimensions"] == "384" and abs(float(lines["cosine"]) - expected) < 1e-4, lines
 
 
-def test_kill9_of_the_worker_retries_its_requests_and_it_restarts(emb):
-    """Last (it restarts the worker): requests in flight when the worker dies are retried on the
-    restarted worker (nothing reached their clients) or fail with a clean 502; it comes back."""
-    victim = emb.worker(0)
+def test_kill9_of_the_embedding_worker_retries_its_requests_it_restarts_chat_untouched(emb):
+    """Last (it restarts the worker): requests in flight when the embedding worker dies are retried
+    on the restarted worker (nothing reached their clients) or fail with a clean 502; it comes back,
+    and the chat model's worker serves throughout."""
+    victim = embed_worker(emb)
+    chat_worker = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
     body = {"input": [f"sentence {i} " * 5 for i in range(256)]}
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(post, emb, body, 600) for _ in range(2)]
-        wait_for(lambda: emb.worker(0)["in_flight"] >= 2, 60, "the requests to reach the worker", interval=0.02)
+        wait_for(lambda: embed_worker(emb)["in_flight"] >= 2, 60, "the requests to reach the worker", interval=0.02)
         os.kill(victim["pid"], signal.SIGKILL)
+        chat = pool.submit(emb.chat, "Say hi.", 120, max_tokens=4)
         results = [f.result() for f in futures]
+        assert chat.result().status_code == 200, chat.result().text
     for r in results:
         assert r.status_code in (200, 502), r.text
         if r.status_code == 502:
             assert r.json()["error"]["code"] == "worker_lost"
     assert any(r.status_code == 200 for r in results)
     back = wait_for(
-        lambda: (w := emb.worker(0))["state"] == "ready" and w["pid"] != victim["pid"] and w, 120, "worker 0 back"
+        lambda: (w := embed_worker(emb))["state"] == "ready" and w["pid"] != victim["pid"] and w, 120, "it is back"
     )
     assert back["restarts"] == 1 and "SIGKILL" in back["exit_reason"]
     assert post(emb, {"input": "after the restart"}).status_code == 200
+    chat_now = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
+    assert (chat_now["pid"], chat_now["restarts"], chat_now["state"]) == (chat_worker["pid"], 0, "ready")
