@@ -149,3 +149,14 @@ def test_the_task_rule(tmp_path):
     assert resolve_task(auto, tmp_path / "model.gguf") == "generate"
     assert resolve_task(auto, None) == "generate"
     assert resolve_task(ModelConfig(name="x", task="embed"), tmp_path / "llama") == "embed"
+
+
+def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):
+    from router.main import served_model
+
+    folder = st_folder(tmp_path / "st", {"pooling_mode": "mean"})
+    embed = served_model(ModelConfig(name="e"), str(folder), tokenizer=None)
+    assert (embed.task, embed.embed_spec.pooling, embed.config.max_model_len) == ("embed", "mean", 384)
+    write(tmp_path / "llama", "config.json", {"model_type": "llama"})
+    chat = served_model(ModelConfig(name="c"), str(tmp_path / "llama"), tokenizer=None)
+    assert (chat.task, chat.embed_spec, chat.config.max_model_len) == ("generate", None, 2048)
