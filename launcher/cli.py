@@ -69,8 +69,9 @@ def up(
 
     from launcher.plan.layouts import tp_refusal
 
-    if problem := tp_refusal(cfg):
-        fail(problem)
+    for k in range(len(cfg.served())):  # each model under its own workers section
+        if problem := tp_refusal(cfg.for_model(k)):
+            fail(problem)
     sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
 
@@ -323,7 +324,8 @@ def restart_worker(
         client, "POST", f"/admin/workers/{worker_id}/restart?drain={int(drain)}&timeout={drain_s}", timeout=drain_s + 10
     )
     note = "" if out.get("drained", True) else " (drain timed out: in-flight requests were failed over)"
-    console.print(f"worker {worker_id} restarting{note}", highlight=False)
+    model = out["worker"].get("model")
+    console.print(f"worker {worker_id}{f' ({model})' if model else ''} restarting{note}", highlight=False)
     if wait:
         with console.status(f"waiting for worker {worker_id} to be ready"):
             w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)

@@ -180,7 +180,6 @@ class Supervisor:
         self.backend = backend  # None: local processes; else an object with spawn_worker(spec, launch)
         self.child_env = dict(child_env or {})  # added to every router and worker (the CURVE keys' folder)
         self.model_paths = [model_path] if isinstance(model_path, Path | str) else list(model_path)
-        self.model_path = self.model_paths[0]  # the router's tokenizer: the first model's
         self.served = cfg.served()
         self.model_names = [one.name for one in self.served]
         self.run_dir = run_dir
@@ -194,7 +193,7 @@ class Supervisor:
         ]  # one per model: each worker reads its own model's settings
         for k, path in enumerate(self.worker_settings_paths):
             path.write_text(cfg.worker_settings(k).model_dump_json())
-        self.worker_settings_path = self.worker_settings_paths[0]
+        self.worker_settings_path = self.worker_settings_paths[0]  # the first model's (the one-model form's)
         self.slots = {s.worker_id: Slot(s) for s in specs}
         self.router_child = Child()  # its proc is None while a dead router waits for its restart
         self.router_answering = False  # the current router process has answered its admin API

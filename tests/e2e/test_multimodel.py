@@ -134,6 +134,7 @@ def test_restarting_one_models_replica_leaves_the_other_serving(two):
     cmd = [sys.executable, "-m", "launcher.cli", "restart-worker", str(before["id"]), "--no-wait"]
     done = subprocess.run([*cmd, "--config", str(two.path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert f"worker {before['id']} ({INT8}) restarting" in done.stdout + done.stderr  # the console: stderr
     wait_for(lambda: worker_of(two, INT8)["pid"] != before["pid"], 60, what="the int8 replica's new process")
     assert worker_of(two, INT8)["state"] != "ready"  # loading: it takes no request
     answer = two.chat(QUESTION, max_tokens=16, model=Q4, timeout=300)

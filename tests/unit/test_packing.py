@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from launcher import cli
 from launcher.config import DeployConfig
 from launcher.plan.packing import place_models
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, place
 from launcher.plan.several import plan_models
+from tests.helpers.deployment import free_port
 from tests.helpers.model_configs import SMOLLM2_135M, llama2
 from worker.contract.settings import WorkersConfig
 from worker.contract.shapes import from_hf_config
@@ -111,3 +117,44 @@ def test_a_shared_gpu_too_small_for_both_is_refused_naming_the_model():
     result = plan_models(cfg, inventory(1, total_gib=24), [big, SMOLLM2])
     assert [s.share for p in result.plans for s in p.specs] == [0.5, 0.5]
     assert len(result.errors) == 1 and result.errors[0].startswith("model 'chat': worker 0 (cuda[0])"), result.errors
+
+
+def two_model_file(tmp_path, second: str) -> Path:
+    """Two entries of the same config folder; ``second``: the second entry's own keys."""
+    model = tmp_path / "model"  # its own config folder: the plan never needs the model cache
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(
+        f"models:\n  - {{name: {model}, served_name: chat}}\n"
+        f"  - {{name: {model}, served_name: small, {second}}}\n"
+        f"router: {{port: {free_port()}, admin_port: {free_port()}}}\n"
+        "workers: {devices: cpu, replicas: 1}\n"
+    )
+    return deploy
+
+
+def test_plan_command_shows_the_split_per_model_and_one_line_per_problem(tmp_path):
+    fits = CliRunner().invoke(cli.app, ["plan", str(two_model_file(tmp_path, "workers: {kv_cache_gib: 0.5}"))])
+    assert fits.exit_code == 0, fits.output
+    assert "model chat" in fits.output and "model small" in fits.output
+    assert "worker 0: model 'chat' on cpu[" in fits.output and "worker 1: model 'small' on cpu[" in fits.output
+    refused = CliRunner().invoke(cli.app, ["plan", str(two_model_file(tmp_path, "workers: {kv_cache_gib: 0.001}"))])
+    assert refused.exit_code == 1
+    errors = [line for line in refused.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: model 'small': worker 1"), refused.output
+
+
+def test_up_places_every_model_and_passes_one_folder_per_model(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(cli, "serve", lambda *a: started.append(a) or 0)
+    monkeypatch.setattr(
+        "launcher.models.resolve_model", lambda name, progress=True, quantization="auto": Path(f"/m/{quantization}")
+    )
+    deploy = two_model_file(tmp_path, "quantization: int8")
+    done = CliRunner().invoke(cli.app, ["up", str(deploy)])
+    assert done.exit_code == 0, done.output
+    ((cfg, specs, paths),) = started
+    assert [(s.worker_id, s.model) for s in specs] == [(0, 0), (1, 1)]
+    assert paths == [Path("/m/auto"), Path("/m/int8")]
+    assert [one.name for one in cfg.served()] == ["chat", "small"]
