@@ -20,7 +20,7 @@ from openai import OpenAI
 
 from tests.helpers.deployment import MODEL as CHAT_MODEL
 from tests.helpers.deployment import Deployment, wait_for
-from tests.helpers.java import needs_java, run_example
+from tests.helpers.java import run_example
 
 EMBED_MODEL = "all-minilm-l6-v2"
 SUBJECTS = ["The cat", "A data centre", "My grandmother", "The river", "An old violin"]
@@ -246,11 +246,10 @@ def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
     assert emb.next_heartbeat(embed_worker(emb)["id"])["peak_running"] > 1  # requests shared steps
 
 
-@needs_java
 def test_java_embeddings_example(emb, reference):
     a, b = "A cat sits on the mat.", "A kitten is lying on the rug."
-    out = run_example("Embeddings.java", emb.base_url, a, b)
-    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    out = run_example("Embeddings.java", a, b, env={"LLAMADEPLOY_URL": emb.base_url})
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     expected = float(cosines(*[v[None] for v in reference.encode([a, b])])[0])
     assert lines["dimensions"] == "384" and abs(float(lines["cosine"]) - expected) < 1e-4, lines
 

@@ -10,7 +10,7 @@ import json
 import httpx
 
 from tests.helpers.deployment import MODEL
-from tests.helpers.java import needs_java, run_example
+from tests.helpers.java import run_example
 from tests.openai_schema import check_event, check_response
 
 # LangChain4j's ToolSpecification -> JsonObjectSchema -> map, non-strict (no additionalProperties, no "strict")
@@ -269,9 +269,8 @@ def test_langchain4j_server_tools_are_refused_by_name(deployment):
     assert got.status_code == 400 and got.json()["error"]["param"] == "tools[1].type"
 
 
-@needs_java
 def test_java_responses_example(deployment):
-    out = run_example("Responses.java", deployment.base_url, "What is the capital of France?")
-    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    out = run_example("Responses.java", "What is the capital of France?", env={"LLAMADEPLOY_URL": deployment.base_url})
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     assert lines["status"] in ("completed", "incomplete") and lines["text"].strip()
     assert lines["streamed"] == lines["text"] and int(lines["events"]) >= 9

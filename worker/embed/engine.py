@@ -147,4 +147,5 @@ class EmbedEngine:
             mem_bytes=memory_bytes(self.device),
             steps=self.steps,
             last_step_age_s=time.monotonic() - self.last_step_at,
+            cpu_s=time.process_time(),  # a long step that computes is not a hung one (router.stall)
         )
