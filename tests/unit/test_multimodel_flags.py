@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 
+from launcher.cli import app
 from launcher.config import ConfigError, load_config
 
 TWO = """
@@ -40,3 +42,14 @@ def test_the_model_name_flag_with_a_models_list_is_one_clear_line(two):
         load_config(two, {"model.name": "other"})
     assert "models:" in str(err.value) and "model.name" in str(err.value)
     assert "not both" not in str(err.value)
+
+
+def test_plan_names_the_models_entry_whose_model_is_missing(tmp_path):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(
+        "models:\n  - name: smollm2-135m-instruct\n  - name: /nonexistent/m.gguf\n    served_name: second\n"
+        "workers: {devices: cpu, replicas: 1}\n"
+    )
+    result = CliRunner().invoke(app, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "models[1] (second)" in result.output and "/nonexistent/m.gguf does not exist" in result.output
