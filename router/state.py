@@ -134,7 +134,9 @@ class Api:
 
     @property
     def max_prompt_tokens(self) -> int:
-        return self.cfg.limits.max_prompt_tokens or self.max_model_len - 1
+        """``limits.max_prompt_tokens``, never over this model's ``max_model_len − 1``: the limits
+        are one section for every model, and a prompt must leave room for one generated token."""
+        return min(self.cfg.limits.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
 
     @property
     def grammar_checker(self) -> GrammarChecker:
