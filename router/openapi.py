@@ -14,6 +14,7 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
+from router.embeddings.request import EmbeddingRequest
 from router.responses.request import ResponsesRequest
 from router.schemas import ChatRequest, CompletionRequest
 from router.settings import RouterSettings
@@ -152,6 +153,12 @@ def build_openapi(cfg: RouterSettings) -> dict:
                 "The `response` object; with `stream: true`, Server-Sent Events whose `event:` is each JSON "
                 "`type`, ending with `response.completed`, `response.incomplete` or `response.failed`",
             ),
+            "/v1/embeddings": _post(
+                "Create embeddings (with an embedding model)",
+                "EmbeddingRequest",
+                "The vectors: `data[i].embedding` floats, or base64 of little-endian float32 with "
+                "`encoding_format: base64`",
+            ),
             "/v1/models": _get("List the served models"),
             "/v1/models/{model}": _with_path_parameter(
                 _get("One served model (404 model_not_found when it is not served)", errors=(401, 404)),
@@ -171,6 +178,7 @@ def build_openapi(cfg: RouterSettings) -> dict:
                     (ChatRequest, "ChatCompletionRequest"),
                     (CompletionRequest, "CompletionRequest"),
                     (ResponsesRequest, "ResponsesRequest"),
+                    (EmbeddingRequest, "EmbeddingRequest"),
                 ),
                 "Error": ERROR,
             }

@@ -30,6 +30,7 @@ class ServedModel:
 
     config: ModelConfig
     tokenizer: Any
+    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.main)
 
     @property
     def name(self) -> str:
