@@ -130,6 +130,7 @@ class DeployConfig(Section):
         return RouterSettings(
             model=self.model,
             models=[m.model for m in self.served()] if self.models else [],
+            model_workers={m.name: m.workers for m in self.served()} if self.models else {},
             router=self.router,
             workers=self.workers,
             limits=self.limits,
