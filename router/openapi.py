@@ -142,7 +142,7 @@ def build_openapi(cfg: RouterSettings) -> dict:
                 "The `response` object; with `stream: true`, Server-Sent Events whose `event:` is each JSON "
                 "`type`, ending with `response.completed`, `response.incomplete` or `response.failed`",
             ),
-            "/v1/models": _get("List the served model"),
+            "/v1/models": _get("List the served models (each with its task: generate or embed)"),
             "/health": _get("Ready to serve (200) or not (503)", open_=True),
             "/health/ready": _get("Same as /health", open_=True),
             "/health/live": _get("The router process is up", open_=True),

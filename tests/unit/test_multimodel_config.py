@@ -102,3 +102,13 @@ def test_an_empty_list_is_an_error():
 def test_several_models_on_ray_are_refused():
     line = one_error({"models": TWO, "cluster": {"backend": "ray"}})
     assert "cluster.backend: ray does not serve yet" in line
+
+
+def test_workers_for_names_each_models_own_section_and_the_top_level_for_an_unknown_name():
+    cfg = parse_config(
+        {
+            "workers": {"startup_timeout_s": 100},
+            "models": [{"name": "a"}, {"name": "b", "workers": {"startup_timeout_s": 900}}],
+        }
+    )
+    assert [cfg.workers_for(n).startup_timeout_s for n in ("a", "b", "", "gone")] == [100, 900, 100, 100]

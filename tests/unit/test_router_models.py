@@ -104,3 +104,19 @@ def test_the_one_model_form_judges_every_worker_by_the_top_level_workers_section
     cfg = RouterSettings(workers={"heartbeat_timeout_s": 7})
     assert cfg.model_workers == {} and cfg.workers_for("anything").heartbeat_timeout_s == 7
     assert pool_of({0: "m"}).timeouts("m") == (10, 30.0)  # the pool's own values, as main builds it
+
+
+def test_the_status_pages_feed_names_every_served_model():
+    import asyncio
+    import json
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from router import ui
+    from router.state import API
+
+    app = web.Application()
+    app[API] = api_of(ModelConfig(name="e", task="embed"), ModelConfig(name="c1"), ModelConfig(name="c2"))
+    body = json.loads(asyncio.run(ui.activity(make_mocked_request("GET", "/activity", app=app))).body)
+    assert (body["model"], body["models"]) == ("c1", ["e", "c1", "c2"])
