@@ -105,7 +105,11 @@ class LlamaModel:
             layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
             layer.down = make(weights[m + "down_proj.weight"])
             self.layers.append(layer)
-        self.cos, self.sin = rope_tables(config, max_positions, device)  # [P, D] float32
+        self.cos, sin = rope_tables(config, max_positions, device)  # [P, D] float32
+        # rotate_half(x) * sin == roll(x, D/2) * sin with its first half negated, bit for bit (the
+        # sign moves from x to sin), in one roll instead of two slices, a negation and a cat per layer
+        half = self.head_dim // 2
+        self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
     @torch.inference_mode()
     def forward(
@@ -127,7 +131,8 @@ class LlamaModel:
         dt, reduce = self.dtype, self.reduce
         x = self.embed(input_ids)  # [T, hidden] float32: the residual stream stays float32
         cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
-        sin = self.sin[positions].to(self.dtype)[:, None, :]
+        sin = self.sin_signed[positions].to(self.dtype)[:, None, :]
+        half = D // 2
         hidden = x.shape[-1]
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps).to(dt)
@@ -135,7 +140,7 @@ class LlamaModel:
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
             qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + qk.roll(half, -1) * sin
             q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, KVH, D]
             v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
             o = attend(q, k, v, cache, i, batch, self.scale)  # [T, H * D]
@@ -162,11 +167,6 @@ class LlamaModel:
         """Final norm and LM head: residual rows [N, hidden] (float32) -> logits [N, V] (float32)."""
         x = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps).to(self.dtype)
         return self.lm_head(x).float()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _plain_linear(weight: torch.Tensor):

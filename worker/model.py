@@ -133,7 +133,8 @@ def _compact(config, weights, device, dtype, max_positions, tp, quantization, ro
     table and the bytes of the weights it holds."""
     from worker.quant.linear import Linears
 
-    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1])
+    agree = tp.rank0_ints if tp is not None and tp.world > 1 else None  # the ranks run rank 0's kernels
+    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1], agree=agree)
     model = llama.LlamaModel(
         config,
         weights,

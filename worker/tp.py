@@ -98,6 +98,16 @@ class TPGroup:
             raise self._fail("start-up all-reduce", exc) from exc
         return int(t.item())
 
+    def rank0_ints(self, values: list[int]) -> list[int]:
+        """Rank 0's ``values`` on every rank (each passes a list of the same length): the kernel
+        choices, so that the ranks of a replica run the kernels rank 0 measured fastest."""
+        t = torch.tensor(values, dtype=torch.long)
+        try:
+            dist.broadcast(t, 0, group=self.start)
+        except RuntimeError as exc:
+            raise self._fail("start-up broadcast", exc) from exc
+        return t.tolist()
+
     def barrier(self) -> None:
         """Wait, within the start timeout, until every rank is here."""
         self.min_int(0)

@@ -75,15 +75,17 @@ def formats() -> dict[str, object]:
 # avx512bw or avx_ne_convert, so it is left to the check); each name is skipped where the op is absent.
 EXPECTED = {
     "float": ["plain-f32", "onednn-f32"],
-    "int8/channel": ["dequant-f32", "int8pack-bf16", "int8pack-f32"],
+    "int8/channel": ["dequant-f32", "int8pack-bf16", "int8pack-f32", "int8split-bf16"],
     "int8/g32": ["dequant-f32", "int8group-bf16", "int8group-f32"],
-    "int4/g32": ["dequant-f32", "int4pack-bf16", "int4pack-f32"],
-    "Q4_0/g32": ["dequant-f32", "int4pack-bf16", "int4pack-f32", "dynquant4"],
+    "int4/g32": ["dequant-f32", "int4pack-bf16", "int4pack-f32", "int4split-bf16"],
+    "Q4_0/g32": ["dequant-f32", "int4pack-bf16", "int4pack-f32", "int4split-bf16", "dynquant4"],
 }
 OPS = {
     "int8pack": "_weight_int8pack_mm",
     "int8group": "_weight_int8pack_mm",
+    "int8split": "_weight_int8pack_mm",
     "int4pack": "_weight_int4pack_mm_for_cpu",
+    "int4split": "_weight_int4pack_mm_for_cpu",
     "dynquant4": "_dyn_quant_matmul_4bit",
 }
 

@@ -14,7 +14,10 @@ step of T rows runs the pick of the smallest bucket ≥ T (beyond the last bucke
 A second form of a weight (a plain float weight beside its prepacked one, say) is kept only where
 the table says it pays: the *primary* kernel is the one that wins the most buckets, and another
 holding other tensors replaces it in a bucket only when it is at least :data:`MIN_GAIN` faster
-there. Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
+there, and at all only when the time it saves over the buckets it runs is at least
+:data:`MIN_GAIN` of the primary's time summed over every bucket per copy of the weight it adds
+(a float32 model on an AVX2 EPYC kept a plain copy of o, q/k/v and down beside the prepacked one
+for 30% less time at one row, 3-5% of their table: 200 MiB more for SmolLM2-135M). Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
 unless ``allow_copies``: quantization is for memory.
 
 The timer is injectable, so the choice logic is unit-tested with a fake clock.
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.quant.format import QuantizedWeight
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,9 @@ MAX_TUNED_ROWS = 128  # larger steps (a big prefill) run the largest bucket's pi
 SLOW_ROUND_S = 0.05  # past this per round of calls, two rounds are enough
 PRUNE = 8.0  # a kernel this many times slower than the best at a bucket is not timed at larger ones
 MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster where it is used
+# a quantized weight's values are held once (quantization is for memory): a second form may add a
+# copy of its scales (int8pack's bfloat16 ones), not another layout of its values
+MAX_ADDED_QUANTIZED = 0.25
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -135,25 +142,60 @@ def storage_key(t: torch.Tensor) -> int:
         return id(t)
 
 
-def choose(kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int]) -> list[Pick]:
+def choose(
+    kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int], max_added: float | None = None
+) -> list[Pick]:
     """The pick per bucket: the fastest, except that a kernel holding tensors the primary (the one
     fastest at the most buckets; among equals, the least time summed over them) does not hold must
-    beat the primary by :data:`MIN_GAIN`."""
+    beat the primary by :data:`MIN_GAIN` in that bucket, and must pay for its memory over the whole
+    table (:func:`_pays`), else the primary runs there too. ``max_added``: the most bytes a second
+    form may add, as a fraction of the primary's (:data:`MAX_ADDED_QUANTIZED` for a quantized
+    weight: its values are held once)."""
     by_name = {kn.name: kn for kn in kernels}
     fastest = {r: min((t[r], name) for name, t in times.items() if r in t)[1] for r in rows}
     wins = {name: sum(f == name for f in fastest.values()) for name in by_name}
     total = {name: sum(times[name].get(r, float("inf")) for r in rows) for name in by_name}
     primary = max(by_name, key=lambda name: (wins[name], -total[name]))  # ties: the least time over all buckets
     held = _storages(by_name[primary])
-    picks = []
+    chosen = {}
     for r in rows:
         best = fastest[r]
         base = times[primary].get(r)
         extra = not _storages(by_name[best]) <= held
         if extra and base is not None and times[best][r] > (1 - MIN_GAIN) * base:
             best = primary
-        picks.append(Pick(r, best, times[best][r]))
-    return picks
+        chosen[r] = best
+    for name in set(chosen.values()) - {primary}:
+        used = [r for r in rows if chosen[r] == name]
+        if not _pays(by_name[name], by_name[primary], times, used, total[primary], max_added):
+            chosen.update({r: primary for r in rows if chosen[r] == name})
+    return [Pick(r, chosen[r], times[chosen[r]].get(r, float("nan"))) for r in rows]  # NaN: the primary, pruned there
+
+
+def _pays(
+    form: Kernel, primary: Kernel, times: dict[str, dict[int, float]], used: list[int], base: float, max_added=None
+) -> bool:
+    """Whether a second ``form`` of a weight, run at the buckets ``used``, saves at least
+    :data:`MIN_GAIN` of the primary's time over the whole table (``base``) per copy of the
+    primary's bytes it adds: a full second copy must save 10% of the table's time, a bfloat16 copy
+    of the scales (a hundredth of the bytes) a thousandth."""
+    held = _storages(primary)
+    added = sum(_nbytes(t) for t in _distinct(form.held) if storage_key(t) not in held)
+    if not added:
+        return True
+    own = sum(_nbytes(t) for t in _distinct(primary.held)) or 1
+    if max_added is not None and added > max_added * own:
+        return False
+    saved = sum(times[primary.name][r] - times[form.name][r] for r in used if r in times[primary.name])
+    return saved >= MIN_GAIN * base * added / own
+
+
+def _distinct(tensors: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    return list({storage_key(t): t for t in tensors}.values())
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def tune(
@@ -184,7 +226,8 @@ def tune(
     if len(kernels) == 1:
         picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
     else:
-        picks = choose(kernels, times, rows)
+        one_copy = isinstance(w, QuantizedWeight) and not allow_copies
+        picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)
     return Choice(n, k, what, picks, times, list(built)), built
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.quant import grouped_int8
+from worker.quant import grouped_int8, split_int4
 from worker.quant.format import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,10 @@ Weight = torch.Tensor | QuantizedWeight
 TOL_FLOAT32 = 1e-4
 TOL_HALF = 2e-2  # bfloat16 / float16 activations or weights
 TOL_INT8_ACTIVATIONS = 6e-2
+# bfloat16 activations and scales, each group's product rounded to bfloat16 and the products summed in
+# float32 (:mod:`worker.quant.grouped_int8`, :mod:`worker.quant.split_int4`): three roundings of 2^-9 at worst, and no bfloat16 grid
+# on the output (the sum of products of different sizes is not on it). Measured ~1e-3 on an LM head.
+TOL_BF16_SUM = 6e-3
 
 INT4_CPU_GROUPS = (32, 64, 128, 256)  # group sizes _weight_int4pack_mm_for_cpu takes
 
@@ -49,11 +53,14 @@ INT4_CPU_GROUPS = (32, 64, 128, 256)  # group sizes _weight_int4pack_mm_for_cpu 
 @dataclass
 class Kernel:
     """A built candidate: ``fn`` maps ``x [T, K]`` to ``[T, N]`` in ``x``'s dtype; ``held`` are the
-    tensors it keeps alive (what it costs in memory, counted once per storage)."""
+    tensors it keeps alive (what it costs in memory, counted once per storage); ``gather``, where the
+    kernel re-laid the weight out, maps ``ids [T]`` to those rows of the weight [T, K] float32 read
+    from its own tensors (a tied embedding table then shares them instead of holding a second copy)."""
 
     name: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     held: tuple[torch.Tensor, ...]
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -222,10 +229,12 @@ def _tol(dt: torch.dtype) -> float:
 
 
 def full_precision(candidate: Candidate, dt: torch.dtype) -> bool:
-    """Whether ``candidate`` computes at ``dt``'s precision (no bfloat16 or int8 rounding of a
-    float32 model's activations or output): what the LM head needs, since its logits feed sampling
-    and logprobs (bfloat16 logits near 25 move in steps of 0.125, enough to make ties)."""
-    return candidate.tolerance <= _tol(dt)
+    """Whether ``candidate`` may run a ``dt`` model's LM head: its output is not rounded to a grid
+    coarser than ``dt``'s (logits feed sampling and logprobs; bfloat16 logits near 25 move in steps
+    of 0.125, enough to make ties). Kernels at ``dt``'s own precision qualify, and so do those that
+    round activations to bfloat16 but sum their products in float32 (:data:`TOL_BF16_SUM`: an error
+    per product like llama.cpp's 8-bit activations, no coarse steps)."""
+    return candidate.tolerance <= max(_tol(dt), TOL_BF16_SUM)
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
@@ -241,10 +250,21 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
         out += [
             Candidate(f"onednn-{_short(dt)}", _tol(dt), _cpu(_float_weight), _onednn),
             Candidate("int8pack-f32", _tol(dt), _cpu(_per_channel_int8), _int8pack(torch.float32)),
-            Candidate("int8group-bf16", half, grouped_int8.accepts, grouped_int8.builder(torch.bfloat16, Kernel)),
+            Candidate(
+                "int8group-bf16", TOL_BF16_SUM, grouped_int8.accepts, grouped_int8.builder(torch.bfloat16, Kernel)
+            ),
+            Candidate(
+                "int8split-bf16",
+                TOL_BF16_SUM,
+                grouped_int8.accepts_split,
+                grouped_int8.builder(torch.bfloat16, Kernel, grouped_int8.SPLIT),
+            ),
             Candidate("int8group-f32", _tol(dt), grouped_int8.accepts, grouped_int8.builder(torch.float32, Kernel)),
             Candidate("int4pack-bf16", half, _int4_groups, _int4pack_cpu(torch.bfloat16)),
             Candidate("int4pack-f32", _tol(dt), _int4_groups, _int4pack_cpu(torch.float32)),
+            Candidate(
+                "int4split-bf16", TOL_BF16_SUM, split_int4.accepts, split_int4.builder(Kernel, _scales_and_zeros)
+            ),
             Candidate("dynquant4", TOL_INT8_ACTIVATIONS, _symmetric_int4, _dynquant4),
             Candidate("float-copy-f32", _tol(dt), _cpu(_quantized), _float_copy(torch.float32), copy=True),
             Candidate("float-copy-bf16", half, _cpu(_quantized), _float_copy(torch.bfloat16), copy=True),

@@ -21,7 +21,7 @@ from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
-from worker.quant.kernels import Candidate, Kernel, Weight, candidates, full_precision
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ class Linears:
     quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
     chunks); ``max_logit_rows``: the most rows the LM head sees (one per running sequence).
     ``allow_copies``: also consider float copies of quantized weights (off: quantization is for
-    memory). ``timer``: the clock of the measurements (a fake one in tests)."""
+    memory). ``timer``: the clock of the measurements (a fake one in tests). ``agree``: with tensor
+    parallelism, maps this rank's picks (kernel indices per bucket) to rank 0's
+    (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica runs rank 0's table."""
 
     def __init__(
         self,
@@ -68,13 +70,15 @@ class Linears:
         max_logit_rows: int = 8,
         allow_copies: bool = False,
         timer: Callable[[], float] = time.perf_counter,
+        agree: Callable[[list[int]], list[int]] | None = None,
     ):
         self.device, self.dtype = device, dtype
         self.bits = rules.bits_of(quantization)
         self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
-        self.allow_copies, self.timer = allow_copies, timer
+        self.allow_copies, self.timer, self.agree = allow_copies, timer, agree
         self.pool = {c.name: c for c in candidates(dtype, device)}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
+        self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
         self.choices: dict[tuple, Choice] = {}
         self.counts: dict[tuple, int] = {}  # weights per choice
         self.held: dict[int, int] = {}  # storage key -> bytes: the weight memory
@@ -86,15 +90,26 @@ class Linears:
 
     def head(self, weight: Weight) -> Callable:
         """The LM head, tuned for at most ``max_logit_rows`` rows: int8 rows when quantizing, else
-        in the compute dtype; only kernels that keep the compute dtype's precision
-        (:func:`~worker.quant.kernels.full_precision`)."""
+        in the compute dtype; only kernels whose logits keep the compute dtype's precision
+        (:func:`~worker.quant.kernels.full_precision`). Where its kernel holds the rows in a layout of
+        its own, the per-row form is dropped and a tied embedding (:meth:`embedding`) reads that one."""
         pool = [c for c in self.pool.values() if full_precision(c, self.dtype)]
-        return self._build(self.rows_int8(weight), self.logit_rows, pool)
+        held = self.rows_int8(weight)
+        fn = self._build(held, self.logit_rows, pool)
+        if held is not weight and storage_key(held.q) in self.gathers:
+            self.rows8.pop(storage_key(weight))
+            self.gathers[storage_key(weight)] = self.gathers[storage_key(held.q)]
+        return fn
 
     def embedding(self, table: Weight) -> Callable[[torch.Tensor], torch.Tensor]:
         """``ids [T] -> [T, hidden]`` float32 rows of ``table`` [V, hidden] (int8 rows when
-        quantizing: only the T rows asked for are dequantized)."""
+        quantizing: only the T rows asked for are dequantized). A table tied to an LM head built
+        first (:meth:`head`) whose kernel re-laid it out is read from that layout: held once."""
+        key = storage_key(table if isinstance(table, torch.Tensor) else table.q)
+        if key in self.gathers:
+            return self.gathers[key]  # its tensors were counted with the head's kernel
         table = self.rows_int8(table)
+        self.rows8.pop(key, None)  # the tie is made
         if isinstance(table, torch.Tensor):
             self.count(table)
             return lambda ids: F.embedding(ids, table).float()
@@ -139,6 +154,8 @@ class Linears:
         if choice is None:
             start = time.perf_counter()
             choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
+            if self.agree is not None:
+                choice = self._rank0s(choice, built, w, pool)
             self.seconds += time.perf_counter() - start
             self.choices[key] = choice
             kernels = {name: built[name] for name in choice.kernels()}
@@ -147,9 +164,28 @@ class Linears:
                 kernels = {name: self._named(name, w) for name in choice.kernels()}
         self.counts[key] = self.counts.get(key, 0) + 1
         for kernel in kernels.values():
+            if kernel.gather is not None and isinstance(w, QuantizedWeight):
+                self.gathers.setdefault(storage_key(w.q), kernel.gather)
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
         return self.dispatch(choice.picks, kernels)
+
+    def _rank0s(self, choice: Choice, built: dict[str, Kernel], w: Weight, pool: list[Candidate]) -> Choice:
+        """``choice`` with rank 0's picks (:attr:`agree`); a kernel rank 0 picked that this rank did
+        not build is built here, and one that cannot run here raises ``RuntimeError``."""
+        names = sorted(c.name for c in pool)
+        theirs = self.agree([names.index(p.kernel) for p in choice.picks])
+        picks = []
+        for pick, index in zip(choice.picks, theirs, strict=True):
+            name = names[index]
+            if name not in built:
+                cand = next(c for c in pool if c.name == name)
+                if (kernel := check(cand, w, self.dtype, self.device)) is None:
+                    raise RuntimeError(f"rank 0 chose kernel {name} for {tuple(w.shape)}, which cannot run here")
+                built[name] = kernel
+            picks.append(Pick(pick.rows, name, choice.times.get(name, {}).get(pick.rows, float("nan"))))
+        choice.picks = picks
+        return choice
 
     @staticmethod
     def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Callable:
