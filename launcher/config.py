@@ -310,7 +310,8 @@ def _said(msg: str, where: list[str], first: bool) -> str:
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:
     """Read ``path`` (or defaults when ``None``), apply env and CLI ``overrides``, validate.
 
-    ``overrides`` maps dotted keys (``"router.port"``) to values; ``None`` values are skipped.
+    ``overrides`` maps dotted keys (``"router.port"``) to values; ``None`` values are skipped; a
+    ``model.*`` key applies to every entry of a ``models:`` list.
     Environment: ``LLAMADEPLOY_API_KEYS`` (comma-separated) and ``LLAMADEPLOY_ADMIN_TOKEN``.
     """
     data: dict[str, Any] = {}
@@ -330,11 +331,22 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         "router.admin_token": os.environ.get(ADMIN_TOKEN_ENV) or None,
     }
     for dotted, value in {**env, **(overrides or {})}.items():
-        if value is None:
-            continue
-        section, key = dotted.split(".", 1)
-        target = data.setdefault(section, {})
-        if not isinstance(target, dict):
+        if value is not None and not _override(data, dotted, value):
             break  # let validation report the malformed section
-        target[key] = value
     return parse_config(data, source)
+
+
+def _override(data: dict[str, Any], dotted: str, value: Any) -> bool:
+    """Set ``dotted`` (``"router.port"``) in the parsed YAML ``data``; a ``model.*`` key of a
+    ``models:`` deployment is set in every entry (``plan --dtype`` plans every model in it).
+    False when the section is not a mapping."""
+    section, key = dotted.split(".", 1)
+    if section == "model" and isinstance(data.get("models"), list):
+        targets = data["models"]
+    else:
+        targets = [data.setdefault(section, {})]
+    if not all(isinstance(t, dict) for t in targets):
+        return False
+    for target in targets:
+        target[key] = value
+    return True

@@ -112,3 +112,13 @@ def test_workers_for_names_each_models_own_section_and_the_top_level_for_an_unkn
         }
     )
     assert [cfg.workers_for(n).startup_timeout_s for n in ("a", "b", "", "gone")] == [100, 900, 100, 100]
+
+
+def test_a_model_override_from_the_command_line_reaches_every_entry(tmp_path):
+    from launcher.config import load_config
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text("models:\n  - {name: a}\n  - {name: b, dtype: float16}\n")
+    cfg = load_config(path, {"model.dtype": "bfloat16", "model.max_model_len": 1024, "router.port": 9100})
+    assert [(one.model.dtype, one.model.max_model_len) for one in cfg.served()] == [("bfloat16", 1024)] * 2
+    assert cfg.router.port == 9100 and cfg.model.name == "a"
