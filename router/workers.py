@@ -52,6 +52,7 @@ from router.errors import ApiError
 from router.events import EventLog
 from router.policies import LeastLoaded, RoundRobin, make_policy
 from router.prefix_affinity import PrefixAffinity
+from router.stall import is_stalled, no_step_for
 from router.worker_link import WorkerLink
 from worker.contract.keys import ServerKeys
 from worker.contract.protocol import (
@@ -130,6 +131,7 @@ class Worker:
     weight_bytes: int = 0  # from its Ready
     kernels: list = field(default_factory=list)  # from its Ready: KernelChoice rows
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
+    progress_cpu_s: float | None = None  # its process's CPU seconds (EngineLoad.cpu_s) at progress_at
 
     @property
     def in_flight(self) -> int:
@@ -143,13 +145,19 @@ class Worker:
         return bool(self.in_flight or (load is not None and (load.running or load.waiting)))
 
     def stalled_for(self, now: float) -> float:
-        """Seconds its engine has had work but made no step (0 when it is idle, making progress,
-        or does not report its steps): the engine loop is stuck while its I/O thread heartbeats."""
+        """Seconds its engine has had work but made no step, by the router's clock and the worker's
+        own (:func:`router.stall.no_step_for`; 0 when it is idle or does not report its steps)."""
         load = self.load
         if load is None or not self.busy or (load.steps is None and load.last_step_age_s is None):
             return 0.0
-        stalled = now - self.progress_at
-        return stalled if load.steps is not None else min(stalled, load.last_step_age_s)
+        return no_step_for(now - self.progress_at, load.last_step_age_s, now - self.last_seen)
+
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        """Its engine loop is stuck (:func:`router.stall.is_stalled`): no step for ``timeout_s`` by
+        both clocks while its process used next to no CPU, or no step for far longer."""
+        load, mark = self.load, self.progress_cpu_s
+        cpu = load.cpu_s - mark if load is not None and load.cpu_s is not None and mark is not None else None
+        return is_stalled(self.stalled_for(now), cpu, timeout_s)
 
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
 
@@ -537,7 +545,7 @@ class WorkerPool:
             self._on_ready(w, msg)
         elif isinstance(msg, Heartbeat):
             if not w.busy or w.load is None or msg.load.steps != w.load.steps:
-                w.progress_at = w.last_seen
+                w.progress_at, w.progress_cpu_s = w.last_seen, msg.load.cpu_s
             w.load = msg.load
             w.heartbeats += 1
         elif isinstance(msg, Bye):
@@ -597,7 +605,8 @@ class WorkerPool:
             if silent > heartbeat_s:
                 log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
                 self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
-            elif (stalled := w.stalled_for(now)) > stall_s:
+            elif w.stalled(now, stall_s):
+                stalled = w.stalled_for(now)
                 log.warning(
                     "worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",
                     w.worker_id,

@@ -253,6 +253,7 @@ class Engine:
             mem_bytes=memory_bytes(self.device),
             steps=self.steps,
             last_step_age_s=time.monotonic() - self.last_step_at,
+            cpu_s=time.process_time(),  # the router tells a slow step (computing) from a hung one by it
             prefix_hit_tokens=b.hit_tokens,
             prefix_queried_tokens=b.queried_tokens,
             kv_blocks_total=b.num_blocks,

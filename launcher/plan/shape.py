@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
-from worker.contract.gguf_header import tensor_types
+from worker.contract.gguf_header import read_tensor_types
 from worker.contract.shapes import GgufTypes, ModelShape, from_gguf, gguf_types, read_json_shape
 
 
@@ -34,19 +34,12 @@ def read_shape(name: str) -> ModelShape:
 
 
 def _gguf_types(path: Path) -> GgufTypes | None:
-    """The GGUF file's tensor types from its header (milliseconds), or by ``gguf.GGUFReader`` for a
-    layout the header walk does not take; ``None`` when unreadable (the worker's load reports it)."""
-    from gguf import GGUFReader
-
+    """The GGUF file's tensor types from its header (milliseconds); ``None`` when unreadable (the
+    worker's load reports it)."""
     try:
-        return gguf_types(tensor_types(path))
-    except OSError:
+        return gguf_types(read_tensor_types(path))
+    except (OSError, ValueError):
         return None
-    except ValueError:  # big-endian or GGUF v1: the full reader takes them
-        try:
-            return gguf_types({t.name: t.tensor_type.name for t in GGUFReader(path).tensors})
-        except (OSError, ValueError):
-            return None
 
 
 def _embedded_gguf(alias: str) -> Path:

@@ -5,30 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
 
 import httpx
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 
-from tests.helpers.deployment import MODEL
+from tests.helpers.deployment import MODEL, cli
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
-
-
-@pytest.fixture(scope="module")
-def client(deployment) -> OpenAI:
-    return OpenAI(base_url=deployment.base_url, api_key="unused", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(Path.home() / ".cache/llamadeploy/models/smollm2-135m-instruct")
 
 
 def test_sdk_parses_echo_of_the_prompt_alone(client, tokenizer):
@@ -141,11 +125,8 @@ def test_bench_perplexity_prints_a_finite_figure(deployment, tmp_path):
     text.write_text(
         " ".join(f"On day {i} the committee met and agreed to fund {i * 3} new projects." for i in range(30))
     )
-    cli = [sys.executable, "-m", "launcher.cli", "bench", deployment.base_url, "--perplexity", str(text)]
-    out = subprocess.run(
-        [*cli, "--ctx", "64", "--output", str(tmp_path / "ppl")],
-        capture_output=True,
-        text=True,
+    out = cli(
+        *("bench", deployment.base_url, "--perplexity", str(text), "--ctx", "64", "--output", str(tmp_path / "ppl")),
         timeout=300,
     )
     assert out.returncode == 0, out.stderr

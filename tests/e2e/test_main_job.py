@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from tests.helpers.deployment import MODEL, wait_for
+from tests.helpers.deployment import MODEL, all_ready_and_idle, wait_for
 
 CHINESE = "《三国演义》的主要人物有"
+# a stream far longer than any test waits for: the tests close it, and the router cancels it
+LONG_STREAM = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me a very long story."}],
+    "max_tokens": 1500,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def sse_events(d, body: dict) -> list[bytes]:
@@ -97,15 +104,10 @@ def test_round_robin_alternates(deployment):
 
 def test_least_loaded_prefers_idle_worker(deployment):
     assert deployment.workers()[0]["state"] == "ready"
-    long_done = threading.Event()
-
-    def long_request():
-        deployment.chat("Tell me a very long story.", max_tokens=300, ignore_eos=True, timeout=300)
-        long_done.set()
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    try:
+    # A long stream holds one worker; leaving the block closes it, and the router cancels it there
+    # (no need to wait for its end).
+    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=LONG_STREAM, timeout=300) as long:
+        assert long.status_code == 200
         busy = wait_for(
             lambda: next((w for w in deployment.workers() if w["in_flight"] == 1), None),
             30,
@@ -115,10 +117,9 @@ def test_least_loaded_prefers_idle_worker(deployment):
             before = served(deployment)
             assert deployment.chat("Say hi.", max_tokens=3).status_code == 200
             after = served(deployment)
-            assert not long_done.is_set()
+            assert deployment.worker(busy)["in_flight"] == 1  # the long one still runs there
             assert after[1 - busy] == before[1 - busy] + 1 and after[busy] == before[busy]
-    finally:
-        t.join()
+    wait_for(lambda: all_ready_and_idle(deployment), 60, what="the long stream cancelled")
 
 
 def test_openai_sdk(deployment):
@@ -191,14 +192,7 @@ def test_bad_completion_prompt(deployment):
 
 
 def test_client_disconnect_cancels_generation(deployment):
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a very long story."}],
-        "max_tokens": 1000,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{deployment.base_url}/chat/completions", json=LONG_STREAM, timeout=60) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 5:
                 break

@@ -1,10 +1,10 @@
 """The chat page (``/``) and the status page (``/status``) in a real, headless Chromium.
 
 The chat tests use the shared deployment (2 replicas); the key prompt, the admin controls and a
-``kill -9`` use a deployment of their own (``router.api_keys`` and ``router.admin_token`` set, one
-replica), which the kill breaks for a while. Screenshots of both pages (1280×800) go into the
-tests' tmp folder (printed with ``-s``). Every test ends by checking the browser's network log:
-no request went anywhere but the router.
+``kill -9`` use the session's keyed deployment (``tests/helpers/keyed.py``: API keys and an admin
+token, one replica), which the kill breaks for a while (the worker comes back). Screenshots of
+both pages (1280×800) go into the tests' tmp folder (printed with ``-s``). Every test ends by
+checking the browser's network log: no request went anywhere but the router.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 
 from tests.helpers.browser import Browser, chromium_paths
 from tests.helpers.deployment import Deployment, wait_for
+from tests.helpers.keyed import ADMIN_TOKEN, ENV_KEYS
 
 QUESTION = "What is the capital of France?"  # the README's
-API_KEY = "page-key"
-ADMIN_TOKEN = "page-admin"
+API_KEY = ENV_KEYS[0]
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +39,9 @@ def shots(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory, browser):
-    d = Deployment(
-        tmp_path_factory.mktemp("pages-keyed"),
-        {
-            "router": {"api_keys": [API_KEY], "admin_token": ADMIN_TOKEN},
-            "workers": {"replicas": 1, "kv_cache_gib": 0.25},  # small: it runs beside the shared one
-            "supervisor": {"restart_backoff_s": 3},  # the page shows it dead for that long
-        },
-    )
-    try:
-        d.start(timeout=420)  # it starts while the shared deployment runs: on 2 cores, give it time
-        yield d
-    finally:
-        d.stop()  # also when it never became ready: nothing of it is left running
+def keyed(browser, secured):
+    """The session's keyed deployment (``tests/helpers/keyed.py``), once the browser is there."""
+    return secured
 
 
 def only_router(browser: Browser, *deployments: Deployment, expected: tuple[str, ...] = ()) -> None:
@@ -337,7 +326,7 @@ def test_admin_controls_need_the_admin_token(browser, keyed):
 def test_kill_9_shows_the_worker_dead_and_back(browser, keyed):
     with_key(browser, keyed, "/status")
     browser.wait(lambda: browser.find_all("#workers tbody tr [data-state='ready']"), 30, "a ready row")
-    pid = keyed.worker(0)["pid"]
+    pid, restarts = keyed.worker(0)["pid"], keyed.worker(0)["restarts"]
     os.kill(pid, signal.SIGKILL)
     browser.wait(lambda: browser.find_all("#workers tbody tr [data-state='dead']"), 30, "the row dead")
     assert "SIGKILL" in browser.find("#workers tbody tr .reason").text
@@ -347,6 +336,6 @@ def test_kill_9_shows_the_worker_dead_and_back(browser, keyed):
     keyed.wait_ready(240)
     browser.wait(lambda: browser.find_all("#workers tbody tr [data-state='ready']"), 30, "the row ready again")
     row = browser.find("#workers tbody tr")
-    assert row.find_element("css selector", "td:nth-child(10)").text == "1"  # restarts
+    assert row.find_element("css selector", "td:nth-child(10)").text == str(restarts + 1)
     assert row.find_element("css selector", "td:nth-child(5)").text == str(keyed.worker(0)["pid"]) != str(pid)
     only_router(browser, keyed)

@@ -10,7 +10,7 @@ import json
 import httpx
 import jsonschema
 import pytest
-from openai import BadRequestError, OpenAI
+from openai import BadRequestError
 from pydantic import BaseModel, Field
 
 from tests.helpers.deployment import MODEL
@@ -39,11 +39,6 @@ TEXT_EVENTS = [
     "response.output_item.done",
     "response.completed",
 ]
-
-
-@pytest.fixture(scope="module")
-def client(deployment) -> OpenAI:
-    return OpenAI(base_url=deployment.base_url, api_key="unused", max_retries=0, timeout=300)
 
 
 def post(deployment, body: dict) -> httpx.Response:

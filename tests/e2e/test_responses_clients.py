@@ -6,18 +6,13 @@ is on PATH."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.helpers.deployment import MODEL
+from tests.helpers.java import run_example
 from tests.openai_schema import check_event, check_response
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples/java/Responses.java"
 # LangChain4j's ToolSpecification -> JsonObjectSchema -> map, non-strict (no additionalProperties, no "strict")
 LC4J_WEATHER = {
     "type": "function",
@@ -274,18 +269,8 @@ def test_langchain4j_server_tools_are_refused_by_name(deployment):
     assert got.status_code == 400 and got.json()["error"]["param"] == "tools[1].type"
 
 
-@pytest.mark.skipif(shutil.which("java") is None, reason="java is not on PATH")
 def test_java_responses_example(deployment):
-    env = {**os.environ, "LLAMADEPLOY_URL": deployment.base_url}
-    out = subprocess.run(
-        ["java", str(EXAMPLE), "What is the capital of France?"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines() if ": " in line)
+    out = run_example("Responses.java", "What is the capital of France?", env={"LLAMADEPLOY_URL": deployment.base_url})
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     assert lines["status"] in ("completed", "incomplete") and lines["text"].strip()
     assert lines["streamed"] == lines["text"] and int(lines["events"]) >= 9

@@ -1,7 +1,6 @@
-"""Access control, listeners, request timeouts and JSON logs on a deployment of its own.
-
-One replica, API keys from the environment (overriding the file's), an admin token, a short
-``router.request_timeout_s`` and ``--log-format json`` on the command line.
+"""Access control, listeners, request timeouts and JSON logs on the session's keyed deployment
+(``tests/helpers/keyed.py``: one replica, API keys from the environment overriding the file's, an
+admin token, a short ``router.request_timeout_s`` and ``--log-format json`` on the command line).
 """
 
 from __future__ import annotations
@@ -17,51 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers.deployment import MODEL, Deployment, wait_for
-
-ENV_KEYS = ["env-key-1", "env-key-2"]
-ADMIN_TOKEN = "admin-secret-token"
-TIMEOUT_S = 6.0
-
-
-class SecuredDeployment(Deployment):
-    """Authenticates with the environment's keys; lists its router and worker processes."""
-
-    def auth_headers(self) -> dict:
-        return {"Authorization": f"Bearer {ENV_KEYS[0]}"}
-
-    def processes(self) -> dict[str, list[psutil.Process]]:
-        procs = [psutil.Process(pid) for pid in self.child_pids()]
-        return {
-            "router": [p for p in procs if "router.main" in p.cmdline() and "--standby" not in p.cmdline()],
-            "workers": [p for p in procs if "worker.main" in p.cmdline()],
-        }
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    d = SecuredDeployment(
-        tmp_path_factory.mktemp("secured"),
-        {
-            "workers": {"replicas": 1},
-            "router": {"api_keys": ["file-key"], "request_timeout_s": TIMEOUT_S},
-        },
-        env={"LLAMADEPLOY_API_KEYS": ",".join(ENV_KEYS), "LLAMADEPLOY_ADMIN_TOKEN": ADMIN_TOKEN},
-        args=["--log-format", "json"],
-    )
-    d.start()
-    yield d
-    d.stop()
-
-
-def assert_openai_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    if code is not None:
-        assert err["code"] == code, err
-    assert r.headers.get("X-Request-ID")
-    return err
+from tests.helpers.deployment import MODEL, assert_openai_error, wait_for
+from tests.helpers.keyed import ADMIN_TOKEN, ENV_KEYS, FILE_KEY, TIMEOUT_S
 
 
 @pytest.mark.parametrize(
@@ -69,7 +25,7 @@ def assert_openai_error(r: httpx.Response, status: int, code: str | None = None)
     [
         {},
         {"Authorization": "Bearer wrong"},
-        {"Authorization": "Bearer file-key"},
+        {"Authorization": f"Bearer {FILE_KEY}"},
         {"Authorization": "Bearer"},
         {"Authorization": f"Basic {ENV_KEYS[0]}"},
         {"Authorization": f"Bearer {ENV_KEYS[0]}x"},
@@ -86,7 +42,7 @@ def test_api_key_required(secured, headers):
         ("POST", "/v1/completions"),
     ):
         r = httpx.request(method, f"{secured.url}{path}", headers=headers, json={"prompt": "x"}, timeout=10)
-        err = assert_openai_error(r, 401, "invalid_api_key")
+        err = assert_openai_error(r, "invalid_api_key", status=401)
         assert err["type"] == "authentication_error" and "Authorization: Bearer" in err["message"]
         assert r.headers["WWW-Authenticate"].startswith("Bearer")
 
@@ -110,8 +66,10 @@ def test_each_environment_key_works_and_health_is_open(secured):
 
 def test_admin_api_has_its_own_token(secured):
     url = f"{secured.admin_url}/admin/workers"
-    assert_openai_error(httpx.get(url, timeout=10), 401, "invalid_api_key")
-    assert_openai_error(httpx.get(url, headers=secured.auth_headers(), timeout=10), 401)  # an API key is not enough
+    assert_openai_error(httpx.get(url, timeout=10), "invalid_api_key", status=401)
+    assert_openai_error(
+        httpx.get(url, headers=secured.auth_headers(), timeout=10), status=401
+    )  # an API key is not enough
     ok = httpx.get(url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
     assert ok.status_code == 200 and ok.json()["workers"][0]["state"] == "ready"
     # The public port does not serve the admin API, whatever the credentials.
@@ -139,7 +97,7 @@ def test_no_secret_reaches_a_worker(secured):
     for worker in secured.processes()["workers"]:
         argv = worker.cmdline()
         settings = open(argv[argv.index("--config") + 1]).read()
-        secrets = [*ENV_KEYS, "file-key", ADMIN_TOKEN]
+        secrets = [*ENV_KEYS, FILE_KEY, ADMIN_TOKEN]
         assert not [s for s in secrets if s in settings or s in " ".join(argv) or s in str(worker.environ())]
         assert "api_keys" not in settings and "admin_token" not in settings
 
@@ -184,7 +142,7 @@ def test_request_timeout_is_a_504_naming_the_limit(secured):
         timeout=60,
         json={"messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 2000, "ignore_eos": True},
     )
-    err = assert_openai_error(r, 504, "timeout")
+    err = assert_openai_error(r, "timeout", status=504)
     assert "router.request_timeout_s" in err["message"]
     assert time.monotonic() - started < TIMEOUT_S + 10
     wait_for(

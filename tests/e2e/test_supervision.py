@@ -2,8 +2,8 @@
 
 The tests on ``sup`` share one deployment, each leaving both workers ready again: kill -9 during
 non-streaming and streaming requests, restart-worker --drain under load, a request timeout, a hung
-(SIGSTOPped) worker. ``crashing`` is a deployment whose worker 1 crashes at every start; the
-SIGTERM and fail-fast tests start their own.
+(SIGSTOPped) worker; the module's last test ends it with SIGTERM. ``crashing`` is a deployment
+whose worker 1 crashes at every start; the stall and fail-fast tests start their own.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.helpers.deployment import MODEL, Deployment, alive, all_ready_and_idle, assert_openai_error, wait_for
+from tests.helpers.deployment import (
+    MODEL,
+    Deployment,
+    alive,
+    all_ready_and_idle,
+    assert_openai_error,
+    cli,
+    wait_for,
+)
 
 FAULT = "LLAMADEPLOY_FAULT_CRASH_AT_START"
 STALL = "LLAMADEPLOY_FAULT_STALL"
@@ -149,20 +155,14 @@ def test_restart_worker_drain_under_load_drops_nothing(sup):
         t.start()
     try:
         time.sleep(2)
-        cli = subprocess.run(
-            [sys.executable, "-m", "launcher.cli", "restart-worker", "0", "--drain", "--config", str(sup.path)],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        restarted = cli("restart-worker", "0", "--drain", "--config", str(sup.path), timeout=180)
         time.sleep(1)  # some load on the restarted worker too
     finally:
         stop.set()
         for t in threads:
             t.join()
-    assert cli.returncode == 0, cli.stdout + cli.stderr
-    assert "worker 0 ready" in cli.stdout + cli.stderr
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "worker 0 ready" in restarted.stdout + restarted.stderr
     assert len(statuses) >= 10 and set(statuses) == {200}, statuses
     w0 = sup.worker(0)
     assert w0["state"] == "ready" and w0["pid"] != before["pid"] and w0["restarts"] == before["restarts"] + 1
@@ -254,13 +254,7 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     )
     new = sup.admin("GET", "/admin/workers").json()["router"]
     assert new["pid"] != router["pid"] and new["restarts"] == router["restarts"] + 1
-    status = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "status", str(sup.path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    status = cli("status", str(sup.path))
     assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
     assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
     wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
@@ -337,13 +331,7 @@ def test_crash_at_start_ends_failed_and_service_keeps_serving(crashing):
         assert d.chat("Say hi.", max_tokens=4).status_code == 200
     assert d.worker(0)["served"] == 3
     assert httpx.get(f"{d.url}/health/ready").status_code == 200
-    status = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "status", str(d.path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    status = cli("status", str(d.path))
     assert status.returncode == 0 and "failed" in status.stdout and "exit code 3" in status.stdout, status.stdout
     # An operator adds the capacity back: the crash history is cleared and it gets K tries again.
     r = d.admin("POST", "/admin/workers/1/start")
@@ -378,22 +366,21 @@ def test_every_worker_crashing_at_start_fails_fast(tmp_path):
 # ---- 5. graceful shutdown on SIGTERM -----------------------------------------------------------
 
 
-def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(tmp_path):
-    d = Deployment(tmp_path).start()
-    try:
-        children = d.child_pids()
-        with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(long_chat, d, i, 64) for i in range(8)]
-            wait_for(lambda: sum(w["running"] for w in d.workers()) == 8, 30, "8 requests decoding")
-            d.proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: httpx.get(f"{d.url}/health/ready").status_code == 503, 10, "/health/ready to say 503")
-            refused = d.chat("Say hi.", max_tokens=4)
-            assert httpx.get(f"{d.url}/health/live").status_code == 200
-            results = [f.result() for f in futures]
-        assert refused.status_code == 503, refused.text
-        assert_openai_error(refused.json(), "no_ready_worker")
-        assert [r.status_code for r in results] == [200] * 8, [r.text for r in results]
-        assert d.proc.wait(timeout=60) == 0, d.log()[-3000:]
-        assert not any(alive(p) for p in children), children
-    finally:
-        d.stop()
+def test_sigterm_finishes_in_flight_refuses_new_and_exits_0(sup):
+    """The module's last test: it ends ``sup`` (whose teardown then finds it exited with 0)."""
+    d = sup
+    wait_for(lambda: all_ready_and_idle(d), 120, "both workers ready and idle")
+    children = d.child_pids()
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(long_chat, d, i, 64) for i in range(8)]
+        wait_for(lambda: sum(w["running"] for w in d.workers()) == 8, 30, "8 requests decoding")
+        d.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{d.url}/health/ready").status_code == 503, 10, "/health/ready to say 503")
+        refused = d.chat("Say hi.", max_tokens=4)
+        assert httpx.get(f"{d.url}/health/live").status_code == 200
+        results = [f.result() for f in futures]
+    assert refused.status_code == 503, refused.text
+    assert_openai_error(refused.json(), "no_ready_worker")
+    assert [r.status_code for r in results] == [200] * 8, [r.text for r in results]
+    assert d.proc.wait(timeout=60) == 0, d.log()[-3000:]
+    assert not any(alive(p) for p in children), children

@@ -186,6 +186,13 @@ class Deployment:
         return self.proc.returncode
 
 
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``llamadeploy <args>`` as a subprocess of this Python (the worktree's packages); its stdout
+    and stderr as text, whatever its exit code (the test asserts it)."""
+    cmd = [sys.executable, "-m", "launcher.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     try:
@@ -199,6 +206,16 @@ def all_ready_and_idle(d: Deployment) -> bool:
     return all(w["state"] == "ready" and w["in_flight"] == 0 and w["running"] == 0 for w in d.workers())
 
 
-def assert_openai_error(err: dict, code: str) -> None:
-    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
-    assert err["error"]["code"] == code and err["error"]["message"], err
+def assert_openai_error(got: httpx.Response | dict, code: str | None = None, status: int | None = None) -> dict:
+    """Assert ``got`` (a response, or a body or SSE event already decoded) is an error in OpenAI's
+    shape, ``{"error": {message, type, param, code}}`` with a message, of ``code`` (any when
+    ``None``); a response also has ``status`` (when given) and the router's ``X-Request-ID``.
+    Returns the inner error object."""
+    if isinstance(got, httpx.Response):
+        assert status is None or got.status_code == status, (got.status_code, got.text)
+        assert got.headers.get("X-Request-ID"), got.headers
+        got = got.json()
+    assert set(got) == {"error"} and set(got["error"]) == {"message", "type", "param", "code"}, got
+    err = got["error"]
+    assert err["message"] and (code is None or err["code"] == code), err
+    return err

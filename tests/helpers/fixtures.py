@@ -8,6 +8,7 @@ import pytest
 from openai import OpenAI
 
 from tests.helpers.deployment import MODEL, Deployment
+from tests.helpers.keyed import SecuredDeployment
 
 MODEL_DIR = Path.home() / ".cache/llamadeploy/models" / MODEL  # the embedded default, once converted
 
@@ -21,10 +22,37 @@ def deployment(tmp_path_factory) -> Deployment:
     d.stop()
 
 
+@pytest.fixture(scope="session")
+def keyed_session(tmp_path_factory) -> SecuredDeployment:
+    """The session's keyed deployment (``tests/helpers/keyed.py``), started on first use."""
+    d = SecuredDeployment(tmp_path_factory.mktemp("keyed"))
+    try:
+        d.start(timeout=420)  # it starts while the shared deployment runs: on 2 cores, give it time
+        yield d
+    finally:
+        d.stop()  # also when it never became ready: nothing of it is left running
+
+
+@pytest.fixture(scope="module")
+def secured(keyed_session) -> SecuredDeployment:
+    """The keyed deployment with its worker ready (a module before may have killed or drained it)."""
+    keyed_session.wait_ready(240)
+    return keyed_session
+
+
 @pytest.fixture(scope="module")
 def client(deployment) -> OpenAI:
     """The ``openai`` SDK pointed at the shared deployment (no retries: a failure shows as it is)."""
     return OpenAI(base_url=deployment.base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """The embedded default in process, float32 on CPU (``tests/helpers/engine_run.py``), loaded
+    once for every integration module that drives an engine."""
+    from tests.helpers.engine_run import load_float32
+
+    return load_float32()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The engine in process, on the real embedded model in float32 on CPU (loaded once per module).
+"""The engine in process, on the real embedded model in float32 on CPU (loaded once per session,
+``tests/helpers/engine_run.py``).
 
 What a sequence generates must not depend on how the engine got there: greedy output and seeded
 sampling are the same alone, batched, with its prompt prefilled in chunks, with its prefix found in
@@ -11,42 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from launcher.models import resolve_model
-from worker import model as model_mod
-from worker.attention import KVCache
-from worker.blocks import BlockManager
-from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
-from worker.engine import Engine
+from tests.helpers.engine_run import BLOCK, QUESTIONS, Run, chat_ids
+from worker.contract.protocol import Failed, Tokens
 from worker.runner import ModelRunner
-from worker.scheduler import Scheduler
-
-QUESTIONS = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "Explain gravity to a child.",
-    "List three colors.",
-    "Who wrote Hamlet?",
-    "Translate 'good morning' to Spanish.",
-    "What is 12 times 12?",
-    "Tell me a joke about cats.",
-]
-CPU = torch.device("cpu")
-BLOCK = 16
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    torch.set_num_threads(1)  # one core: steady timing whatever else the machine runs
-    path = str(resolve_model("smollm2-135m-instruct", progress=False))
-    config = model_mod.load_config(path)
-    tok = model_mod.load_tokenizer(path)
-    model = model_mod.load_model(path, config, CPU, torch.float32, 2048)
-    return model, tok, config, model_mod.eos_ids(path, config, tok)
-
-
-def chat_ids(tok, content: str) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
-    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -60,73 +28,6 @@ def document(loaded) -> list[int]:
         f"Section {i}: the committee reviewed item {i * 7} and approved budget line {i * 13}." for i in range(12)
     )
     return chat_ids(loaded[1], "Summarise this document in one sentence.\n\n" + text)
-
-
-class Run:
-    """Drives one :class:`Engine` (its own KV cache and scheduler) and records every message, in order."""
-
-    def __init__(
-        self,
-        loaded,
-        num_blocks: int = 1024,
-        max_num_seqs: int = 8,
-        prefill: int = 32,
-        idle: int = 512,
-        max_waiting: int = 64,
-    ):
-        model, tok, config, eos = loaded
-        self.events: list = []
-        layers, kv_heads, head_dim = model_mod.kv_shape(config)
-        self.cache = KVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, model.dtype, CPU)
-        self.scheduler = Scheduler(
-            BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle
-        )
-        self.engine = Engine(
-            ModelRunner(model, self.cache, CPU),
-            tok,
-            self.scheduler,
-            2048,
-            self.events.append,
-            CPU,
-            config.vocab_size,
-            eos,
-        )
-        self.max_blocks_used = 0
-
-    def submit(self, rid: str, prompt: list[int], output: list[int] | None = None, **params) -> None:
-        params.setdefault("max_tokens", 16)
-        params.setdefault("temperature", 0.0)
-        self.engine.submit(
-            Generate(
-                request_id=rid, prompt_token_ids=prompt, params=SamplingParams(**params), output_token_ids=output or []
-            )
-        )
-
-    def steps(self, n: int) -> None:
-        for _ in range(n):
-            if self.engine.has_work:
-                self.engine.step()
-                blocks = self.scheduler.blocks
-                self.max_blocks_used = max(self.max_blocks_used, blocks.num_blocks - blocks.num_free)
-
-    def drain(self, limit: int = 5000) -> None:
-        for _ in range(limit):
-            if not self.engine.has_work:
-                return
-            self.steps(1)
-        raise AssertionError("engine did not drain")
-
-    def tokens(self, rid: str) -> list[int]:
-        return [t for e in self.events if isinstance(e, Tokens) and e.request_id == rid for t in e.token_ids]
-
-    def text(self, rid: str) -> str:
-        return "".join(e.text_delta for e in self.events if isinstance(e, Tokens) and e.request_id == rid)
-
-    def finish(self, rid: str) -> Tokens:
-        return next(e for e in self.events if isinstance(e, Tokens) and e.request_id == rid and e.finish_reason)
-
-    def failed(self) -> list[tuple[str, int, str]]:
-        return [(e.request_id, e.code, e.message) for e in self.events if isinstance(e, Failed)]
 
 
 def alone(loaded, prompt: list[int], **params) -> Run:

@@ -12,14 +12,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from launcher.models import resolve_model
-from tests.integration.test_engine import Run, chat_ids, loaded  # noqa: F401 (the module's fixture)
+from tests.helpers.engine_run import Run, chat_ids
 from worker.contract.protocol import Tokens
 
 TOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def document(loaded) -> list[int]:  # noqa: F811
+def document(loaded) -> list[int]:
     text = " ".join(
         f"Item {i}: the board approved line {i * 13} after a vote of {i % 5} to {i % 3}." for i in range(10)
     )
@@ -56,7 +56,7 @@ def assert_matches(entries, document: list[int], reference: torch.Tensor, top: i
 
 
 @pytest.mark.parametrize("chunk", [16, 4096])
-def test_every_prompt_position_scored_in_chunks_or_whole(loaded, document, reference, chunk):  # noqa: F811
+def test_every_prompt_position_scored_in_chunks_or_whole(loaded, document, reference, chunk):
     run = Run(loaded, prefill=chunk, idle=chunk)
     run.submit("echo", document, max_tokens=1, prompt_logprobs=2)
     run.drain()
@@ -67,7 +67,7 @@ def test_every_prompt_position_scored_in_chunks_or_whole(loaded, document, refer
     assert all(e.prompt_logprobs is None for e in later)  # sent once
 
 
-def test_cached_prefix_is_recomputed_for_prompt_logprobs(loaded, document, reference):  # noqa: F811
+def test_cached_prefix_is_recomputed_for_prompt_logprobs(loaded, document, reference):
     run = Run(loaded, prefill=32, idle=32)
     run.submit("plain", document, max_tokens=1)
     run.drain()
@@ -82,7 +82,7 @@ def test_cached_prefix_is_recomputed_for_prompt_logprobs(loaded, document, refer
     assert blocks.hit_tokens > hits_before
 
 
-def test_preempted_sequence_scores_each_position_once(loaded, document, reference):  # noqa: F811
+def test_preempted_sequence_scores_each_position_once(loaded, document, reference):
     run = Run(loaded, prefill=16, idle=16)
     run.submit("echo", document, max_tokens=1, prompt_logprobs=1, ignore_eos=True)
     run.steps(3)  # a few chunks scored
@@ -93,7 +93,7 @@ def test_preempted_sequence_scores_each_position_once(loaded, document, referenc
     assert_matches(first_event(run, "echo").prompt_logprobs, document, reference, 1)
 
 
-def test_greedy_generation_logprobs_equal_the_echoed_ones(loaded, document):  # noqa: F811
+def test_greedy_generation_logprobs_equal_the_echoed_ones(loaded, document):
     run = Run(loaded, prefill=16, idle=16)
     run.submit("gen", document, max_tokens=12, logprobs=0, ignore_eos=True)
     run.drain()
@@ -106,7 +106,7 @@ def test_greedy_generation_logprobs_equal_the_echoed_ones(loaded, document):  # 
     assert [e.logprob for e in echoed] == pytest.approx([g.logprob for g in generated], abs=TOL)
 
 
-def test_stop_token_logprob_reported_with_prompt_logprobs_only(loaded):  # noqa: F811
+def test_stop_token_logprob_reported_with_prompt_logprobs_only(loaded):
     _, tok, _, eos = loaded
     prompt = chat_ids(tok, "Say OK.")
     runs = {}

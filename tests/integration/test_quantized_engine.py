@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launcher.models import resolve_model
-from tests.integration.test_engine import QUESTIONS, Run, chat_ids
+from tests.helpers.engine_run import QUESTIONS, Run, chat_ids
 from worker import model as model_mod
 
 CPU = torch.device("cpu")

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 from router.generation import stream_tokens
+from router.stall import HARD_LIMIT_FACTOR, MIN_CPU_SHARE, is_stalled, no_step_for
 from router.workers import State
 from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, say, step, two_workers
 from worker.contract.protocol import EngineLoad, Heartbeat
@@ -16,11 +17,16 @@ from worker.contract.protocol import EngineLoad, Heartbeat
 STALL_S = 30.0
 
 
-def beat(pool: RecordingPool, wid: int, steps: int | None, running: int = 1, age: float | None = None) -> None:
-    pool.frame(
-        wid,
-        Heartbeat(worker_id=wid, load=EngineLoad(running=running, steps=steps, last_step_age_s=age)),
-    )
+def beat(
+    pool: RecordingPool,
+    wid: int,
+    steps: int | None,
+    running: int = 1,
+    age: float | None = None,
+    cpu: float | None = None,
+) -> None:
+    load = EngineLoad(running=running, steps=steps, last_step_age_s=age, cpu_s=cpu)
+    pool.frame(wid, Heartbeat(worker_id=wid, load=load))
 
 
 def watched() -> RecordingPool:
@@ -135,3 +141,45 @@ def test_the_stall_fault_names_workers_like_the_crash_fault():
 
     assert fault_names(FAULT_STALL, 1, {FAULT_STALL: "0,1"}) and not fault_names(FAULT_STALL, 2, {FAULT_STALL: "0,1"})
     assert fault_names(FAULT_STALL, 5, {FAULT_STALL: "all"}) and not fault_names(FAULT_STALL, 0, {})
+
+
+def test_no_step_for_takes_the_smaller_of_the_router_clock_and_the_worker_clock():
+    assert no_step_for(40.0, None, 3.0) == 40.0  # the worker does not report its step age
+    assert no_step_for(40.0, 2.0, 3.0) == 5.0  # its heartbeat, 3 s old, said it stepped 2 s before
+    assert no_step_for(4.0, 500.0, 0.0) == 4.0  # idle for long, work arrived 4 s ago
+    assert no_step_for(-1.0, None, 0.0) == 0.0
+
+
+def test_is_stalled_needs_the_timeout_and_next_to_no_cpu_or_the_hard_limit():
+    t = STALL_S
+    assert not is_stalled(t, 0.0, t)  # not past the timeout
+    assert is_stalled(t + 1, None, t)  # CPU not reported: the step clocks alone decide
+    assert is_stalled(t + 1, 0.01, t)  # waiting, not computing: hung
+    busy_cpu = MIN_CPU_SHARE * (t + 1) * 2
+    assert not is_stalled(t + 1, busy_cpu, t)  # computing a slow step on a shared host
+    assert not is_stalled(HARD_LIMIT_FACTOR * t, busy_cpu * 4, t)
+    assert is_stalled(HARD_LIMIT_FACTOR * t + 1, 1e6, t)  # a spinning sync on a hung kernel: hung at last
+
+
+def test_a_busy_worker_computing_a_slow_step_is_not_stalled_until_the_hard_limit(monkeypatch):
+    pool, clock = clocked(monkeypatch)
+    beat(pool, 0, steps=5, age=0.0, cpu=100.0)
+    cpu = 100.0
+    while clock.now - 1000.0 <= HARD_LIMIT_FACTOR * STALL_S:  # one long step, half a core all the time
+        clock.now += STALL_S / 4
+        cpu += STALL_S / 8
+        beat(pool, 0, steps=5, age=clock.now - 1000.0, cpu=cpu)
+        pool.check_workers(clock.now)
+        if clock.now - 1000.0 <= HARD_LIMIT_FACTOR * STALL_S:
+            assert pool.workers[0].state == State.READY, clock.now
+    assert pool.workers[0].state == State.DEAD and pool.workers[0].exit_reason.startswith("stalled")
+
+
+def test_a_busy_worker_waiting_without_cpu_is_stalled_after_the_timeout(monkeypatch):
+    pool, clock = clocked(monkeypatch)
+    beat(pool, 0, steps=5, age=0.0, cpu=100.0)
+    for _ in range(5):  # heartbeats go on, the step counter and the CPU clock barely move
+        clock.now += STALL_S / 4
+        beat(pool, 0, steps=5, age=clock.now - 1000.0, cpu=100.0 + 0.001 * (clock.now - 1000.0))
+        pool.check_workers(clock.now)
+    assert pool.workers[0].state == State.DEAD and pool.workers[0].exit_reason.startswith("stalled")

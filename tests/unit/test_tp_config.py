@@ -6,6 +6,7 @@ import pytest
 
 from launcher.config import ConfigError, DeployConfig, parse_config
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, place
+from tests.helpers.model_configs import SMOLLM2_135M
 from worker.contract.units import GiB
 
 
@@ -62,17 +63,7 @@ def test_plan_counts_kv_cache_gib_per_rank_on_cpu():
     from launcher.plan.plan import make_plan
     from worker.contract.shapes import from_hf_config
 
-    smollm2 = from_hf_config(
-        {
-            "hidden_size": 576,
-            "num_hidden_layers": 30,
-            "num_attention_heads": 9,
-            "num_key_value_heads": 3,
-            "intermediate_size": 1536,
-            "vocab_size": 49152,
-        },
-        "smollm2",
-    )
+    smollm2 = from_hf_config(SMOLLM2_135M, "smollm2")
     inv = Inventory([], [0, 1], None, 64 * GiB)
     deploy = DeployConfig.model_validate(
         {"model": {"dtype": "float32"}, "workers": {"devices": "cpu", "replicas": 1, "tensor_parallel_size": 3}}

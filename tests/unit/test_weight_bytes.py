@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from tests.helpers.model_configs import SMOLLM2_135M, llama2
-from worker.contract.gguf_header import tensor_types
+from worker.contract.gguf_header import read_tensor_types, tensor_types
 from worker.contract.shapes import (
     FLOAT,
     GgufTypes,
@@ -162,10 +162,10 @@ def test_auto_names_gguf_types_it_cannot_serve():
     assert mixed.head == FLOAT  # the Q6_K head counted dequantized
 
 
-def write_gguf(path: Path, tensors: dict[str, GGMLQuantizationType]) -> None:
+def write_gguf(path: Path, tensors: dict[str, GGMLQuantizationType], endian=gguf.GGUFEndian.LITTLE) -> None:
     """A GGUF file with a 3,000-token vocabulary and metadata of several kinds, and ``tensors``
     [8, 64] of the given types."""
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, "llama", endianess=endian)
     w.add_block_count(1)
     w.add_token_list(["a", "bb", "ccc"] * 1000)
     w.add_array("test.ints", [1, 2, 3])
@@ -196,6 +196,16 @@ def test_the_header_walk_reads_the_tensor_types_the_gguf_reader_reads(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 16)  # counts past the end
     with pytest.raises(ValueError, match="truncated"):
         tensor_types(tmp_path / "bad.gguf")
+
+
+def test_read_tensor_types_takes_a_big_endian_file_through_the_gguf_reader(tmp_path):
+    tensors = {"token_embd.weight": GGMLQuantizationType.Q8_0, "output.weight": GGMLQuantizationType.F32}
+    write_gguf(tmp_path / "be.gguf", tensors, gguf.GGUFEndian.BIG)
+    with pytest.raises(ValueError, match="little-endian"):
+        tensor_types(tmp_path / "be.gguf")
+    assert read_tensor_types(tmp_path / "be.gguf") == {name: t.name for name, t in tensors.items()}
+    write_gguf(tmp_path / "le.gguf", tensors)
+    assert read_tensor_types(tmp_path / "le.gguf") == tensor_types(tmp_path / "le.gguf")
 
 
 def test_the_embedded_default_is_planned_as_stored():

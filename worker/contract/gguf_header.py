@@ -52,6 +52,18 @@ def tensor_types(path: Path | str) -> dict[str, str]:
     return types
 
 
+def read_tensor_types(path: Path | str) -> dict[str, str]:
+    """:func:`tensor_types`, or ``gguf.GGUFReader``'s tensor table for a layout the header walk
+    does not take (big-endian, GGUF v1): the one way the project reads a GGUF file's types.
+    Raises ``ValueError`` when neither reads it, ``OSError`` when it cannot be read."""
+    try:
+        return tensor_types(path)
+    except ValueError:
+        from gguf import GGUFReader
+
+        return {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+
+
 def _skip_string(m: mmap.mmap, off: int) -> int:
     (length,) = struct.unpack_from("<Q", m, off)
     return off + 8 + length

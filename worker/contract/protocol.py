@@ -98,6 +98,7 @@ class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     finished: int = 0  # sequences the engine finished
     steps: int | None = None  # engine steps so far; None: the engine does not report it
     last_step_age_s: float | None = None  # seconds since the engine's last step (None: not reported)
+    cpu_s: float | None = None  # CPU seconds its process has used, all threads (None: not reported)
     prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache
     prefix_queried_tokens: int = 0  # prompt tokens looked up in it
     kv_blocks_total: int = 0

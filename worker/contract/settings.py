@@ -77,7 +77,10 @@ class WorkersConfig(Section):
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
     stall_timeout_s: float = Field(
-        30.0, gt=0, description="a worker with work and no engine step for this long is declared dead"
+        30.0,
+        gt=0,
+        description="a worker with work, no engine step and next to no CPU used for this long is declared dead "
+        "(with no step for 4 times this long, whatever its CPU)",
     )
     startup_timeout_s: float = Field(600.0, gt=0, description="a worker must be ready within this")
 

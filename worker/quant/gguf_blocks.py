@@ -27,6 +27,8 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader
 from gguf.quants import Q4_K
 
+from worker.contract.gguf_header import read_tensor_types
+
 # type -> (bits, bytes per block, values per block)
 NATIVE = {T.Q8_0: (8, 34, 32), T.Q4_0: (4, 18, 32), T.Q4_1: (4, 20, 32), T.Q4_K: (4, 144, 256)}
 FLOAT = {T.F32, T.F16, T.BF16}
@@ -92,7 +94,7 @@ class Reader(GGUFReader):
 def unsupported(path: Path | str) -> list[str]:
     """Names of the tensor types in the GGUF file at ``path`` that are neither served natively nor
     float, each once, sorted (empty: the file can be served as stored). Reads the header only."""
-    types = {t.tensor_type for t in Reader(path).tensors}
+    types = {T[name] for name in read_tensor_types(path).values()}
     return sorted(t.name for t in types - set(NATIVE) - FLOAT)
 
 
