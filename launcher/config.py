@@ -310,8 +310,7 @@ def _said(msg: str, where: list[str], first: bool) -> str:
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:
     """Read ``path`` (or defaults when ``None``), apply env and CLI ``overrides``, validate.
 
-    ``overrides`` maps dotted keys (``"router.port"``) to values; ``None`` values are skipped; a
-    ``model.*`` key applies to every entry of a ``models:`` list.
+    ``overrides`` maps dotted keys (``"router.port"``) to values; ``None`` values are skipped.
     Environment: ``LLAMADEPLOY_API_KEYS`` (comma-separated) and ``LLAMADEPLOY_ADMIN_TOKEN``.
     """
     data: dict[str, Any] = {}
@@ -331,22 +330,36 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         "router.admin_token": os.environ.get(ADMIN_TOKEN_ENV) or None,
     }
     for dotted, value in {**env, **(overrides or {})}.items():
-        if value is not None and not _override(data, dotted, value):
+        if value is None:
+            continue
+        section, key = dotted.split(".", 1)
+        if _override_entries(data, section, key, value):
+            continue
+        target = data.setdefault(section, {})
+        if not isinstance(target, dict):
             break  # let validation report the malformed section
+        target[key] = value
     return parse_config(data, source)
 
 
-def _override(data: dict[str, Any], dotted: str, value: Any) -> bool:
-    """Set ``dotted`` (``"router.port"``) in the parsed YAML ``data``; a ``model.*`` key of a
-    ``models:`` deployment is set in every entry (``plan --dtype`` plans every model in it).
-    False when the section is not a mapping."""
-    section, key = dotted.split(".", 1)
-    if section == "model" and isinstance(data.get("models"), list):
-        targets = data["models"]
-    else:
-        targets = [data.setdefault(section, {})]
-    if not all(isinstance(t, dict) for t in targets):
+def _override_entries(data: dict[str, Any], section: str, key: str, value: Any) -> bool:
+    """Apply a flag's ``section.key`` to the entries of a ``models:`` list, where one is given:
+    a ``model.*`` flag sets the key in every entry (there is no ``model:`` section to set), a
+    ``workers.*`` flag also replaces the key in each entry's own ``workers:`` that gives it (a flag
+    overrides the key wherever deploy.yaml says it). True when the flag was fully applied here;
+    raises :class:`ConfigError` for ``model.name``, which cannot name several models."""
+    entries = data.get("models")
+    if not isinstance(entries, list) or section not in ("model", "workers"):
         return False
-    for target in targets:
-        target[key] = value
-    return True
+    if section == "model" and key == "name":
+        raise ConfigError(
+            "model.name (--model) names the one model, but deploy.yaml has a models: list: "
+            "set each model's name in its entry"
+        )
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue  # validation names it
+        own = entry if section == "model" else entry.get("workers")
+        if isinstance(own, dict) and (section == "model" or key in own):
+            own[key] = value
+    return section == "model"
