@@ -11,7 +11,9 @@ keys/values at their slots, then attends:
 
 * decode rows as one batch: their keys are gathered to ``[B, L, ...]`` (L = longest context) and the
   query heads of each KV head are laid along SDPA's query axis (``[B, kv_heads, group, D]``), so
-  grouped-query attention needs no repeated keys; padded key columns are masked;
+  grouped-query attention needs no repeated keys; padded key columns are masked (no mask at all when
+  no row is padded, batch 1 always); a single row whose blocks follow each other in the cache reads
+  them as a view instead of a gathered copy;
 * each prefill chunk on its own: queries ``[1, heads, chunk, D]`` against its context's keys
   (SDPA's grouped-query mode) with a causal mask offset by the tokens already cached (chunked
   prefill, prefix-cache hits). Measured on CPU, each layout is the faster one for its case: the
