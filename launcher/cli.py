@@ -99,7 +99,7 @@ def up_on_ray(cfg: DeployConfig, force: bool) -> int:
 def up_here(cfg: DeployConfig, force: bool) -> int:
     """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
     find the model and serve; exit 2 on a placement, plan or model problem."""
-    from launcher.models import ModelNotFound, resolve_model
+    from launcher.models import resolve_model
     from launcher.plan.packing import place_models
     from launcher.plan.placement import PlacementError, discover
     from launcher.plan.plan import preflight
@@ -116,10 +116,7 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
         if not force:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
-    try:
-        paths = [resolve_model(one.model.name, quantization=one.model.quantization) for one in served]
-    except ModelNotFound as exc:
-        fail(str(exc))
+    paths = per_model(served, lambda one: resolve_model(one.model.name, quantization=one.model.quantization))
     return serve(cfg, specs, paths[0] if len(paths) == 1 else paths)
 
 
@@ -407,7 +404,6 @@ def plan(
 
     Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
     """
-    from launcher.models import ModelNotFound
     from launcher.plan.plan import make_plan
     from launcher.plan.report import render
     from launcher.plan.shape import read_shape
@@ -434,15 +430,26 @@ def plan(
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
         inventory, specs = ray_layout(cfg)
-    try:
-        shapes = [read_shape(one.model.name) for one in cfg.served()]
-    except (ModelNotFound, ShapeError) as exc:
-        fail(str(exc))
+    shapes = per_model(cfg.served(), lambda one: read_shape(one.model.name), ShapeError)
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
     result = make_plan(cfg, inventory, shapes[0], specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def per_model(served, call, *errors: type[Exception]) -> list:
+    """``call`` on each served model, in order; exit 2 on ``ModelNotFound`` (or ``errors``), the
+    line naming the ``models:`` entry at fault when there are several."""
+    from launcher.models import ModelNotFound
+
+    out = []
+    for k, one in enumerate(served):
+        try:
+            out.append(call(one))
+        except (ModelNotFound, *errors) as exc:
+            fail(f"models[{k}] ({one.name}): {exc}" if len(served) > 1 else str(exc))
+    return out
 
 
 def _plan_several(cfg: DeployConfig, inventory, shapes) -> int:

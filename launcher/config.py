@@ -327,8 +327,33 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
         if value is None:
             continue
         section, key = dotted.split(".", 1)
+        if _override_entries(data, section, key, value):
+            continue
         target = data.setdefault(section, {})
         if not isinstance(target, dict):
             break  # let validation report the malformed section
         target[key] = value
     return parse_config(data, source)
+
+
+def _override_entries(data: dict[str, Any], section: str, key: str, value: Any) -> bool:
+    """Apply a flag's ``section.key`` to the entries of a ``models:`` list, where one is given:
+    a ``model.*`` flag sets the key in every entry (there is no ``model:`` section to set), a
+    ``workers.*`` flag also replaces the key in each entry's own ``workers:`` that gives it (a flag
+    overrides the key wherever deploy.yaml says it). True when the flag was fully applied here;
+    raises :class:`ConfigError` for ``model.name``, which cannot name several models."""
+    entries = data.get("models")
+    if not isinstance(entries, list) or section not in ("model", "workers"):
+        return False
+    if section == "model" and key == "name":
+        raise ConfigError(
+            "model.name (--model) names the one model, but deploy.yaml has a models: list: "
+            "set each model's name in its entry"
+        )
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue  # validation names it
+        own = entry if section == "model" else entry.get("workers")
+        if isinstance(own, dict) and (section == "model" or key in own):
+            own[key] = value
+    return section == "model"

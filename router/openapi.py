@@ -14,6 +14,7 @@ from importlib import metadata
 from aiohttp import web
 from pydantic import BaseModel
 
+from router.embeddings.request import EmbeddingRequest
 from router.responses.request import ResponsesRequest
 from router.schemas import ChatRequest, CompletionRequest
 from router.settings import RouterSettings
@@ -83,6 +84,16 @@ def _get(
     return {"get": op}
 
 
+def _with_path_parameter(path_item: dict, name: str, description: str) -> dict:
+    """``path_item`` (from :func:`_get`) with its operation taking the string path parameter ``name``."""
+    for op in path_item.values():
+        op["parameters"] = [
+            {"name": name, "in": "path", "required": True, "description": description, "schema": {"type": "string"}},
+            *op["parameters"],
+        ]
+    return path_item
+
+
 def _post(
     summary: str,
     body_schema: str,
@@ -142,7 +153,18 @@ def build_openapi(cfg: RouterSettings) -> dict:
                 "The `response` object; with `stream: true`, Server-Sent Events whose `event:` is each JSON "
                 "`type`, ending with `response.completed`, `response.incomplete` or `response.failed`",
             ),
-            "/v1/models": _get("List the served model"),
+            "/v1/embeddings": _post(
+                "Create embeddings (with an embedding model)",
+                "EmbeddingRequest",
+                "The vectors: `data[i].embedding` floats, or base64 of little-endian float32 with "
+                "`encoding_format: base64`",
+            ),
+            "/v1/models": _get("List the served models"),
+            "/v1/models/{model}": _with_path_parameter(
+                _get("One served model (404 model_not_found when it is not served)", errors=(401, 404)),
+                "model",
+                "a served model's id, as GET /v1/models lists it",
+            ),
             "/health": _get("Ready to serve (200) or not (503)", open_=True),
             "/health/ready": _get("Same as /health", open_=True),
             "/health/live": _get("The router process is up", open_=True),
@@ -156,6 +178,7 @@ def build_openapi(cfg: RouterSettings) -> dict:
                     (ChatRequest, "ChatCompletionRequest"),
                     (CompletionRequest, "CompletionRequest"),
                     (ResponsesRequest, "ResponsesRequest"),
+                    (EmbeddingRequest, "EmbeddingRequest"),
                 ),
                 "Error": ERROR,
             }

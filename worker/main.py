@@ -25,8 +25,20 @@ import time
 from worker.contract.env import SLOT_DEVICE_ENV
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
-from worker.contract.protocol import PROTOCOL_VERSION, Bye, Cancel, EngineLoad, Failed, Generate, Hello, Ready, Shutdown
+from worker.contract.protocol import (
+    PROTOCOL_VERSION,
+    Bye,
+    Cancel,
+    Embed,
+    EngineLoad,
+    Failed,
+    Generate,
+    Hello,
+    Ready,
+    Shutdown,
+)
 from worker.contract.settings import WorkerSettings
+from worker.contract.tasks import resolve_task
 from worker.node import NodeIdentity
 
 log = logging.getLogger("worker")
@@ -197,6 +209,10 @@ def load(
     if cpus:
         torch.set_num_threads(len(cpus))
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
+    if resolve_task(cfg.model, model_path) == "embed":
+        from worker.embed.load import load_embedder
+
+        return load_embedder(cfg, link, device_kind, model_path, world, started)
     group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
     engine, budget = build_engine(cfg, model_path, device_kind, share, link.out.send, group=group)
     log_loaded(cfg, engine, gpus, started)
@@ -254,6 +270,29 @@ def stop_serving(link: Link, engine, group, reason: str) -> None:
     log.info("stopped (%s)", reason)
 
 
+def submit(engine, msg: Generate | Embed, stop: threading.Event, stall_on_request: bool) -> bool:
+    """Queue a request on the engine; True when the :data:`FAULT_STALL` hook then blocked the loop
+    until ``stop``."""
+    if isinstance(msg, Generate):
+        log.info(
+            "request %s: %d prompt tokens, max_tokens %d",
+            msg.request_id,
+            len(msg.prompt_token_ids),
+            msg.params.max_tokens,
+            extra={"request_id": msg.http_request_id},
+        )
+    else:
+        log.info(
+            "request %s: %d inputs to embed", msg.request_id, len(msg.inputs), extra={"request_id": msg.http_request_id}
+        )
+    engine.submit(msg)
+    if stall_on_request:
+        log.error("%s names this worker: the engine loop stops here, heartbeats go on (fault injection)", FAULT_STALL)
+        stop.wait()
+        return True
+    return False
+
+
 def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_request: bool = False) -> str:
     """The engine loop: take messages, step while there is work, block briefly when idle.
     ``stall_on_request``: the fault hook of :data:`FAULT_STALL`."""
@@ -263,21 +302,8 @@ def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_requ
         except queue.Empty:
             msg = None
         while msg is not None:
-            if isinstance(msg, Generate):
-                log.info(
-                    "request %s: %d prompt tokens, max_tokens %d",
-                    msg.request_id,
-                    len(msg.prompt_token_ids),
-                    msg.params.max_tokens,
-                    extra={"request_id": msg.http_request_id},
-                )
-                engine.submit(msg)
-                if stall_on_request:
-                    log.error(
-                        "%s names this worker: the engine loop stops here, heartbeats go on (fault injection)",
-                        FAULT_STALL,
-                    )
-                    stop.wait()
+            if isinstance(msg, (Generate, Embed)):
+                if submit(engine, msg, stop, stall_on_request):
                     return "SIGTERM"
             elif isinstance(msg, Cancel):
                 engine.cancel(msg.request_id)

@@ -35,7 +35,8 @@ BASE_URL = typer.Argument(DEFAULTS.base_url, help="OpenAI-compatible base URL (o
 SUITE = typer.Option(
     DEFAULTS.suite,
     help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
-    "again) · load: throughput and latency against --concurrency",
+    "again) · load: throughput and latency against --concurrency · embed: /v1/embeddings inputs/s and "
+    "latency at concurrency 1, 8, 64 and one 512-input request",
 )
 MODEL = typer.Option(DEFAULTS.model, help="the `model` to request (default: the first of GET /models)")
 TOKENIZER = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUITES = ("engine", "load")
+SUITES = ("engine", "load", "embed")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,10 @@ class BenchOptions:
     Short answers are ``output_tokens`` long, the document's answer ``doc_output_tokens``.
 
     The load suite (``suite="load"``): each of ``scenarios`` at each of ``concurrency``.
+
+    The embed suite (``suite="embed"``, :mod:`launcher.bench.embed_suite`): one-sentence
+    ``/v1/embeddings`` requests at each of ``concurrency`` (left at its default: 1, 8 and 64),
+    ``requests`` per level (default max(64, 8 × concurrency)), then one request of 512 inputs.
     """
 
     base_url: str = "http://127.0.0.1:8000/v1"

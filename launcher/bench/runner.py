@@ -47,6 +47,11 @@ def read_others(opts: BenchOptions, suite: str) -> list[dict]:
 
 def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
     """Run ``opts`` against its server; returns the result that was written and printed."""
+    suite = json.loads(opts.replay.read_text()).get("suite", "load") if opts.replay is not None else opts.suite
+    if suite == "embed":
+        from launcher.bench.embed_suite import run_embed_bench
+
+        return run_embed_bench(opts, read_others(opts, "embed"))
     if opts.replay is not None:
         result = json.loads(opts.replay.read_text())
         others = read_others(opts, result.get("suite", "load"))

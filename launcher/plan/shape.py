@@ -28,7 +28,7 @@ def read_shape(name: str) -> ModelShape:
         return read_json_shape(_hf_cached_config(ref.name), ref.name)
     if (ref.converted / "config.json").is_file():
         shape = read_json_shape(ref.converted / "config.json", ref.name)
-        gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name)
+        gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) if ref.name in EMBEDDED else None
         return replace(shape, gguf_types=_gguf_types(gguf)) if gguf else shape  # what auto serves
     return from_gguf(ref.path if ref.kind == "gguf" else _embedded_gguf(ref.name), ref.name)
 
@@ -43,6 +43,8 @@ def _gguf_types(path: Path) -> GgufTypes | None:
 
 
 def _embedded_gguf(alias: str) -> Path:
+    if alias not in EMBEDDED:  # an embedded sentence-transformers folder, not unzipped yet
+        raise ModelNotFound(f"{alias}: its config is read once `llamadeploy up` has unzipped it")
     if (found := local_embedded_gguf(alias)) is not None:
         return found
     dist = EMBEDDED[alias][0]

@@ -71,6 +71,17 @@ def test_models_lists_both_and_an_unknown_model_is_404(two):
     assert "no-such-model" in r.json()["error"]["message"] and INT8 in r.json()["error"]["message"]
 
 
+def test_one_model_is_retrieved_by_its_id_as_the_openai_sdk_does(two):
+    # the openai SDK's client.models.retrieve(id), LangChain4j's model check: GET /v1/models/{id}
+    r = httpx.get(f"{two.base_url}/models/{Q4}", timeout=10)
+    assert r.status_code == 200, r.text
+    listed = httpx.get(f"{two.base_url}/models", timeout=10).json()["data"]
+    assert r.json() == listed[1] and r.json()["id"] == Q4 and r.json()["object"] == "model"
+    missing = httpx.get(f"{two.base_url}/models/no-such-model", timeout=10)
+    assert missing.status_code == 404, missing.text
+    assert_openai_error(missing.json(), "model_not_found")
+
+
 def test_workers_and_metrics_name_each_replicas_model(two):
     assert sorted((w["id"], w["model"]) for w in two.workers()) == [(0, INT8), (1, Q4)]  # global ids, model order
     text = httpx.get(f"{two.url}/metrics", timeout=10).text

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad)
+PROTOCOL_VERSION = 3  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed)
 
 
 class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
@@ -162,6 +162,19 @@ class Failed(Msg):
     retry_after_s: float | None = None
 
 
+class Embedded(Msg):
+    """Vectors of an :class:`Embed` request: inputs ``start`` .. ``start + len(vectors) - 1``, each
+    as little-endian float32 bytes of the model's served width, in input order. A large answer
+    comes in several messages (each under the link's frame limit); the one with ``last`` set also
+    carries ``prompt_tokens``, the tokens of every input."""
+
+    request_id: str
+    start: int
+    vectors: list[bytes]
+    last: bool = True
+    prompt_tokens: int = 0
+
+
 class Bye(Msg):
     """The worker is leaving on purpose (shutdown or restart); sent before it exits."""
 
@@ -220,6 +233,16 @@ class Generate(Msg):
     output_token_ids: list[int] = []
 
 
+class Embed(Msg):
+    """Embed each of ``inputs`` (token id lists, already tokenized and checked against the model's
+    limits by the router) into one vector; answered by :class:`Embedded` or :class:`Failed`.
+    ``http_request_id`` is for the worker's logs only."""
+
+    request_id: str
+    inputs: list[list[int]]
+    http_request_id: str = ""
+
+
 class Cancel(Msg):
     """Stop generating ``request_id`` and free its KV cache; no reply is sent."""
 
@@ -232,7 +255,7 @@ class Shutdown(Msg):
     reason: str = "shutdown"
 
 
-WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Failed | Bye
+WorkerToRouter = Hello | Ready | Heartbeat | Tokens | Embedded | Failed | Bye
 
 
 class Identify(Msg):
@@ -240,7 +263,7 @@ class Identify(Msg):
     know this worker. The worker keeps its model and whatever it is generating."""
 
 
-RouterToWorker = Generate | Cancel | Shutdown | Identify
+RouterToWorker = Generate | Embed | Cancel | Shutdown | Identify
 
 _encoder = msgspec.msgpack.Encoder()
 _to_router = msgspec.msgpack.Decoder(WorkerToRouter)

@@ -1,0 +1,2 @@
+"""``POST /v1/embeddings``: the request (:mod:`.request`), the
+worker round trip (:mod:`.dispatch`) and the answer (:mod:`.api`)."""

@@ -1,0 +1,50 @@
+"""What a model is served for: ``generate`` (chat and completions) or ``embed`` (``/v1/embeddings``).
+
+:func:`resolve_task` is the one rule, read by the launcher, the router and the worker alike; it
+looks only at the model folder's JSON files (no torch, no transformers).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from worker.contract.settings import ModelConfig
+
+Task = Literal["generate", "embed"]
+
+# transformers' model_type of encoder-only families: they have no LM head to generate with
+ENCODER_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta", "deberta-v2", "modernbert"}
+)
+
+
+def read_json(path: Path) -> dict:
+    """``path`` as a JSON object; ``{}`` when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_sentence_transformers(model_dir: Path) -> bool:
+    """The folder is in sentence-transformers layout (``modules.json`` names its modules)."""
+    return (model_dir / "modules.json").is_file()
+
+
+def resolve_task(cfg: ModelConfig, model_dir: Path | str | None) -> Task:
+    """``model.task``, or for ``auto``: ``embed`` for a sentence-transformers folder or an encoder
+    (``config.json``'s ``model_type`` in :data:`ENCODER_TYPES`), else ``generate`` (a GGUF file, a
+    Llama checkpoint, a folder not readable here)."""
+    if cfg.task != "auto":
+        return cfg.task
+    if model_dir is None:
+        return "generate"
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return "generate"
+    if is_sentence_transformers(folder):
+        return "embed"
+    return "embed" if read_json(folder / "config.json").get("model_type") in ENCODER_TYPES else "generate"

@@ -1,0 +1,80 @@
+"""Starting an embedding worker: load the model, size the batcher, warm up, say :class:`Ready`.
+
+The step's token budget is ``workers.max_prefill_tokens`` (``auto``: :data:`CPU_BUDGET` tokens on
+CPU, :data:`GPU_BUDGET` on GPU), never below the longest input allowed; the requests held at
+once are ``workers.max_num_seqs + workers.max_waiting``, as for chat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from worker.contract.embed_spec import read_spec
+from worker.contract.protocol import Embed, Ready
+from worker.contract.settings import WorkerSettings
+from worker.embed.batcher import Batcher
+from worker.embed.engine import EmbedEngine
+from worker.embed.model import Embedder
+
+log = logging.getLogger(__name__)
+
+CPU_BUDGET = 4096  # tokens per step on CPU: a MiniLM step of this size takes tens of milliseconds
+GPU_BUDGET = 32768
+
+
+def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, emit) -> EmbedEngine:
+    """The engine of ``model_path`` on ``device_kind`` (``cpu`` or ``cuda``), warmed up."""
+    from worker import model as model_mod
+
+    device = model_mod.pick_device(device_kind)
+    spec = read_spec(model_path, cfg.model.max_model_len)
+    embedder = Embedder.load(model_path, spec, device, model_mod.resolve_dtype(cfg.model.dtype, device))
+    w = cfg.workers
+    auto = GPU_BUDGET if device.type == "cuda" else CPU_BUDGET
+    budget = max(auto if w.max_prefill_tokens == "auto" else w.max_prefill_tokens, spec.max_tokens)
+    batcher = Batcher(budget, w.max_num_seqs + w.max_waiting, w.max_queue_wait_s)
+    engine = EmbedEngine(embedder, batcher, emit)
+    warm_up(engine)
+    return engine
+
+
+def warm_up(engine: EmbedEngine) -> None:
+    """One short request through the real engine path, its answer discarded."""
+    sent = engine.emit
+    engine.emit = lambda msg: None
+    try:
+        engine.submit(Embed(request_id="warm-up", inputs=[[min(101, engine.runner.vocab_size - 1)] * 4]))
+        while engine.has_work:
+            engine.step()
+    finally:
+        engine.emit = sent
+
+
+def load_embedder(cfg: WorkerSettings, link, device_kind: str, model_path: str, world: int, started: float):
+    """The embedding worker's part of :func:`worker.main.load`: ``(engine, Ready, None)``."""
+    if world > 1:
+        raise RuntimeError("an embedding model runs on one device: set workers.tensor_parallel_size to 1")
+    engine = build_embed_engine(cfg, model_path, device_kind, link.out.send)
+    spec = engine.runner.spec
+    log.info(
+        "loaded %s for embeddings as %s on %s in %.1fs: %s pooling, %d dimensions, up to %d tokens per input, "
+        "%d tokens per step",
+        cfg.model.public_name,
+        engine.runner.dtype,
+        engine.device,
+        time.monotonic() - started,
+        spec.pooling,
+        spec.dim,
+        spec.max_tokens,
+        engine.batcher.token_budget,
+    )
+    ready = Ready(
+        worker_id=link.worker_id,
+        load_seconds=time.monotonic() - started,
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        kv_budget_tokens=0,
+        weight_bytes=engine.runner.weight_bytes,
+    )
+    return engine, ready, None
