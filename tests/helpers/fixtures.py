@@ -31,10 +31,10 @@ def curve_busy(tmp_path_factory) -> Deployment:
     d = Deployment(
         tmp_path_factory.mktemp("curve-busy"),
         {
-            "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8},
-            # 16 requests of 60 tokens go through 8 rows in two rounds: on a loaded 2-core box that
-            # takes longer than the helper's 120 s (no test here is about the timeout); 300 s is
-            # what test_batching's clients wait
+            # 16 requests of 60 tokens go through 8 rows in two rounds: on a loaded 2-core box the
+            # second round waits and ends later than the 120 s defaults (no test here is about those
+            # limits); 300 s is what test_batching's clients wait
+            "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8, "max_queue_wait_s": 300},
             "router": {"zmq_address": address, "request_timeout_s": 300},
             "logging": {"level": "debug"},
         },
