@@ -312,7 +312,7 @@ def restart_worker(
     """Restart one worker process (or start a failed one again); with --drain, without dropping a request.
 
     Exit code 0 once it is ready again (or at once with --no-wait), 1 if it failed or did not
-    come back within workers.startup_timeout_s.
+    come back within its model's workers.startup_timeout_s.
     """
     cfg = load_or_exit(config)
     client = _admin_client(config, admin_url)
@@ -325,7 +325,8 @@ def restart_worker(
     console.print(f"worker {worker_id}{f' ({model})' if model else ''} restarting{note}", highlight=False)
     if wait:
         with console.status(f"waiting for worker {worker_id} to be ready"):
-            w = wait_rejoined(client, worker_id, out["worker"]["pid"], cfg.workers.startup_timeout_s)
+            startup_s = cfg.workers_for(model or "").startup_timeout_s  # its own model's
+            w = wait_rejoined(client, worker_id, out["worker"]["pid"], startup_s)
         if w is None or w.state != WorkerState.READY:
             fail(
                 f"worker {worker_id} is {w.state.value if w else 'unreachable'}"

@@ -113,6 +113,11 @@ class DeployConfig(Section):
             return [Served(self.model, self.workers)]
         return [Served(e.model_section(), merged_workers(self.workers, e.workers)) for e in self.models]
 
+    def workers_for(self, name: str) -> WorkersConfig:
+        """The workers section model ``name`` (a served name) runs under; the top-level one for a
+        name not served (a worker that has not said its model yet)."""
+        return next((one.workers for one in self.served() if one.name == name), self.workers)
+
     def for_model(self, index: int) -> DeployConfig:
         """This config as if model ``index`` of :meth:`served` were its only one (``model`` and
         ``workers`` replaced; not validated again): what the one-model plan and checks read."""
@@ -130,6 +135,7 @@ class DeployConfig(Section):
         return RouterSettings(
             model=self.model,
             models=[m.model for m in self.served()] if self.models else [],
+            model_workers={m.name: m.workers for m in self.served()} if self.models else {},
             router=self.router,
             workers=self.workers,
             limits=self.limits,

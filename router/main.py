@@ -123,6 +123,7 @@ async def run_router(
         restarts=restarts,
         stall_timeout_s=cfg.workers.stall_timeout_s,
         curve=curve,
+        model_timeouts=cfg.model_timeouts(),
     )
     sender = EventSender(events) if events else None
     if sender is not None:

@@ -129,6 +129,25 @@ class RouterSettings(Section):
     )
     router: RouterConfig = Field(default_factory=RouterConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    model_workers: dict[str, WorkersConfig] = Field(
+        default_factory=dict,
+        description="served name -> the workers section that model runs under (its models: entry's keys over "
+        "the top-level one); {}: every worker runs under `workers`",
+    )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     supervisor: DrainSettings = Field(default_factory=DrainSettings)
+
+    def workers_for(self, model: str) -> WorkersConfig:
+        """The workers section a worker of ``model`` (a served name) runs under: the one place the
+        router looks a per-model key up (heartbeat and stall timeouts...)."""
+        return self.model_workers.get(model, self.workers)
+
+    def model_timeouts(self) -> dict[str, tuple[float, float]]:
+        """Served name -> (heartbeat, stall) timeouts in seconds of each model with its own workers
+        section (what :class:`router.workers.WorkerPool` judges that model's workers by)."""
+        timeouts = {}
+        for name in self.model_workers:
+            w = self.workers_for(name)
+            timeouts[name] = (w.heartbeat_timeout_s, w.stall_timeout_s)
+        return timeouts

@@ -97,13 +97,15 @@ def prefix_counters(pool: WorkerPool) -> dict[str, dict[str, int]]:
 async def activity(request: web.Request) -> web.Response:
     """The status page's feed: ``history`` (:meth:`router.activity.Activity.history`), ``events``
     (newest first, :meth:`router.events.EventLog.recent`), ``prefix_cache`` per worker id
-    (``hit_tokens``, ``queried_tokens``, ``preemptions`` since its process started), ``model`` and
+    (``hit_tokens``, ``queried_tokens``, ``preemptions`` since its process started), ``model`` (the
+    one a request without ``model`` goes to), ``models`` (every served name, in deploy.yaml's order) and
     ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured)."""
     api = request.app[API]
     metrics = api.metrics
     return web.json_response(
         {
             "model": api.model_name,
+            "models": list(api.models),
             "history": metrics.activity.history() if metrics is not None else None,
             "events": api.pool.events.recent(EVENTS_SHOWN),
             "prefix_cache": prefix_counters(api.pool),

@@ -226,6 +226,7 @@ class WorkerPool:
         restarts: int = 0,
         stall_timeout_s: float = 30.0,
         curve: ServerKeys | None = None,
+        model_timeouts: dict[str, tuple[float, float]] | None = None,
     ):
         self.address = address
         self.policy = make_policy(policy)
@@ -233,6 +234,7 @@ class WorkerPool:
         self.affinity = PrefixAffinity()  # which worker's prefix cache likely holds a prompt
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        self.model_timeouts = model_timeouts or {}  # served name -> (heartbeat, stall) s: see timeouts
         self.router = RouterInfo(pid=os.getpid(), restarts=restarts)  # this router process
         self._router_started = time.time()
         self._asked: dict[int, float] = {}  # worker id -> when it was last asked to Identify
@@ -579,8 +581,15 @@ class WorkerPool:
         if w.state == State.STARTING:
             self._set(w, State.READY)
 
+    def timeouts(self, model: str) -> tuple[float, float]:
+        """The (heartbeat, stall) timeouts in seconds a worker of ``model`` (a served name) is
+        judged by: its model's own (``model_timeouts``, built from ``RouterSettings.workers_for``),
+        else the pool's ``heartbeat_timeout_s`` and ``stall_timeout_s``."""
+        return self.model_timeouts.get(model, (self.heartbeat_timeout_s, self.stall_timeout_s))
+
     async def _watchdog(self) -> None:
-        interval = min(1.0, self.heartbeat_timeout_s / 4)
+        shortest = min([self.heartbeat_timeout_s, *(hb for hb, _ in self.model_timeouts.values())])
+        interval = min(1.0, shortest / 4)
         last_tick = time.monotonic()
         while True:
             await asyncio.sleep(interval)
@@ -592,15 +601,17 @@ class WorkerPool:
 
     def check_workers(self, now: float) -> None:
         """Declare dead (and fail over the requests of) every ready or draining worker silent for
-        ``heartbeat_timeout_s``, or busy without an engine step for ``stall_timeout_s``."""
+        its model's heartbeat timeout, or busy without an engine step for its stall timeout
+        (:meth:`timeouts`)."""
         for w in list(self.workers.values()):
             if w.state not in (State.READY, State.DRAINING):
                 continue
+            heartbeat_s, stall_s = self.timeouts(w.model)
             silent = now - w.last_seen
-            if silent > self.heartbeat_timeout_s:
+            if silent > heartbeat_s:
                 log.warning("worker %d missed heartbeats for %.1fs", w.worker_id, silent)
                 self.mark_lost(w.worker_id, f"no heartbeat for {silent:.0f}s", kind="heartbeat_timeout")
-            elif w.stalled(now, self.stall_timeout_s):
+            elif w.stalled(now, stall_s):
                 stalled = w.stalled_for(now)
                 log.warning(
                     "worker %d has had work but no engine step for %.1fs (workers.stall_timeout_s)",

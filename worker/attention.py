@@ -11,7 +11,9 @@ keys/values at their slots, then attends:
 
 * decode rows as one batch: their keys are gathered to ``[B, L, ...]`` (L = longest context) and the
   query heads of each KV head are laid along SDPA's query axis (``[B, kv_heads, group, D]``), so
-  grouped-query attention needs no repeated keys; padded key columns are masked;
+  grouped-query attention needs no repeated keys; padded key columns are masked (no mask at all when
+  no row is padded, batch 1 always); a single row whose blocks follow each other in the cache reads
+  them as a view instead of a gathered copy;
 * each prefill chunk on its own: queries ``[1, heads, chunk, D]`` against its context's keys
   (SDPA's grouped-query mode) with a causal mask offset by the tokens already cached (chunked
   prefill, prefix-cache hits). Measured on CPU, each layout is the faster one for its case: the
@@ -72,7 +74,8 @@ class Chunk:
 class AttentionBatch:
     """Where one step's rows read and write. ``slots`` [T]: where each row's key/value goes; the first
     ``decode_rows`` rows are decode tokens with ``decode_context`` [B, L] slots (padding: slot 0,
-    masked by ``decode_mask`` [B, 1, 1, L]); then the ``chunks``."""
+    masked by ``decode_mask`` [B, 1, 1, L], None when no row is padded; ``decode_span``: the first
+    slot when there is one row whose slots are consecutive, read as a view); then the ``chunks``."""
 
     slots: torch.Tensor
     decode_rows: int = 0
@@ -80,6 +83,7 @@ class AttentionBatch:
     decode_mask: torch.Tensor | None = None
     chunks: list[Chunk] = field(default_factory=list)
     copies: dict = field(default_factory=dict)
+    decode_span: int | None = None
 
     def on(self, device: torch.device) -> AttentionBatch:
         """This batch with its tensors on ``device`` (copied once per device per step: layer splits)."""
@@ -93,6 +97,7 @@ class AttentionBatch:
                 move(self.decode_context),
                 move(self.decode_mask),
                 [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks],
+                decode_span=self.decode_span,
             )
         return self.copies[device]
 
@@ -124,7 +129,9 @@ def build_batch(
         slots.append(ctx.gather(1, (lens - 1)[:, None])[:, 0])
         batch.decode_rows = len(decode)
         batch.decode_context = ctx.to(device)
-        batch.decode_mask = valid[:, None, None, :].to(device)
+        # all rows as long as the longest (batch 1 always): no mask, so SDPA converts none per layer
+        batch.decode_mask = None if bool(valid.all()) else valid[:, None, None, :].to(device)
+        batch.decode_span = _one_span(ctx)
     row = len(decode)
     for table, start, end in prefill:
         pos = torch.arange(end)
@@ -135,6 +142,15 @@ def build_batch(
         row += end - start
     batch.slots = torch.cat(slots).to(device) if slots else torch.empty(0, dtype=torch.long, device=device)
     return batch
+
+
+def _one_span(ctx: torch.Tensor) -> int | None:
+    """The first slot of a single decode row's context [1, L] when its slots are consecutive (its
+    blocks follow each other in the cache), else None."""
+    if ctx.shape[0] != 1:
+        return None
+    first = int(ctx[0, 0])
+    return first if bool((ctx[0] == torch.arange(first, first + ctx.shape[1])).all()) else None
 
 
 def attend(
@@ -153,7 +169,10 @@ def attend(
     qg = q.view(T, KVH, G, D)
     if batch.decode_rows:
         B, L = batch.decode_context.shape
-        ctx = kv.index_select(0, batch.decode_context.view(-1)).view(B, L, 2, KVH, D)
+        if batch.decode_span is not None:  # one row over consecutive slots: a view, no copy of the context
+            ctx = kv[batch.decode_span : batch.decode_span + L][None]
+        else:
+            ctx = kv.index_select(0, batch.decode_context.view(-1)).view(B, L, 2, KVH, D)
         keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, KVH, L, D]
         o = F.scaled_dot_product_attention(qg[:B], keys, values, attn_mask=batch.decode_mask, scale=scale)
         out[:B] = o  # [B, KVH, G, D]

@@ -129,33 +129,27 @@ class LlamaModel:
         [M, hidden], which :meth:`head` turns into logits (prompt logprobs, a slice at a time)."""
         H, KVH, D = self.heads, self.kv_heads, self.head_dim
         dt, reduce = self.dtype, self.reduce
-        x = self.embed(input_ids)  # [T, hidden] float32: the residual stream stays float32
-        cos = self.cos[positions].to(self.dtype)[:, None, :]  # [T, 1, D]
-        sin = self.sin_signed[positions].to(self.dtype)[:, None, :]
+        x = self.embed(input_ids)  # [T, hidden] float32, a fresh tensor: the residual adds go in place
+        cast = (lambda t: t) if dt == torch.float32 else (lambda t: t.to(dt))  # no op per call in float32
+        cos = cast(self.cos[positions])[:, None, :]  # [T, 1, D], gathered once per step for every layer
+        sin = cast(self.sin_signed[positions])[:, None, :]
         half = D // 2
         hidden = x.shape[-1]
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (hidden,), layer.attn_norm, self.eps).to(dt)
-            qkv = layer.qkv(h)  # [T, (H + 2 KVH) D]
+            qkv = layer.qkv(cast(F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
+                qkv += layer.qkv_bias
             qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once
             qk = qk * cos + qk.roll(half, -1) * sin
             q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, KVH, D]
             v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
-            o = attend(q, k, v, cache, i, batch, self.scale)  # [T, H * D]
-            if reduce is None:
-                x = x + layer.o(o)
-            else:
-                x = x + reduce(layer.o(o))
+            o = layer.o(attend(q, k, v, cache, i, batch, self.scale))  # [T, hidden]
+            x += o if reduce is None else reduce(o)
             if layer.o_bias is not None:
-                x = x + layer.o_bias
-            h = F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps).to(dt)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
-            if reduce is None:
-                x = x + layer.down(F.silu(gate) * up)
-            else:
-                x = x + reduce(layer.down(F.silu(gate) * up))
+                x += layer.o_bias
+            gate, up = layer.gate_up(cast(F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps))).chunk(2, dim=-1)
+            m = layer.down(F.silu(gate).mul_(up))
+            x += m if reduce is None else reduce(m)
         if logit_rows is None:
             return None
         if hidden_rows is not None:

@@ -18,6 +18,7 @@ import time
 
 import httpx
 
+from launcher.bench.client import first_generative
 from router.policies import POLICIES
 
 
@@ -42,7 +43,7 @@ def run(url: str, admin_url: str, token: str | None, repeats: int, model: str | 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     with httpx.Client(timeout=300) as http:
         before = http.get(f"{admin_url}/admin/workers", headers=headers).raise_for_status().json()["policy"]
-        model = model or http.get(f"{url}/models").raise_for_status().json()["data"][0]["id"]
+        model = model or first_generative(http.get(f"{url}/models").raise_for_status().json())
         lines = []
         try:
             for policy in POLICIES:

@@ -101,12 +101,19 @@ def server_root(base_url: str) -> str:
 
 
 def served_model(base_url: str, api_key: str | None) -> str | None:
-    """The first model id of ``GET /models`` (None when the server has no such list)."""
+    """The first model of ``GET /models`` that generates (:func:`first_generative`; None when the
+    server has no such list)."""
     try:
         r = httpx.get(base_url.rstrip("/") + "/models", timeout=10, headers=auth_headers(api_key))
-        return r.json()["data"][0]["id"] if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return first_generative(r.json()) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
+
+
+def first_generative(models: dict) -> str | None:
+    """The id of the first model in a ``GET /models`` answer that is not an embedding model (ours
+    says ``task: embed``; a peer without ``task`` serves its first model), None for an empty list."""
+    return next((m["id"] for m in models["data"] if m.get("task") != "embed"), None)
 
 
 async def watch_memory(root: str, peak: dict, stop: asyncio.Event, api_key: str | None) -> None:

@@ -4,7 +4,7 @@ Python, torch and the CUDA it was built for, whether CUDA works, the driver and 
 it supports (NVML), whether the torch wheel has kernels for each GPU's compute capability, each
 GPU (MIG instances, GPUs NVML cannot query, NVML missing while CUDA works), the GPUs' interconnect
 (NVLink or PCIe, for tensor parallelism), ``CUDA_VISIBLE_DEVICES``,
-transformers/accelerate, the model's files, what ``model.dtype`` means here, the quantization in
+transformers/accelerate, then for each served model (grouped by model): its files, what ``model.dtype`` means on its placed devices, the quantization in
 effect and the weights' bytes it holds, the kernel each linear weight shape would run
 here (measured), placement and the memory plan, and the router's ports. A row is ``ok``, ``warn``, ``fail`` or ``skip`` (cannot be
 checked here, e.g. no GPU); any ``fail`` makes the command exit 1.
@@ -128,34 +128,36 @@ def arch_checks(gpus: list[GpuInfo], arch_list: list[str] | None) -> list[Check]
     return [Check(name, "ok", f"compute capability {', '.join(caps)} covered by {' '.join(arch_list)}")]
 
 
-def placed_device(cfg: DeployConfig, inv: Inventory) -> tuple[str, list]:
+def placed_device(cfg: DeployConfig, inv: Inventory, specs: list | None = None) -> tuple[str, list]:
     """``("cuda" | "cpu", compute capabilities)`` of the devices the workers would be placed on
-    (CPU when the placement fails: its own check reports why)."""
+    (``specs``: where they were placed; else placed here; CPU when the placement fails: its own
+    check reports why)."""
     try:
-        specs = place(cfg.workers, inv)
+        specs = place(cfg.workers, inv) if specs is None else specs
     except PlacementError:
         specs = []
     gpu_info = [g for s in specs for g in s.gpu_info]
     return ("cuda" if gpu_info else "cpu"), [g.capability for g in gpu_info if g.capability]
 
 
-def dtype_check(cfg: DeployConfig, inv: Inventory) -> Check:
-    """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it)."""
+def dtype_check(cfg: DeployConfig, inv: Inventory, specs: list | None = None) -> Check:
+    """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it) on
+    the devices the model's workers are placed on (``specs``, as :func:`placed_device`)."""
     from worker.contract import dtypes
 
-    device, caps = placed_device(cfg, inv)
+    device, caps = placed_device(cfg, inv, specs)
     line = dtypes.describe(cfg.model.dtype, device, caps, inv.cpu_flags)
     warned = "warning:" in line
     return Check("dtype", "warn" if warned else "ok", line, "set model.dtype: auto" if warned else "")
 
 
-def kernels_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
+def kernels_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | None = None) -> Check:
     """The kernel table a worker would choose here (:mod:`launcher.plan.doctor_kernels`), in the dtype
-    ``model.dtype`` resolves to on the configured devices."""
+    ``model.dtype`` resolves to on the devices the model's workers are placed on (``specs``)."""
     from launcher.plan.doctor_kernels import kernel_check
     from worker.contract import dtypes
 
-    device, caps = placed_device(cfg, inv)
+    device, caps = placed_device(cfg, inv, specs)
     if device == "cuda" and not _cuda_runs():
         return Check("kernels", "skip", "the workers would run on GPUs this process cannot use")
     return Check(
@@ -410,16 +412,17 @@ def model_check(name: str) -> tuple[Check, object]:
     return Check("model", "ok", f"{about}; {len(weights)} weight file(s), {tokenizer[0]}"), shape
 
 
-def quantization_check(cfg: DeployConfig, inv: Inventory, shape) -> Check:
+def quantization_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | None = None) -> Check:
     """The quantization in effect (``model.quantization`` resolved for this model: a GGUF file's
     stored types under ``auto``) and the weights' bytes it holds, by the planning rule
-    (:func:`worker.contract.shapes.weight_bytes`, the figures ``plan`` uses)."""
+    (:func:`worker.contract.shapes.weight_bytes`, the figures ``plan`` uses; ``specs``: where the
+    model's workers are placed, else placed here)."""
     from launcher.plan.plan import make_plan
 
     name = "quantization"
     if shape is None:
         return Check(name, "skip", "no model config to size the weights with")
-    s = make_plan(cfg, inv, shape).sizing
+    s = make_plan(cfg, inv, shape, specs=specs).sizing
     fmt = s.fmt
     detail = (
         f"model.quantization: {cfg.model.quantization} → {fmt.describe(shape.tie_word_embeddings)}; compute dtype {s.dtype}; weights "
@@ -491,10 +494,43 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
         interconnect_check(cfg, inv),
     ]
     rows += library_checks()
-    model, shape = model_check(cfg.model.name)
-    rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape), kernels_check(cfg, inv, shape)]
-    rows += [*deployment_checks(cfg, inv, shape), *port_checks(cfg)]
-    return rows
+    if len(cfg.served()) == 1:
+        model, shape = model_check(cfg.model.name)
+        rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape), kernels_check(cfg, inv, shape)]
+        rows += deployment_checks(cfg, inv, shape)
+    else:
+        rows += models_checks(cfg, inv)
+    return [*rows, *port_checks(cfg)]
+
+
+def models_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
+    """A deployment of several models: the placement of them all (packed as ``up`` packs them),
+    then each model's rows (files, dtype, quantization, kernels, memory plan) on the devices its
+    own workers are placed on, every row named ``'<served name>': <check>`` and grouped by model."""
+    from launcher.plan.packing import place_models
+    from launcher.plan.several import plan_models
+
+    served = cfg.served()
+    names = [one.name for one in served]
+    try:
+        specs = place_models([one.workers for one in served], inv, names)
+    except PlacementError as exc:
+        return [Check("placement", "fail", str(exc), "see the message; `llamadeploy plan` shows what fits")]
+    rows = [Check("placement", "ok", f"{len(specs)} worker(s): {', '.join(s.label for s in specs)}")]
+    shapes = []
+    for k, name in enumerate(names):
+        one, mine = cfg.for_model(k), [s for s in specs if s.model == k]
+        model, shape = model_check(one.model.name)
+        shapes.append(shape)
+        found = [model, dtype_check(one, inv, mine), quantization_check(one, inv, shape, mine)]
+        found.append(kernels_check(one, inv, shape, mine))
+        rows += [Check(f"'{name}': {c.name}", c.status, c.detail, c.fix) for c in found]
+    if any(shape is None for shape in shapes):
+        return [*rows, Check("memory plan", "skip", "a model's config cannot be read (its row says why)")]
+    plan = plan_models(cfg, inv, shapes, specs=specs)
+    if plan.errors:
+        return [*rows, Check("memory plan", "fail", " ".join(plan.errors), "run `llamadeploy plan` for the table")]
+    return [*rows, Check("memory plan", "warn" if plan.warnings else "ok", " ".join(plan.warnings or plan.split()))]
 
 
 def torch_arch_list() -> list[str] | None:

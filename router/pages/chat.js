@@ -78,7 +78,8 @@ async function loadModels(preferred) {
     select.replaceChildren(el("option", { value: "", text: `models unavailable (${response.status})` }));
     return;
   }
-  const { data } = await response.json();
+  // An embedding model answers /v1/embeddings only: the picker offers the models that chat.
+  const data = (await response.json()).data.filter((m) => m.task !== "embed");
   select.replaceChildren(...data.map((m) => el("option", { value: m.id, text: m.id })));
   if (preferred && data.some((m) => m.id === preferred)) select.value = preferred;
 }

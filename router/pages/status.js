@@ -157,6 +157,7 @@ function renderTable(table, activity) {
       "tr",
       { "data-worker": w.id, class: `row-${w.state}` },
       el("td", { class: "replica", text: `#${w.id}` }),
+      el("td", { class: "model", "data-model": w.model || "", text: w.model || "–" }),
       stateCell(w),
       el("td", { text: where(w), title: (w.gpu_uuids || []).join(", ") }),
       el("td", { class: "mono", text: w.pid || "–" }),

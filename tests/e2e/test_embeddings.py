@@ -227,6 +227,23 @@ def test_chat_beside_embeddings_and_each_endpoint_refuses_the_other_model(emb):
     assert listed[1]["max_model_len"] == 256  # tokens per input
 
 
+def test_the_chat_pages_picker_offers_the_chat_model_only_and_the_status_page_names_both(emb):
+    from tests.helpers.browser import Browser, chromium_paths
+
+    chromium_paths()  # skips without a browser
+    browser = Browser()
+    try:
+        browser.open(f"{emb.url}/")
+        browser.wait(lambda: browser.find("#model").get_attribute("value"), 30, "the model list")
+        assert [o.get_attribute("value") for o in browser.find_all("#model option")] == [CHAT_MODEL]
+        browser.open(f"{emb.url}/status")
+        browser.wait(lambda: len(browser.find_all("#workers tbody tr")) == 2, 30, "a row per replica")
+        shown = [r.find_element("css selector", "td[data-model]").text for r in browser.find_all("#workers tbody tr")]
+        assert shown == [CHAT_MODEL, EMBED_MODEL]
+    finally:
+        browser.quit()
+
+
 def test_100_one_line_requests_beside_a_2048_input_request(emb, reference):
     """Batching across requests: all of them answered, each vector as sentence-transformers'
     (batch composition changes nothing beyond float rounding), none refused."""

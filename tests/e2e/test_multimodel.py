@@ -4,7 +4,8 @@ load (``smollm2-int8``) and the shipped Q4_1 GGUF file served as stored (``smoll
 The one deployment also carries what a deployment of each form alone used to check: the int8
 worker's kernel table and weight memory, the GGUF worker's quantized matrices (no float copy).
 Routing: each model answers the README's question, ``/v1/models`` lists both, an unknown model is
-404 ``model_not_found``, ``GET /workers`` and ``/metrics`` name each replica's model, and a
+404 ``model_not_found``, ``GET /workers``, ``/metrics`` and the status page (headless Chromium)
+name each replica's model, the chat page offers both, and a
 restart of one model's replica leaves the other serving (last: it restarts a worker). A GGUF
 file of a type without a native kernel is refused by ``up`` before anything starts.
 """
@@ -21,6 +22,7 @@ import yaml
 from gguf import GGMLQuantizationType, GGUFWriter
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.browser import Browser, chromium_paths
 from tests.helpers.deployment import Deployment, assert_openai_error, wait_for
 
 # Each worker times its kernel candidates at start (tens of seconds on a busy 2-core box) before it is ready.
@@ -92,6 +94,26 @@ def test_workers_and_metrics_name_each_replicas_model(two):
         if s.name == "llamadeploy_worker_state" and s.labels["state"] == "ready" and s.value == 1
     }
     assert ready == {("0", INT8), ("1", Q4)}
+
+
+def test_the_pages_show_each_replicas_model_and_offer_both_to_chat_with(two):
+    chromium_paths()  # skips without a browser
+    browser = Browser()
+    try:
+        browser.open(f"{two.url}/status")
+        browser.wait(lambda: len(browser.find_all("#workers tbody tr")) == 2, 30, "a row per replica")
+        rows = {
+            r.get_attribute("data-worker"): r.find_element("css selector", "td[data-model]").text
+            for r in browser.find_all("#workers tbody tr")
+        }
+        assert rows == {"0": INT8, "1": Q4}
+        browser.open(f"{two.url}/")
+        browser.wait(lambda: browser.find("#model").get_attribute("value"), 30, "the model list")
+        picker = [o.get_attribute("value") for o in browser.find_all("#model option")]
+        assert picker == [INT8, Q4]
+        assert not browser.foreign_requests(two.url) and not browser.console_errors()
+    finally:
+        browser.quit()
 
 
 def test_int8_worker_shows_its_kernel_table_and_weight_memory(two):

@@ -257,7 +257,9 @@ def test_status_shows_every_replica_live(browser, deployment, shots):
     browser.wait(lambda: len(browser.find_all("#workers tbody tr")) == deployment.replicas, 30, "a row per replica")
     rows = browser.find_all("#workers tbody tr")
     pids = {str(w["pid"]) for w in deployment.workers()}
-    assert {r.find_element("css selector", "td:nth-child(4)").text for r in rows} == pids
+    assert {r.find_element("css selector", "td:nth-child(5)").text for r in rows} == pids
+    models = {r.find_element("css selector", "td[data-model]").text for r in rows}
+    assert models == {w["model"] for w in deployment.workers()} and "" not in models and "\u2013" not in models
     assert all(r.find_element("css selector", "[data-state]").get_attribute("data-state") == "ready" for r in rows)
     assert browser.find("#live").text == "live"
     assert browser.find_all("#events [data-kind='ready']")
@@ -334,6 +336,6 @@ def test_kill_9_shows_the_worker_dead_and_back(browser, keyed):
     keyed.wait_ready(240)
     browser.wait(lambda: browser.find_all("#workers tbody tr [data-state='ready']"), 30, "the row ready again")
     row = browser.find("#workers tbody tr")
-    assert row.find_element("css selector", "td:nth-child(9)").text == str(restarts + 1)
-    assert row.find_element("css selector", "td:nth-child(4)").text == str(keyed.worker(0)["pid"]) != str(pid)
+    assert row.find_element("css selector", "td:nth-child(10)").text == str(restarts + 1)
+    assert row.find_element("css selector", "td:nth-child(5)").text == str(keyed.worker(0)["pid"]) != str(pid)
     only_router(browser, keyed)

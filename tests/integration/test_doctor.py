@@ -74,3 +74,14 @@ def test_missing_model_fails(tmp_path):
     out = doctor(tmp_path, ports() + f"model: {{name: {tmp_path / 'nothing'}.gguf}}\nworkers: {{devices: cpu}}\n")
     assert out.returncode == 1
     assert "does not exist" in out.stdout
+
+
+def test_every_model_of_a_models_deployment_gets_its_own_rows(tmp_path):
+    models = "models:\n  - {served_name: a}\n  - {served_name: b, quantization: int8}\n"
+    out = doctor(tmp_path, ports() + models + "workers: {devices: cpu, replicas: 1}\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    for name in ("a", "b"):
+        for row in ("model", "dtype", "quantization", "kernels"):
+            assert f"'{name}': {row}" in text, (name, row)
+    assert "model.quantization: int8" in text and "placement" in text and "memory plan" in text

@@ -168,3 +168,41 @@ def test_one_gpu_or_no_nvml_skips_the_interconnect():
 
     row = interconnect_check(DeployConfig(), Inventory([gpu(0), gpu(1)], [0]), FakeNvml([], init_error="no driver"))
     assert row.status == "skip" and "NVML unavailable: no driver" in row.detail
+
+
+def test_every_model_of_several_is_checked_on_its_own_placed_device_grouped_by_model(monkeypatch, tmp_path):
+    from launcher.plan import doctor_kernels
+    from launcher.plan.doctor import models_checks
+
+    measured = []
+    monkeypatch.setattr(
+        doctor_kernels,
+        "kernel_check",
+        lambda cfg, shape, device, dtype: measured.append((cfg.model.name, device, dtype)) or ("ok", "", ""),
+    )
+    cfg = DeployConfig.model_validate(
+        {
+            "workers": {"devices": "cpu", "replicas": 1},
+            "models": [
+                {"name": "smollm2-135m-instruct"},
+                {"name": str(tmp_path / "nothing.gguf"), "served_name": "gone", "workers": {"devices": [0]}},
+            ],
+        }
+    )
+    a100 = Inventory([GpuInfo(0, "NVIDIA A100", "GPU-0", 80 * GiB, 80 * GiB, capability=(8, 0))], [0, 1])
+    rows = models_checks(cfg, a100)
+    names = [r.name for r in rows]
+    assert names[0] == "placement" and names[-1] == "memory plan"
+    first = [n for n in names if n.startswith("'smollm2-135m-instruct': ")]
+    second = [n for n in names if n.startswith("'gone': ")]
+    assert (
+        [n.split(": ", 1)[1] for n in first]
+        == ["model", "dtype", "quantization", "kernels"]
+        == [n.split(": ", 1)[1] for n in second]
+    )
+    assert names.index(first[-1]) < names.index(second[0])  # grouped: one model's rows, then the next's
+    by = {r.name: r for r in rows}
+    assert by["'smollm2-135m-instruct': dtype"].detail.startswith("auto → float32 (CPU")  # its CPU, no bf16
+    assert by["'gone': dtype"].detail.startswith("auto → bfloat16")  # its A100
+    assert by["'gone': model"].status == "fail" and by["memory plan"].status == "skip"
+    assert measured == [("smollm2-135m-instruct", "cpu", "float32")]  # the GPU model: CUDA does not run here

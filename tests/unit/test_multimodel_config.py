@@ -102,3 +102,23 @@ def test_an_empty_list_is_an_error():
 def test_several_models_on_ray_are_refused():
     line = one_error({"models": TWO, "cluster": {"backend": "ray"}})
     assert "cluster.backend: ray does not serve yet" in line
+
+
+def test_workers_for_names_each_models_own_section_and_the_top_level_for_an_unknown_name():
+    cfg = parse_config(
+        {
+            "workers": {"startup_timeout_s": 100},
+            "models": [{"name": "a"}, {"name": "b", "workers": {"startup_timeout_s": 900}}],
+        }
+    )
+    assert [cfg.workers_for(n).startup_timeout_s for n in ("a", "b", "", "gone")] == [100, 900, 100, 100]
+
+
+def test_a_model_override_from_the_command_line_reaches_every_entry(tmp_path):
+    from launcher.config import load_config
+
+    path = tmp_path / "deploy.yaml"
+    path.write_text("models:\n  - {name: a}\n  - {name: b, dtype: float16}\n")
+    cfg = load_config(path, {"model.dtype": "bfloat16", "model.max_model_len": 1024, "router.port": 9100})
+    assert [(one.model.dtype, one.model.max_model_len) for one in cfg.served()] == [("bfloat16", 1024)] * 2
+    assert cfg.router.port == 9100 and cfg.model.name == "a"

@@ -77,3 +77,46 @@ def test_the_one_model_form_is_its_own_view_and_picks_without_a_filter():
     api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool(), tokenizer=None)
     assert api.for_request("m", "/v1/completions") is api and api.for_request(None, "/v1/completions") is api
     assert (api.pick_model, api.max_prompt_tokens) == (None, 511)
+
+
+def test_each_worker_is_judged_by_its_own_models_heartbeat_and_stall_timeouts():
+    from launcher.config import parse_config
+
+    cfg = parse_config(
+        {
+            "workers": {"heartbeat_timeout_s": 10, "stall_timeout_s": 30},
+            "models": [{"name": "a"}, {"name": "b", "workers": {"heartbeat_timeout_s": 100, "stall_timeout_s": 300}}],
+        }
+    ).router_settings()
+    cfg = RouterSettings.model_validate_json(cfg.model_dump_json())  # what the router reads from router.json
+    assert (cfg.workers_for("b").heartbeat_timeout_s, cfg.workers_for("a").heartbeat_timeout_s) == (100, 10)
+    pool = pool_of({0: "a", 1: "b"})
+    pool.model_timeouts = cfg.model_timeouts()  # as router.main builds its pool
+    assert pool.timeouts("b") == (100, 300) and pool.timeouts("a") == (10, 30)
+    seen = {w: pool.workers[w].last_seen for w in (0, 1)}
+    pool.check_workers(max(seen.values()) + 50)  # silent 50 s: past a's 10 s, within b's 100 s
+    assert (pool.workers[0].state, pool.workers[1].state) == (State.DEAD, State.READY)
+    pool.check_workers(seen[1] + 101)
+    assert pool.workers[1].state == State.DEAD
+
+
+def test_the_one_model_form_judges_every_worker_by_the_top_level_workers_section():
+    cfg = RouterSettings(workers={"heartbeat_timeout_s": 7})
+    assert cfg.model_workers == {} and cfg.workers_for("anything").heartbeat_timeout_s == 7
+    assert pool_of({0: "m"}).timeouts("m") == (10, 30.0)  # the pool's own values, as main builds it
+
+
+def test_the_status_pages_feed_names_every_served_model():
+    import asyncio
+    import json
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from router import ui
+    from router.state import API
+
+    app = web.Application()
+    app[API] = api_of(ModelConfig(name="e", task="embed"), ModelConfig(name="c1"), ModelConfig(name="c2"))
+    body = json.loads(asyncio.run(ui.activity(make_mocked_request("GET", "/activity", app=app))).body)
+    assert (body["model"], body["models"]) == ("c1", ["e", "c1", "c2"])
