@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from worker.contract.embed_spec import EmbedSpec
+from worker.embed.threads import ThreadPlan
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class Embedder:
         self.pad_id = pad_id
         self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self._token_types = "token_type_ids" in model.forward.__code__.co_varnames
+        self.threads = ThreadPlan() if device.type == "cpu" else None
 
     @classmethod
     def load(cls, model_path: str | Path, spec: EmbedSpec, device: torch.device, dtype: torch.dtype) -> Embedder:
@@ -56,6 +58,8 @@ class Embedder:
         """Vectors of ``batch`` (token id lists, each non-empty): float32 array [len(batch), spec.dim]."""
         lengths = torch.tensor([len(ids) for ids in batch], device=self.device)
         width = int(lengths.max())
+        if self.threads is not None:
+            self.threads.apply(len(batch) * width)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
