@@ -2,8 +2,8 @@
 
 Two one-worker deployments: ``tight`` has a KV budget that admits only three short requests at
 once (and a context length to match, or ``up`` refuses to start); ``busy`` has room for 8 running
-+ 8 waiting requests. Timing claims belong to ``llamadeploy bench``;
-these tests assert behaviour only.
++ 8 waiting requests (the session's ``curve_busy``, shared with test_zmq_curve). Timing claims
+belong to ``llamadeploy bench``; these tests assert behaviour only.
 """
 
 from __future__ import annotations
@@ -36,14 +36,9 @@ def tight(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def busy(tmp_path_factory):
-    d = Deployment(
-        tmp_path_factory.mktemp("busy"),
-        {"workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8}, "logging": {"level": "debug"}},
-    )
-    d.start()
-    yield d
-    d.stop()
+def busy(curve_busy):
+    """The session's small-queue deployment (``curve_busy`` in fixtures.py; test_zmq_curve uses it too)."""
+    return curve_busy
 
 
 def wait_idle(d: Deployment, timeout: float = 120) -> dict:

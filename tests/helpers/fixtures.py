@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.helpers.deployment import MODEL, Deployment
+from tests.helpers.deployment import MODEL, Deployment, free_port
 from tests.helpers.keyed import SecuredDeployment
 
 MODEL_DIR = Path.home() / ".cache/llamadeploy/models" / MODEL  # the embedded default, once converted
@@ -20,6 +20,31 @@ def deployment(tmp_path_factory) -> Deployment:
     d.start()
     yield d
     d.stop()
+
+
+@pytest.fixture(scope="session")
+def curve_busy(tmp_path_factory) -> Deployment:
+    """One replica whose worker connects over ``tcp://127.0.0.1`` with CURVE, a small queue (8 running
+    + 8 waiting) and debug logs: test_batching's ``busy`` tests and test_zmq_curve share it (neither
+    needs the other's settings off). Started on first use; ``zmq_address`` is its router's endpoint."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    d = Deployment(
+        tmp_path_factory.mktemp("curve-busy"),
+        {
+            # 16 requests of 60 tokens go through 8 rows in two rounds: on a loaded 2-core box the
+            # second round waits and ends later than the 120 s defaults (no test here is about those
+            # limits); 300 s is what test_batching's clients wait
+            "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8, "max_queue_wait_s": 300},
+            "router": {"zmq_address": address, "request_timeout_s": 300},
+            "logging": {"level": "debug"},
+        },
+    )
+    d.zmq_address = address
+    try:
+        d.start(timeout=420)  # it may start while the shared deployment runs: on 2 cores, give it time
+        yield d
+    finally:
+        d.stop()
 
 
 @pytest.fixture(scope="session")
