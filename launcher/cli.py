@@ -1,4 +1,4 @@
-"""The ``llamadeploy`` command line (typer): up, status, restart-worker, plan, doctor, bench."""
+"""The ``llamadeploy`` command line (typer): up, status, restart-worker, apply, plan, doctor, bench."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import typer
 from launcher.bench import bench_command
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
+from launcher.rollout.command import apply_command
 from launcher.supervise.ports import port_problems
 from router.admin_protocol import HAS_NO_PROCESS, WorkerState
 from router.policies import POLICIES
@@ -249,6 +250,9 @@ def status(
             out.print(f"worker {w.id} {w.state.value}: {w.exit_reason}", highlight=False)
     if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
+    if rollout := client.try_call("GET", "/admin/rollout"):
+        last = rollout["progress"][-1] if rollout["progress"] else ""
+        out.print(f"last apply: revision {rollout['revision']} {rollout['state']}: {last}", highlight=False)
 
 
 STATE_COLORS = {
@@ -278,7 +282,7 @@ def worker_table(info):
     from rich.table import Table
 
     table = Table(title=f"llamadeploy workers (policy {info.policy})")
-    for col in (*STATUS_COLUMNS, "uptime", "memory"):
+    for col in (*STATUS_COLUMNS, "uptime", "memory", "rev"):
         table.add_column(col, justify="right" if col not in ("model", "node", "device", "state") else "left")
     for w in info.workers:
         kv = w.kv_used_tokens / w.kv_budget_tokens if w.kv_budget_tokens else 0.0
@@ -296,6 +300,7 @@ def worker_table(info):
             str(w.restarts),
             f"{w.uptime_s:.0f}s",
             f"{w.mem_bytes / 2**20:.0f} MiB",
+            str(w.revision),
         )
     return table
 
@@ -494,6 +499,7 @@ def doctor(
 
 
 app.command("bench")(bench_command)  # light: torch and transformers load inside
+app.command("apply")(apply_command)
 
 
 def main() -> None:

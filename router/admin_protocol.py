@@ -21,6 +21,7 @@ import enum
 
 import msgspec
 
+from router.rollout_protocol import ApplyRequest
 from worker.contract.protocol import EngineLoad, KernelChoice
 
 
@@ -72,6 +73,7 @@ class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
     kernels: list[KernelChoice] = msgspec.field(
         default_factory=list
     )  # the kernel table it measured at start (its Ready)
+    revision: int = 0  # the deployment's configuration revision its process was started with
 
 
 class RouterInfo(msgspec.Struct, kw_only=True):
@@ -98,6 +100,7 @@ class Started(msgspec.Struct, forbid_unknown_fields=True):
     restarts: int = 0
     device: str = ""
     model: str = ""  # the served name of the slot's model
+    revision: int = 0  # the configuration revision it was started with (``llamadeploy apply``)
 
 
 class Exited(msgspec.Struct, forbid_unknown_fields=True):
@@ -106,6 +109,7 @@ class Exited(msgspec.Struct, forbid_unknown_fields=True):
     reason: str = "exited"
     failed: bool = False
     pid: int = 0
+    removed: bool = False  # the slot is gone for good (a rollout retired it): drop it from the table
 
 
 # ---- router -> supervisor: pushed events ---------------------------------------------------
@@ -137,7 +141,13 @@ class StartRequested(SupervisorEvent):
     """An operator asked (admin API) to start the slot, which has no process (failed, dead, stopped)."""
 
 
-Event = WorkerReady | WorkerDown | StartRequested
+class ApplyRequested(SupervisorEvent):
+    """An operator's ``llamadeploy apply`` (``worker_id`` is -1: it is about the deployment)."""
+
+    request: ApplyRequest
+
+
+Event = WorkerReady | WorkerDown | StartRequested | ApplyRequested
 
 _events_out = msgspec.msgpack.Encoder()
 _events_in = msgspec.msgpack.Decoder(Event)

@@ -15,7 +15,7 @@ import uuid
 
 from aiohttp import web
 
-from router import admin, admin_protocol, openai_api, ui
+from router import admin, admin_protocol, openai_api, rollout, ui
 from router.auth import auth_middleware
 from router.connections import ConnectionGuard, connection_cap
 from router.embeddings.api import create_embeddings
@@ -149,22 +149,24 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
 
 
 def create_admin_app(api: Api) -> web.Application:
-    """The admin application (shares ``api.pool``; does not start it)."""
-    token = api.cfg.router.admin_token
+    """The admin application (shares ``api.pool``; does not start it). Its token can be rotated
+    live (:mod:`router.rollout`)."""
     app = web.Application(
         middlewares=[
             request_id_middleware,
             metrics_middleware,
             error_middleware(),
-            auth_middleware(lambda r: [token] if token else [], "admin token"),
+            auth_middleware(lambda r: r.app[rollout.TOKENS].valid(), "admin token"),
         ]
     )
     app[API] = api
+    app[rollout.TOKENS] = rollout.AdminTokens(api.cfg.router.admin_token)
     app[METRICS] = metrics_of(api)
     app.on_response_prepare.append(echo_request_id)
     app.router.add_get("/admin/workers", workers)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
+    rollout.add_routes(app)
     return app
 
 

@@ -22,11 +22,13 @@ import zmq.asyncio
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
-from worker.contract.keys import ServerKeys
+from worker.contract.env import KEYS_ENV
+from worker.contract.keys import ServerKeys, server_keys
 
 log = logging.getLogger(__name__)
 
 REFUSAL_LOG_EVERY_S = 10.0
+REREAD_S = 1.0  # an unknown key rereads the key folder at most this often (a slot added by apply)
 FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 PROTOCOL_REASONS = {
     zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH: "the peer does not use CURVE (it has no key)",
@@ -47,6 +49,7 @@ class CurveGate:
         self._task: asyncio.Task | None = None
         self._reported: dict[str, tuple[float, int]] = {}  # kind -> (last logged, refusals not logged since)
         self.refused = 0  # refusals so far (ZAP and handshake)
+        self._read_at = time.monotonic()  # when the worker keys were last read
 
     def start(self, sock: zmq.asyncio.Socket, endpoint: str) -> None:
         """Make ``sock`` a CURVE server that asks ZAP (the authenticator) about every client key."""
@@ -67,13 +70,27 @@ class CurveGate:
 
     def callback(self, domain: str, key: bytes) -> bool:
         """ZAP's question (the credentials provider): may the client with Z85 public ``key`` in?"""
-        if key in self.keys.workers:
+        if key in self.keys.workers or self._reread(key):
             return True
         self._refuse(
             "zap",
             f"ZAP refused CURVE client key {key.decode(errors='replace')}: not one of this deployment's worker keys",
         )
         return False
+
+    def _reread(self, key: bytes) -> bool:
+        """Read the deployment's worker keys again (at most once per :data:`REREAD_S`): a slot an
+        ``apply`` added has its key made after this router started. True when ``key`` is one now."""
+        now = time.monotonic()
+        if self.keys.folder is None or now - self._read_at < REREAD_S:
+            return False
+        self._read_at = now
+        try:
+            self.keys = server_keys({KEYS_ENV: str(self.keys.folder)})
+        except (OSError, RuntimeError) as exc:
+            log.warning("cannot read the worker keys again: %s", exc)
+            return False
+        return key in self.keys.workers
 
     async def close(self) -> None:
         if self._task is not None:

@@ -161,6 +161,7 @@ class Worker:
         return is_stalled(self.stalled_for(now), cpu, timeout_s)
 
     start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
+    revision: int = 0  # the configuration revision its process was started with (the supervisor's report)
 
     @property
     def capacity(self) -> int:
@@ -195,6 +196,7 @@ class Worker:
             gpu_uuids=list(self.gpu_uuids),
             weight_bytes=self.weight_bytes,
             kernels=list(self.kernels),
+            revision=self.revision,
         )
 
     def info(self) -> dict:
@@ -427,8 +429,13 @@ class WorkerPool:
         is cleared."""
         if isinstance(report, Started):
             self.on_started(worker_id, report.pid, report.restarts, report.device, report.model)
+            self.workers[worker_id].revision = report.revision
         else:
             self.mark_lost(worker_id, report.reason, failed=report.failed)
+            if report.removed and not self.workers[worker_id].requests:
+                del self.workers[worker_id]  # retired by a rollout: no slot left to show
+                self._notify()
+                return
         if isinstance(report, Started) or report.failed:
             self.workers[worker_id].start_requested = False
 

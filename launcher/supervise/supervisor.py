@@ -38,10 +38,20 @@ from pathlib import Path
 
 from launcher.config import DeployConfig, SupervisorConfig
 from launcher.plan.placement import WorkerSpec
+from launcher.rollout.revisions import Revisions
 from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
 from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
-from router.admin_protocol import Event, Exited, Started, StartRequested, WorkerDown, WorkerInfo, WorkerReady
+from router.admin_protocol import (
+    ApplyRequested,
+    Event,
+    Exited,
+    Started,
+    StartRequested,
+    WorkerDown,
+    WorkerInfo,
+    WorkerReady,
+)
 from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
@@ -147,6 +157,11 @@ class Slot(Child):
     last_exit: str = ""
     kill_reason: str = ""  # why the supervisor killed it, if it did
     start_requested: bool = False  # an operator asked for a start (the router's event); done when it has no process
+    settings_path: Path | None = None  # its worker settings file (None: the deployment's first)
+    model_path: Path | None = None  # its model (None: the deployment's first)
+    revision: int = 1  # the configuration revision it is started with (``llamadeploy apply``)
+    model_name: str = ""  # its served model's name when a rollout renamed it ("": its model's in the config)
+    retiring: bool = False  # a rollout stops it for good: its exit removes the slot
 
     def ready(self) -> bool:
         """Its current process runs and the router said it is ready."""
@@ -205,6 +220,8 @@ class Supervisor:
         self._events: list[Event] = []  # received while pausing, handled by the next poll_once
         self.stopping = False
         self._table_failing = False  # the last table read failed (warned once per outage)
+        self.rollout = None  # the apply being carried out (launcher.rollout.executor.Rollout), stepped by poll_once
+        self.revisions = Revisions(run_dir, cfg)
 
     @property
     def router(self) -> subprocess.Popen | None:
@@ -314,8 +331,9 @@ class Supervisor:
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]
         spec = slot.spec
+        settings = slot.settings_path or self.worker_settings_paths[spec.model]
         launch = WorkerLaunch.for_slot(
-            spec, self.worker_settings_paths[spec.model], self.model_paths[spec.model], self.address, self.child_env
+            spec, settings, slot.model_path or self.model_paths[spec.model], self.address, self.child_env
         )
         slot.restart_at, slot.kill_reason, slot.start_requested = None, "", False
         try:
@@ -338,14 +356,22 @@ class Supervisor:
         )
         self._report(wid, self._started(slot))
 
+    def add_slot(self, spec: WorkerSpec) -> Slot:
+        """A new slot (a rollout's surge or scale-up) for ``spec``, not started yet."""
+        self.slots[spec.worker_id] = slot = Slot(spec)
+        return slot
+
     def _startup_timeout_s(self, slot: Slot) -> float:
         """``workers.startup_timeout_s`` of the slot's model (its entry may override the top level)."""
         return self.served[slot.spec.model].workers.startup_timeout_s
 
     def _started(self, slot: Slot) -> Started:
-        """The report of ``slot``'s current process: its pid, restarts, where it runs, whose model."""
-        model = self.model_names[slot.spec.model]
-        return Started(pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), model=model)
+        """The report of ``slot``'s current process: its pid, restarts, where it runs, whose model
+        (a rollout's renamed model: the slot's own), which configuration revision."""
+        model = slot.model_name or self.model_names[slot.spec.model]
+        return Started(
+            pid=slot.proc.pid, restarts=slot.starts - 1, device=slot.where(), model=model, revision=slot.revision
+        )
 
     def start(self) -> None:
         self.start_router()
@@ -422,6 +448,8 @@ class Supervisor:
             return
         for event in events:
             self.on_event(event)
+        if self.rollout is not None and self.rollout.advance():
+            self.rollout = None
         now = self.clock()
         for wid, slot in self.slots.items():
             if slot.proc is None and slot.start_requested:
@@ -445,7 +473,12 @@ class Supervisor:
         )
 
     def on_event(self, event: Event) -> None:
-        """Act on one of the router's events about a slot of this deployment."""
+        """Act on one of the router's events about a slot of this deployment (or an apply)."""
+        if isinstance(event, ApplyRequested):
+            from launcher.rollout.begin import begin_apply
+
+            self.rollout = begin_apply(self, event.request) or self.rollout
+            return
         slot = self.slots.get(event.worker_id)
         if slot is None:
             return
@@ -512,7 +545,7 @@ class Supervisor:
 
     def reap(self) -> None:
         """Handle every worker process that has exited: report it, then schedule a restart or give up."""
-        for wid, slot in self.slots.items():
+        for wid, slot in list(self.slots.items()):
             if slot.proc is None or slot.proc.poll() is None:
                 continue
             code, pid = slot.proc.returncode, slot.proc.pid
@@ -524,6 +557,9 @@ class Supervisor:
             if rank is not None and slot.spec.tp > 1:
                 reason = f"rank {rank} {reason}"
             slot.last_exit = reason
+            if slot.retiring and not self.stopping:
+                self._retired(wid, pid, reason)
+                continue
             if self.stopping:
                 log.info("worker %d (pid %d) stopped: %s", wid, pid, reason)
             elif code == 0:
@@ -532,6 +568,12 @@ class Supervisor:
             else:
                 self._crashed(wid, slot, pid, reason)
             self._report(wid, Exited(reason=reason, failed=slot.failed, pid=pid))
+
+    def _retired(self, wid: int, pid: int, reason: str) -> None:
+        """A slot a rollout stopped for good has exited: it leaves this deployment and the router's table."""
+        del self.slots[wid]
+        log.info("worker %d (pid %d) retired: %s", wid, pid, reason)
+        self._report(wid, Exited(reason=f"retired ({reason})", pid=pid, removed=True))
 
     def _crashed(self, wid: int, slot: Slot, pid: int, reason: str) -> None:
         """Worker ``wid``'s process ``pid`` crashed: the crash rule schedules its restart or marks it failed."""

@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import queue
+from pathlib import Path
 
 import pytest
 import zmq
@@ -19,7 +20,8 @@ import zmq.asyncio
 
 from router.workers import State, WorkerPool
 from tests.helpers.deployment import free_port, wait_for_async
-from worker.contract.keys import ClientKeys, client_keys, make_keys, server_keys
+from worker.contract.env import KEYS_ENV
+from worker.contract.keys import ClientKeys, add_worker_keys, client_keys, make_keys, server_keys
 from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Generate,
@@ -104,12 +106,15 @@ def test_a_dealer_with_a_wrong_router_key_cannot_register(keys, caplog):
     asyncio.run(refused_peer(keys, curve, caplog, "the peer does not have the router's public key"))
 
 
-async def accepted_peer(keys: dict) -> None:
+async def accepted_peer(keys: dict, slot: int = 0) -> None:
+    """A DEALER with slot ``slot``'s keys (made before it connects) registers and receives."""
     address = f"tcp://127.0.0.1:{free_port()}"
     pool = WorkerPool(address, "round_robin", heartbeat_timeout_s=10, curve=server_keys(keys))
     await pool.start()
+    if slot:
+        add_worker_keys(Path(keys[KEYS_ENV]), slot)  # a slot an apply adds, after the router started
     ctx = zmq.asyncio.Context()
-    sock = dealer(ctx, address, client_keys(0, keys))
+    sock = dealer(ctx, address, client_keys(slot, keys))
     try:
         await sock.send(encode(HELLO))
         await wait_for_async(lambda: 0 in pool.workers, 10, what="worker 0 registered")
@@ -126,6 +131,11 @@ async def accepted_peer(keys: dict) -> None:
 
 def test_the_slots_own_keys_register_and_receive_a_generate(keys):
     asyncio.run(accepted_peer(keys))
+
+
+def test_a_slot_whose_keys_are_made_after_the_router_started_is_accepted(keys, monkeypatch):
+    monkeypatch.setattr("router.curve.REREAD_S", 0.0)  # the router reads the key folder again at once
+    asyncio.run(accepted_peer(keys, slot=5))
 
 
 async def worker_handshake(keys: dict, curve: ClientKeys, timeout_s: float) -> None:

@@ -30,6 +30,7 @@ class ServerKeys:
     public: bytes
     secret: bytes
     workers: frozenset[bytes]
+    folder: Path | None = None  # where they were read (read again for a slot added later)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,17 @@ def make_keys(run_dir: Path, worker_ids: Iterable[int]) -> dict[str, str]:
     return {KEYS_ENV: str(folder)}
 
 
+def add_worker_keys(folder: Path, worker_id: int) -> None:
+    """Write a key pair for slot ``worker_id`` into the deployment's key ``folder`` unless it has
+    one (a slot a rollout adds; the router reads the new public key when the slot connects)."""
+    name = worker_name(worker_id)
+    if (folder / f"{name}.public").exists():
+        return
+    public, secret = zmq.curve_keypair()
+    _write(folder / f"{name}.secret", secret)
+    _write(folder / f"{name}.public", public)  # last: a reader that sees it finds the pair complete
+
+
 def _folder(env: dict[str, str] | None) -> Path:
     value = (os.environ if env is None else env).get(KEYS_ENV)
     if not value:
@@ -86,7 +98,10 @@ def server_keys(env: dict[str, str] | None = None) -> ServerKeys:
     folder = _folder(env)
     workers = frozenset(p.read_bytes().strip() for p in folder.glob("worker-*.public"))
     return ServerKeys(
-        (folder / f"{ROUTER}.public").read_bytes().strip(), (folder / f"{ROUTER}.secret").read_bytes().strip(), workers
+        (folder / f"{ROUTER}.public").read_bytes().strip(),
+        (folder / f"{ROUTER}.secret").read_bytes().strip(),
+        workers,
+        folder,
     )
 
 

@@ -1,0 +1,1 @@
+"""``llamadeploy apply``: changing a running deployment — the diff → plan function, revisions, the rollout."""

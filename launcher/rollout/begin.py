@@ -1,0 +1,168 @@
+"""The supervisor's answer to an ``apply``: validate, plan, then refuse, report or start the rollout.
+
+:func:`begin_apply` runs when the router passes on an
+:class:`~router.admin_protocol.ApplyRequested` event. The new configuration is checked with the
+rules of ``up`` (the file's own, the tensor-parallel split, the placement on this machine's
+devices); keys that cannot change on a running deployment refuse the whole apply, one line each;
+``--dry-run`` reports the plan only. A change of router and supervisor settings alone is applied
+at once (a new revision, no process restarted); anything else starts a
+:class:`~launcher.rollout.executor.Rollout`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from launcher.config import ConfigError, DeployConfig, parse_config
+from launcher.plan.placement import Inventory, PlacementError, place
+from launcher.rollout.executor import Rollout, Target, adopt_config, move_slots, post_status
+from launcher.rollout.plan import RolloutPlan, plan_rollout
+from launcher.rollout.room import replica_need
+from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """The apply is refused before anything changes; ``str()``: one line per problem."""
+
+
+def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
+    """Answer ``req`` for supervisor ``sup``: the rollout to step, or None when it was refused,
+    was a dry run, changed nothing or only live settings (each reported to the router)."""
+
+    def reply(state: str, **fields) -> None:
+        """Post this apply's outcome to the router."""
+        post_status(sup, RolloutStatus(id=req.id, state=state, **fields))
+
+    if sup.rollout is not None:
+        reply("refused", reason="another apply is in progress")
+        return None
+    try:
+        cfg = _target_config(sup, req)
+        inventory = Inventory() if sup.backend is not None else _discover()
+        plan = _plan(sup, cfg, inventory, req.max_unavailable, req.rollback)
+    except Refused as exc:
+        reply("refused", reason=str(exc))
+        return None
+    if req.dry_run or plan.empty:
+        reply("planned" if req.dry_run else "done", plan=plan.lines())
+        return None
+    old = current_target(sup)
+    try:
+        new = _new_target(sup, cfg, old, req.rollback)
+    except Refused as exc:
+        reply("failed", plan=plan.lines(), reason=str(exc))
+        return None
+    if not plan.steps:
+        _apply_live(sup, new)
+        reply("done", plan=plan.lines(), revision=new.revision.number, hash=new.revision.hash)
+        return None
+    rollout = Rollout(sup, req.id, old, new, plan, inventory, plan.max_unavailable, is_rollback=req.rollback)
+    renamed = old.config.model.public_name != cfg.model.public_name
+    during = cfg.model_copy(update={"model": old.config.model})  # the old model's limits until it is replaced
+    rollout.adopt(during, also=[cfg.model] if renamed else [])
+    rollout.note(f"revision {new.revision.number} ({new.revision.hash}): {len(plan.steps)} step(s)")
+    return rollout
+
+
+def _discover() -> Inventory:
+    from launcher.plan.placement import discover
+
+    return discover()
+
+
+def _target_config(sup, req: ApplyRequest) -> DeployConfig:
+    """The configuration to go to: the request's (validated again), or the previous revision's."""
+    if req.rollback:
+        prev = sup.revisions.previous()
+        if prev is None:
+            raise Refused("no earlier revision is kept to roll back to")
+        return prev.config
+    try:
+        cfg = parse_config(req.config, "the new deploy.yaml")
+    except ConfigError as exc:
+        raise Refused(str(exc)) from None
+    from launcher.plan.layouts import tp_refusal
+
+    if len(cfg.served()) > 1 or len(sup.revisions.current.config.served()) > 1:
+        raise Refused(
+            "models: apply changes a deployment of one model; with several models stop it and `llamadeploy up` again"
+        )
+    if problem := tp_refusal(cfg):
+        raise Refused(problem)
+    return cfg
+
+
+def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | None, rollback: bool) -> RolloutPlan:
+    """The plan to ``cfg`` over the slots as they stand (``rollback``: to the previous revision).
+    Raises :class:`Refused`."""
+    from launcher.rollout.executor import replicas_of
+
+    count = len(sup.slots)
+    if cfg.workers.replicas != "auto":
+        count = cfg.workers.replicas
+    elif sup.backend is None:
+        try:
+            count = len(place(cfg.workers, inventory))
+        except PlacementError as exc:
+            raise Refused(f"workers: {exc}") from None
+    first = next(iter(sup.slots.values())).spec
+    need = replica_need(cfg.for_model(0), inventory, first)
+    try:
+        plan = plan_rollout(
+            sup.revisions.current.config,
+            cfg,
+            replicas_of(sup, inventory),
+            count,
+            need,
+            max_unavailable,
+            revision=sup.revisions.previous().number if rollback else sup.revisions.current.number + 1,
+        )
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+    if plan.fixed:
+        raise Refused("\n".join(plan.problems()))
+    return plan
+
+
+def current_target(sup) -> Target:
+    """What the slots on the current revision are started with."""
+    rev = sup.revisions.current
+    slot = next((s for s in sup.slots.values() if s.revision == rev.number and s.settings_path), None)
+    if slot is None:
+        return Target(rev, sup.worker_settings_path, sup.model_paths[0])
+    return Target(rev, slot.settings_path, slot.model_path)
+
+
+def _new_target(sup, cfg: DeployConfig, old: Target, rollback: bool) -> Target:
+    """The new revision (recorded; for a rollback the previous one made current again), its worker
+    settings file and its model. Raises :class:`Refused` when the model cannot be resolved
+    (nothing recorded, nothing replaced)."""
+    from launcher.models import ModelNotFound, resolve_model
+
+    same_model = (cfg.model.name, cfg.model.quantization) == (old.config.model.name, old.config.model.quantization)
+    try:
+        model = old.model_path if same_model else resolve_model(cfg.model.name, quantization=cfg.model.quantization)
+    except (ModelNotFound, OSError) as exc:
+        log.error("apply: %s", exc)
+        raise Refused(str(exc).splitlines()[0]) from None
+    if rollback:
+        rev = sup.revisions.previous()
+        sup.revisions.restore(rev)
+    else:
+        rev = sup.revisions.record(cfg)
+    settings = sup.run_dir / f"worker-r{rev.number}.json"
+    settings.write_text(cfg.worker_settings().model_dump_json())
+    return Target(rev, settings, model)
+
+
+def _apply_live(sup, new: Target) -> None:
+    """Only router and supervisor settings changed: apply them, and the slots (whose worker
+    settings are unchanged) are on the new revision without restarting."""
+    live = LiveSettings(settings=new.config.router_settings().model_dump(mode="json"))
+    sup.admin.try_call("POST", "/admin/settings", msgspec.to_builtins(live))
+    adopt_config(sup, new.config)
+    move_slots(sup, new)

@@ -1,0 +1,106 @@
+"""``llamadeploy apply``: change a running deployment through its admin API.
+
+The new file is validated with ``up``'s rules here (exit 2, one line per problem, nothing sent),
+then sent to the router (``POST /admin/apply``), which hands it to the supervisor; this command
+prints the plan and the rollout's progress as the supervisor posts them (``GET /admin/rollout``)
+and exits 0 once it is done (or planned, with ``--dry-run``), 1 when it failed and was rolled back
+(the reason in one line) or another apply is in progress (409), 2 when it was refused.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import typer
+
+from launcher.console import console, fail, load_or_exit
+from launcher.supervise.admin_client import AdminClient, AdminError
+from router import admin_protocol
+from router.rollout_protocol import ApplyRequest, RolloutStatus
+
+POLL_S = 0.5
+SILENT_S = 60.0  # the router unreachable this long while watching: give up watching
+
+
+def apply_command(
+    config: Path = typer.Argument(..., help="the new deploy.yaml"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan only; change nothing"),
+    rollback: bool = typer.Option(
+        False, "--rollback", help="return to the previous revision (the file then only names the admin API)"
+    ),
+    max_unavailable: int | None = typer.Option(
+        None, "--max-unavailable", min=0, help="replicas out of service at once (default 1, 0 for one replica)"
+    ),
+    admin_url: str | None = typer.Option(None, "--admin-url", help="the router's admin API (default: from the file)"),
+    admin_token: str | None = typer.Option(
+        None,
+        "--admin-token",
+        help="the running deployment's admin token when the file rotates it (default: the file's)",
+    ),
+) -> None:
+    """Apply deploy.yaml to the running deployment: router settings live, worker changes rolling, scale."""
+    cfg = load_or_exit(config)
+    if not rollback:
+        from launcher.plan.layouts import tp_refusal
+
+        if problem := tp_refusal(cfg):
+            fail(problem)
+    client = AdminClient(admin_url or cfg.router.admin_url, admin_token or cfg.router.admin_token)
+    request = ApplyRequest(
+        config=cfg.model_dump(mode="json"), dry_run=dry_run, rollback=rollback, max_unavailable=max_unavailable
+    )
+    try:
+        rid = client.call("POST", "/admin/apply", msgspec.to_builtins(request))["id"]
+    except AdminError as exc:
+        fail(f"the admin API at {client.base} refused the apply: {exc}", 1)
+    except OSError as exc:
+        fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running?", 1)
+    status = watch(client, rid)
+    raise typer.Exit(outcome(status))
+
+
+def watch(client: AdminClient, rid: str) -> RolloutStatus:
+    """Print the plan and each progress line of rollout ``rid`` until it ends; its last status."""
+    shown_plan, shown, heard = False, 0, time.monotonic()
+    while True:
+        try:
+            status = admin_protocol.decode(client.request("GET", "/admin/rollout"), RolloutStatus)
+        except (OSError, ValueError) as exc:
+            if time.monotonic() - heard > SILENT_S:
+                fail(f"lost the router while watching the rollout ({exc}); `llamadeploy status` shows where it is", 1)
+            time.sleep(POLL_S)
+            continue
+        heard = time.monotonic()
+        if status.id != rid:
+            time.sleep(POLL_S)
+            continue
+        if status.plan and not shown_plan:
+            console.print("plan:\n  " + "\n  ".join(status.plan), highlight=False)
+            shown_plan = True
+        for line in status.progress[shown:]:
+            console.print(f"  {line}", highlight=False)
+        shown = len(status.progress)
+        if not status.active:
+            return status
+        time.sleep(POLL_S)
+
+
+def outcome(status: RolloutStatus) -> int:
+    """Print how the apply ended; its exit code."""
+    if status.state == "refused":
+        console.print(f"[bold red]refused[/] (nothing changed):\n  {status.reason.replace(chr(10), chr(10) + '  ')}")
+        return 2
+    if status.state == "failed":
+        reason = " ".join(status.reason.split())  # one line
+        console.print(f"[bold red]error:[/] apply failed, rolled back: {reason}", highlight=False)
+        return 1
+    if status.state == "planned":
+        console.print("dry run: nothing changed", highlight=False)
+    elif status.revision:
+        console.print(
+            f"[bold green]applied[/]: revision {status.revision} ({status.hash}) in {status.wall_s:.1f}s",
+            highlight=False,
+        )
+    return 0

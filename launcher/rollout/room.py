@@ -1,0 +1,76 @@
+"""Room for a rollout's new replicas: the memory free beside a slot, what one replica needs, and
+where a new slot goes (the placement rules of ``up``: a CPU slot gets its own core set, a GPU slot
+the same GPUs as the replica it replaces)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from launcher.config import DeployConfig
+from launcher.plan.placement import Inventory, WorkerSpec
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_NEED = sys.maxsize  # a replica whose size cannot be planned never surges
+
+
+def ensure_keys(sup, worker_id: int) -> None:
+    """Make slot ``worker_id``'s CURVE key pair when the deployment uses CURVE and it has none
+    (a new slot: the router accepts it once the file exists)."""
+    from worker.contract.env import KEYS_ENV
+    from worker.contract.keys import add_worker_keys
+
+    if folder := sup.child_env.get(KEYS_ENV):
+        add_worker_keys(Path(folder), worker_id)
+
+
+def spare_cpus(specs: Iterable[WorkerSpec], cpus: list[int], count: int) -> tuple[int, ...] | None:
+    """``count`` of ``cpus`` that no slot in ``specs`` holds (lowest first), or None when fewer are free."""
+    used = {c for s in specs for c in s.cpus}
+    free = [c for c in cpus if c not in used]
+    return tuple(free[:count]) if count and len(free) >= count else None
+
+
+def free_beside(spec: WorkerSpec, specs: Iterable[WorkerSpec], inv: Inventory) -> int:
+    """Bytes free for a second copy of slot ``spec``: on a CPU the available RAM when a spare core
+    set of its size exists (else 0), on GPUs the least free memory of its GPUs (0 when unknown,
+    as on a Ray cluster, where no local inventory lists them)."""
+    if spec.device == "cpu":
+        return inv.ram_available_bytes if spare_cpus(specs, inv.cpus, len(spec.cpus)) else 0
+    free = {g.index: g.free_bytes for g in inv.gpus}
+    return min((free.get(i, 0) for i in spec.gpus), default=0)
+
+
+def new_spec(
+    like: WorkerSpec, worker_id: int, specs: Iterable[WorkerSpec], inv: Inventory, cluster: bool = False
+) -> WorkerSpec | None:
+    """Where new slot ``worker_id`` runs, shaped like ``like``: a spare core set of the same size
+    on a CPU (None when there is none), the same GPUs on a GPU (the plan surges only where their
+    free memory holds the copy). ``cluster``: Ray places the slot's actor on a node with room, so
+    the shape is all it needs."""
+    if like.device != "cpu" or cluster:
+        return replace(like, worker_id=worker_id)
+    cpus = spare_cpus(specs, inv.cpus, len(like.cpus))
+    return replace(like, worker_id=worker_id, cpus=cpus) if cpus else None
+
+
+def replica_need(cfg: DeployConfig, inv: Inventory, spec: WorkerSpec) -> int:
+    """Bytes one replica of ``cfg`` takes on ``spec``'s device (``llamadeploy plan``'s arithmetic):
+    on a CPU weights + overhead + its KV budget, on GPUs weights + overhead + one full-length
+    sequence's KV cache. :data:`UNKNOWN_NEED` when the model's shape cannot be read here."""
+    from launcher.models import ModelNotFound
+    from launcher.plan.plan import make_plan
+    from launcher.plan.shape import read_shape
+    from worker.contract.shapes import ShapeError
+
+    try:
+        plan = make_plan(cfg, inv, read_shape(cfg.model.name), specs=[spec])
+    except (ModelNotFound, ShapeError, OSError, ValueError) as exc:
+        log.info("no surge: the new replica's size is unknown (%s)", exc)
+        return UNKNOWN_NEED
+    fit = plan.fits[0]
+    return fit.budget if spec.device == "cpu" else plan.sizing.weights + fit.overhead + plan.sizing.kv_per_seq
