@@ -251,6 +251,10 @@ def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model, router, workers, ...)")
+    if "models" in data and data["models"] is None:  # a bare `models:` would otherwise serve the default model
+        raise ConfigError(
+            f"{source} is invalid:\n  models: is empty; list at least one model (- name: ...) or remove it"
+        )
     try:
         return DeployConfig.model_validate(data)
     except ValidationError as exc:

@@ -122,3 +122,9 @@ def test_a_model_override_from_the_command_line_reaches_every_entry(tmp_path):
     cfg = load_config(path, {"model.dtype": "bfloat16", "model.max_model_len": 1024, "router.port": 9100})
     assert [(one.model.dtype, one.model.max_model_len) for one in cfg.served()] == [("bfloat16", 1024)] * 2
     assert cfg.router.port == 9100 and cfg.model.name == "a"
+
+
+@pytest.mark.parametrize("empty", [None, []])
+def test_an_empty_models_list_is_refused_instead_of_serving_the_default_model(empty):
+    with pytest.raises(ConfigError, match="models"):
+        parse_config({"models": empty})
