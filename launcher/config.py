@@ -251,10 +251,6 @@ def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model, router, workers, ...)")
-    if "models" in data and data["models"] is None:  # a bare `models:` would otherwise serve the default model
-        raise ConfigError(
-            f"{source} is invalid:\n  models: is empty; list at least one model (- name: ...) or remove it"
-        )
     try:
         return DeployConfig.model_validate(data)
     except ValidationError as exc:
@@ -329,6 +325,10 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
             raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         return parse_config(data, source)
+    if "models" in data and data["models"] is None:  # a bare `models:` would otherwise serve the default model
+        raise ConfigError(
+            f"{source} is invalid:\n  models: is empty; list at least one model (- name: ...) or remove it"
+        )
     env = {
         "router.api_keys": [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()] or None,
         "router.admin_token": os.environ.get(ADMIN_TOKEN_ENV) or None,

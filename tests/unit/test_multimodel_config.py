@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.config import ConfigError, parse_config
+from launcher.config import ConfigError, load_config, parse_config
 
 TWO = [
     {"name": "smollm2-135m-instruct"},
@@ -124,7 +124,15 @@ def test_a_model_override_from_the_command_line_reaches_every_entry(tmp_path):
     assert cfg.router.port == 9100 and cfg.model.name == "a"
 
 
-@pytest.mark.parametrize("empty", [None, []])
-def test_an_empty_models_list_is_refused_instead_of_serving_the_default_model(empty):
+@pytest.mark.parametrize("text", ["models:\n", "models: []\n"])
+def test_an_empty_models_list_is_refused_instead_of_serving_the_default_model(tmp_path, text):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(text)
     with pytest.raises(ConfigError, match="models"):
-        parse_config({"models": empty})
+        load_config(path)
+
+
+def test_a_dumped_one_model_config_parses_again():
+    """``apply`` sends the validated config as JSON (``models: null`` in it)."""
+    cfg = parse_config({"model": {"name": "m"}})
+    assert parse_config(cfg.model_dump(mode="json")).model.name == "m"
