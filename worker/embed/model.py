@@ -20,6 +20,9 @@ from worker.embed.threads import ThreadPlan
 
 log = logging.getLogger(__name__)
 
+# architectures whose forward skips the pooler when it is None (transformers' add_pooling_layer=False)
+POOLER_OPTIONAL = frozenset({"bert", "roberta", "xlm-roberta", "mpnet"})
+
 
 class Embedder:
     """The loaded model on ``device`` in ``dtype`` and its :class:`EmbedSpec`; :meth:`embed` is the
@@ -47,11 +50,23 @@ class Embedder:
         gguf = gguf_file(model_path)
         extra = {"gguf_file": gguf.name} if gguf is not None else {}
         model = AutoModel.from_pretrained(str(model_path), dtype=dtype, **extra).to(device).eval()
+        if model.config.model_type in POOLER_OPTIONAL:
+            model.pooler = None  # the classification pooler (dense + tanh on [CLS]): its output is never read
         pad = model.config.pad_token_id
         return cls(model, spec, device, int(pad) if isinstance(pad, int) else 0)
 
     def idle(self) -> None:
         """The engine loop's keep-alive hook: one process, nothing to keep alive."""
+
+    def probe(self, inputs: int, width: int, threads: int) -> None:
+        """One forward pass of ``inputs`` x ``width`` tokens on ``threads`` torch threads, its
+        vectors discarded (:func:`worker.embed.threads.measure` times it)."""
+        torch.set_num_threads(threads)
+        plan, self.threads = self.threads, None
+        try:
+            self.embed([[min(101, self.vocab_size - 1)] * width] * inputs)
+        finally:
+            self.threads = plan
 
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> np.ndarray:
