@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.embed.threads import MIN_GAIN, PARALLEL_TOKENS, PROBES, REPEATS, WARMUP, ThreadPlan, measure
+from worker.embed.thread_watch import RETRY_EVERY
+from worker.embed.threads import MIN_GAIN, PARALLEL_TOKENS, PROBES, REPEATS, WARMUP, ThreadPick, ThreadPlan, measure
 
 
 class FakeMachine:
@@ -94,3 +95,36 @@ def test_the_cores_default_to_torchs_thread_count_and_apply_sets_it():
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_size_picked_for_all_cores_goes_back_to_one_thread_while_served_batches_are_slower():
+    plan = ThreadPlan(2, [ThreadPick(32, 2, single_ms=4.0, parallel_ms=2.0)])
+    assert plan.threads_for(12) == 2
+    for _ in range(50):
+        plan.record(12, 2, 0.0025)  # as fast as measured: stays
+    assert plan.threads_for(12) == 2
+    for _ in range(30):  # the cores got busy: 3x slower than one thread was
+        if plan.threads_for(12) == 1:
+            break
+        plan.record(12, 2, 0.012)
+    assert plan.threads_for(12) == 1
+    plan.record(12, 1, 0.004)  # batches on one thread count towards the next try
+    for _ in range(RETRY_EVERY - 2):
+        plan.record(12, 1, 0.004)
+    assert plan.threads_for(12) == 1
+    plan.record(12, 1, 0.004)
+    assert plan.threads_for(12) == 2  # a retry is due
+    plan.record(12, 2, 0.0039)  # not MIN_GAIN faster than one thread: stays on one
+    assert plan.threads_for(12) == 1
+    for _ in range(RETRY_EVERY):
+        plan.record(12, 1, 0.004)
+    plan.record(12, 2, 0.002)  # the cores are free again
+    assert plan.threads_for(12) == 2
+
+
+def test_only_sizes_picked_for_all_cores_are_watched():
+    plan = ThreadPlan(2, [ThreadPick(8, 1, 1.0, 2.0), ThreadPick(32, 2, 4.0, 2.0)])
+    assert list(plan.watches) == [32]
+    plan.record(8, 1, 1.0)  # a one-thread size, and sizes beyond the probes, are left alone
+    plan.record(4096, 2, 10.0)
+    assert plan.threads_for(8) == 1 and plan.threads_for(4096) == 2

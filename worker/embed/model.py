@@ -10,6 +10,7 @@ unaffected by the pads (causal attention), so its last real token is read at ``l
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,8 @@ class Embedder:
         """Vectors of ``batch`` (token id lists, each non-empty): float32 array [len(batch), spec.dim]."""
         lengths = torch.tensor([len(ids) for ids in batch], device=self.device)
         width = int(lengths.max())
-        if self.threads is not None:
-            self.threads.apply(len(batch) * width)
+        padded, began = len(batch) * width, time.perf_counter()
+        threads = self.threads.apply(padded) if self.threads is not None else 0
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
@@ -85,7 +86,10 @@ class Embedder:
         vectors = pool(hidden, mask, lengths, self.spec.pooling)[:, : self.spec.dim]
         if self.spec.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.cpu().numpy().astype("<f4", copy=False)
+        out = vectors.cpu().numpy().astype("<f4", copy=False)
+        if self.threads is not None:
+            self.threads.record(padded, threads, time.perf_counter() - began)
+        return out
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, mode: str) -> torch.Tensor:

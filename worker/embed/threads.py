@@ -13,7 +13,9 @@ best of :data:`REPEATS` (other processes only ever add time, so the best is the 
 At run time a batch of T padded tokens (inputs x longest) takes the pick of the smallest probe of
 at least T tokens; beyond the last probe, the last pick when it was all cores, else the fixed rule
 (all cores from :data:`PARALLEL_TOKENS`, where the work per barrier is large). A probe not measured
-(the budget ran out; a single core) follows the fixed rule too.
+(the budget ran out; a single core) follows the fixed rule too. A size picked for all cores is
+checked against the batches served and goes back to one thread while they are slower
+(:mod:`worker.embed.thread_watch`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from worker.embed.thread_watch import Watch
 
 PARALLEL_TOKENS = 512  # padded tokens from which a batch runs on all cores when nothing says otherwise
 PROBES = ((1, 8), (1, 32), (4, 32))  # (inputs, padded length) timed at start: 8, 32 and 128 padded tokens
@@ -92,21 +96,36 @@ class ThreadPlan:
     def __init__(self, cores: int | None = None, picks: list[ThreadPick] | None = None):
         self.cores = max(1, cores if cores is not None else torch.get_num_threads())
         self.picks = sorted(picks or [], key=lambda p: p.tokens)
+        # the sizes picked for all cores, checked against the batches served (worker.embed.thread_watch)
+        self.watches = {p.tokens: Watch(p.tokens, p.single_ms / 1000, MIN_GAIN) for p in self.picks if p.threads > 1}
+
+    def _pick(self, padded_tokens: int) -> ThreadPick | None:
+        return next((p for p in self.picks if padded_tokens <= p.tokens), None)
 
     def threads_for(self, padded_tokens: int) -> int:
         """The thread count for a batch of ``padded_tokens`` (inputs x longest input)."""
-        for pick in self.picks:
-            if padded_tokens <= pick.tokens:
-                return min(pick.threads, self.cores)
+        pick = self._pick(padded_tokens)
+        if pick is not None:
+            watch = self.watches.get(pick.tokens)
+            return 1 if pick.threads == 1 or (watch is not None and not watch.parallel) else self.cores
         if self.picks and self.picks[-1].threads > 1:
             return self.cores
         return 1 if padded_tokens < PARALLEL_TOKENS else self.cores
 
-    def apply(self, padded_tokens: int) -> None:
-        """Set torch's thread count for this batch (only when it changes: the call is not free)."""
+    def apply(self, padded_tokens: int) -> int:
+        """Set torch's thread count for this batch (only when it changes: the call is not free);
+        returns it."""
         want = self.threads_for(padded_tokens)
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
+        return want
+
+    def record(self, padded_tokens: int, threads: int, seconds: float) -> None:
+        """A batch of ``padded_tokens`` ran on ``threads`` threads in ``seconds`` (its forward pass)."""
+        pick = self._pick(padded_tokens)
+        watch = self.watches.get(pick.tokens) if pick is not None else None
+        if watch is not None:
+            watch.record(threads > 1, seconds)
 
     def describe(self) -> str:
         """One line for the start-up log: the pick per probe with both times, and the rule beyond."""
