@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from router.embeddings.api import check_dimensions, shape
-from router.embeddings.request import MAX_INPUTS, split_input
+from router.embeddings.request import MAX_INPUTS, EmbeddingRequest, refuse_stream, split_input
 from router.errors import ApiError
 from worker.contract.embed_spec import EmbedSpec, EmbedSpecError, read_spec
 from worker.contract.settings import ModelConfig
@@ -47,12 +47,22 @@ def test_the_four_input_forms():
         (3, "not an integer"),
         ({"a": 1}, "not an object"),
         (["\ud800"], "lone surrogate"),
+        ("\ud800", "lone surrogate"),  # a single string too (it reached the tokenizer: a 500)
     ],
 )
 def test_malformed_input_is_named(raw, named):
     with pytest.raises(ApiError) as err:
         split_input(raw)
     assert err.value.status == 400 and err.value.param == "input" and named in err.value.message
+
+
+def test_stream_true_is_refused_as_embeddings_do_not_stream():
+    # an SSE answer is not what comes back: ignoring it would change the answer's shape silently
+    assert EmbeddingRequest.model_validate({"input": "a", "stream": False}).stream is False
+    with pytest.raises(ApiError) as err:
+        refuse_stream(EmbeddingRequest.model_validate({"input": "a", "stream": True}))
+    assert err.value.status == 400 and err.value.param == "stream" and "does not stream" in err.value.message
+    refuse_stream(EmbeddingRequest.model_validate({"input": "a", "stream": None}))
 
 
 def test_dimensions_only_for_a_model_trained_for_them():
