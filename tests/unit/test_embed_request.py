@@ -15,7 +15,7 @@ from router.embeddings.request import MAX_INPUTS, EmbeddingRequest, refuse_strea
 from router.errors import ApiError
 from worker.contract.embed_spec import EmbedSpec, EmbedSpecError, read_spec
 from worker.contract.settings import ModelConfig
-from worker.contract.tasks import resolve_task
+from worker.contract.tasks import TaskError, check_task, resolve_task
 
 SPEC = EmbedSpec("mean", True, 384, 384, 256, matryoshka=False, encoder=True)
 MATRYOSHKA = EmbedSpec("mean", True, 768, 768, 512, matryoshka=True, encoder=True)
@@ -159,6 +159,18 @@ def test_the_task_rule(tmp_path):
     assert resolve_task(auto, tmp_path / "model.gguf") == "generate"
     assert resolve_task(auto, None) == "generate"
     assert resolve_task(ModelConfig(name="x", task="embed"), tmp_path / "llama") == "embed"
+
+
+def test_generate_on_an_encoder_is_refused_in_one_line(tmp_path):
+    # its worker would load a BERT as a decoder and die with an AttributeError, restart after restart
+    write(tmp_path / "bert", "config.json", {"model_type": "bert"})
+    write(tmp_path / "llama", "config.json", {"model_type": "llama"})
+    with pytest.raises(TaskError) as err:
+        check_task(ModelConfig(name="all-minilm-l6-v2", task="generate"), tmp_path / "bert")
+    assert "all-minilm-l6-v2" in str(err.value) and "task: embed" in str(err.value)
+    check_task(ModelConfig(name="x", task="auto"), tmp_path / "bert")
+    check_task(ModelConfig(name="x", task="generate"), tmp_path / "llama")
+    check_task(ModelConfig(name="x", task="generate"), tmp_path / "model.gguf")
 
 
 def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):
