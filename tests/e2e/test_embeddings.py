@@ -251,6 +251,7 @@ def test_the_chat_pages_picker_offers_the_chat_model_only_and_the_status_page_na
         browser.wait(lambda: len(browser.find_all("#workers tbody tr")) == 2, 30, "a row per replica")
         shown = [r.find_element("css selector", "td[data-model]").text for r in browser.find_all("#workers tbody tr")]
         assert shown == [CHAT_MODEL, EMBED_MODEL]
+        assert browser.find("#model-name").text == f"{CHAT_MODEL}, {EMBED_MODEL}"  # the header names both
     finally:
         browser.quit()
 
