@@ -30,7 +30,8 @@ class ServedModel:
 
     config: ModelConfig
     tokenizer: Any
-    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.main)
+    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.served)
+    path: str | None = None  # its folder, read again when apply changes its section (router.served)
 
     @property
     def name(self) -> str:
