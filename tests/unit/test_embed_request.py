@@ -173,6 +173,19 @@ def test_generate_on_an_encoder_is_refused_in_one_line(tmp_path):
     check_task(ModelConfig(name="x", task="generate"), tmp_path / "model.gguf")
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_for_embeddings_are_refused(tmp_path, quantization):
+    # the embedding worker loads float weights: the vectors were float32's while plan counted int8
+    write(tmp_path / "bert", "config.json", {"model_type": "bert"})
+    for task in ("auto", "embed"):
+        with pytest.raises(TaskError) as err:
+            check_task(ModelConfig(name="m", task=task, quantization=quantization), tmp_path / "bert")
+        assert f"quantization: {quantization}" in str(err.value)
+    check_task(ModelConfig(name="m", task="embed", quantization="none"), tmp_path / "bert")
+    write(tmp_path / "llama", "config.json", {"model_type": "llama"})
+    check_task(ModelConfig(name="m", quantization=quantization), tmp_path / "llama")
+
+
 def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):
     from router.main import served_model
 
