@@ -447,7 +447,7 @@ def plan(
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
         inventory, specs = ray_layout(cfg)
-    shapes = per_model(cfg.served(), lambda one: read_shape(one.model.name), ShapeError)
+    shapes = per_model(cfg.served(), lambda one: read_shape(one.model.name, one.model), ShapeError)
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
     result = make_plan(cfg, inventory, shapes[0], specs=specs)

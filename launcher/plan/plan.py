@@ -10,6 +10,15 @@ import re
 from dataclasses import dataclass, field
 
 from launcher.config import DeployConfig
+from launcher.plan.embed import (
+    EmbedFit,
+    EmbedSizing,
+    describe,
+    embed_problems,
+    embed_replicas,
+    fit_embed,
+    size_embed,
+)
 from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, choose, compare, tp_unavailable
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, WorkerSpec, place, visible_gpus
 from launcher.plan.sizing import (
@@ -88,6 +97,7 @@ class Recommendation:
     max_num_seqs: int
     note: str = ""
     tensor_parallel_size: int = 1
+    embed: bool = False  # an embedding model: no max_num_seqs to recommend (it keeps no KV cache)
 
     def describe(self) -> str:
         if self.replicas == 0:
@@ -95,9 +105,8 @@ class Recommendation:
         gpus = f"gpus_per_replica: {self.gpus_per_replica}, " if self.device == "cuda" else "devices: cpu, "
         if self.tensor_parallel_size > 1:
             gpus = f"tensor_parallel_size: {self.tensor_parallel_size}, "
-        return f"replicas: {self.replicas}, {gpus}max_num_seqs: {self.max_num_seqs}" + (
-            f" ({self.note})" if self.note else ""
-        )
+        seqs = "" if self.embed else f", max_num_seqs: {self.max_num_seqs}"
+        return f"replicas: {self.replicas}, {gpus.removesuffix(', ')}{seqs}" + (f" ({self.note})" if self.note else "")
 
 
 def recommend(sizing: Sizing, gpus: list[GpuInfo], cfg: DeployConfig) -> Recommendation:
@@ -157,12 +166,13 @@ def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float, no_tp:
 @dataclass
 class Plan:
     """The plan for one deployment: sizing, placed workers and how each fits, the problems
-    (``errors`` stop ``up``), and a recommendation for this hardware."""
+    (``errors`` stop ``up``), and a recommendation for this hardware. An embedding model's
+    (:mod:`launcher.plan.embed`) has an :class:`EmbedSizing` and :class:`EmbedFit` s."""
 
-    sizing: Sizing
+    sizing: Sizing | EmbedSizing
     gpus: list[GpuInfo]
     specs: list[WorkerSpec]
-    fits: list[WorkerFit]
+    fits: list[WorkerFit] | list[EmbedFit]
     recommendation: Recommendation
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -215,6 +225,8 @@ def make_plan(
     w = cfg.workers
     placed = [g for spec in specs for g in spec.gpu_info] or gpus
     chosen = plan_dtype(cfg, on_gpu, dtype, placed, inv.cpu_flags)
+    if shape.embed is not None:
+        return _embed_plan(cfg, shape, chosen, gpus if on_gpu else [], specs, errors, inv)
     fmt = weight_format(cfg.model.quantization, shape.gguf_types)
     sizing = size(
         shape,
@@ -232,6 +244,32 @@ def make_plan(
         errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
     plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
+    return plan
+
+
+def _embed_plan(
+    cfg: DeployConfig,
+    shape: ModelShape,
+    dtype: str,
+    gpus: list[GpuInfo],
+    specs: list[WorkerSpec],
+    errors: list[str],
+    inv: Inventory,
+) -> Plan:
+    """:func:`make_plan` of an embedding model: weights + one step's activations, no KV cache."""
+    w = cfg.workers
+    sizing = size_embed(shape, dtype, w.max_prefill_tokens, bool(gpus))
+    fits = [fit_embed(s, sizing, w.gpu_memory_utilization) for s in specs]
+    if not gpus:
+        rec = Recommendation("cpu", 1, 0, 0, embed=True)
+    elif replicas := embed_replicas(sizing, gpus, w.gpu_memory_utilization):
+        rec = Recommendation("cuda", replicas, 1, 0, embed=True)
+    else:
+        note = f"{shape.name} needs {sizing.need(True) / GiB:.2f} GiB on one GPU; none of these has it free"
+        rec = Recommendation("cuda", 0, 0, 0, note, embed=True)
+    errors = [*errors, *embed_problems(fits, sizing, w.tensor_parallel_size)]
+    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    _check_ram(plan, inv)
     return plan
 
 
@@ -258,13 +296,7 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
             f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
             f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
         )
-    cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
-    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
-        plan.errors.append(
-            f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
-            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
-            "workers.kv_cache_gib"
-        )
+    _check_ram(plan, inv)
     used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
     for g in used.values():
         if g.used_bytes > BUSY_FRACTION * g.total_bytes:
@@ -272,6 +304,17 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
                 f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
                 "GiB already in use by other processes; the budget above excludes it"
             )
+
+
+def _check_ram(plan: Plan, inv: Inventory) -> None:
+    """An error when the CPU workers together need more RAM than is available."""
+    cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
+    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
+        plan.errors.append(
+            f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
+            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
+            "workers.kv_cache_gib"
+        )
 
 
 def parse_gpus(text: str) -> list[GpuInfo]:
@@ -296,27 +339,24 @@ def parse_gpus(text: str) -> list[GpuInfo]:
 def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str | None:
     """The check ``llamadeploy up`` runs before loading: ``None`` when the deployment fits (or its
     config cannot be read here: resolving the model reports that), else the errors and a fix."""
-    from launcher.models import ModelNotFound
-    from launcher.plan.shape import read_shape
-    from worker.contract.shapes import ShapeError
+    from launcher.plan.shape import read_shapes
 
-    try:
-        shape = read_shape(cfg.model.name)
-    except (ModelNotFound, ShapeError) as exc:
-        log.warning("memory plan skipped: %s", exc)
+    shapes = read_shapes([cfg.model])
+    if shapes is None:
         return None
-    plan = make_plan(cfg, inv, shape, specs=specs)
+    plan = make_plan(cfg, inv, shapes[0], specs=specs)
     for warning in plan.warnings:
         log.warning("plan: %s", warning)
     if plan.ok:
-        s = plan.sizing
-        log.info(
-            "plan: %s %s weights %.2f GiB, KV %.0f KiB/token; %s",
-            shape.name,
-            s.label,
-            s.weights / GiB,
-            s.kv_per_token / 1024,
-            ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits),
-        )
+        log.info("plan: %s; %s", shapes[0].name, summary(plan))
         return None
     return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(plan.errors)
+
+
+def summary(plan: Plan) -> str:
+    """One line of what a fitting plan holds (``up``'s log)."""
+    s = plan.sizing
+    if isinstance(s, EmbedSizing):
+        return f"{describe(s)}, every worker fits"
+    fits = ", ".join(f"worker {f.spec.worker_id} fits {f.seqs} full-length seqs" for f in plan.fits)
+    return f"{s.label} weights {s.weights / GiB:.2f} GiB, KV {s.kv_per_token / 1024:.0f} KiB/token; {fits}"

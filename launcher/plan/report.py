@@ -10,6 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from launcher.config import DeployConfig
+from launcher.plan.embed import EmbedSizing
+from launcher.plan.embed_report import embed_placement_table, embed_sizing_table
 from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
 from launcher.plan.plan import Plan
 from launcher.plan.sizing import Sizing, resize
@@ -19,11 +21,16 @@ from worker.contract.units import GB, GiB
 
 def render(plan: Plan, cfg: DeployConfig) -> Group:
     """Everything ``llamadeploy plan`` prints, as one renderable."""
-    parts = [sizing_table(plan, cfg)]
-    if plan.gpus:
+    if isinstance(plan.sizing, EmbedSizing):  # no KV cache: its own tables, no layouts to compare
+        on_gpu = any(f.spec.device == "cuda" for f in plan.fits) or bool(plan.gpus)
+        parts = [embed_sizing_table(plan.sizing, on_gpu), embed_placement_table(plan.sizing, plan.fits)]
+    else:
+        parts = [sizing_table(plan, cfg)]
+    if plan.gpus and not isinstance(plan.sizing, EmbedSizing):
         layouts = compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization, tp_unavailable(cfg))
         parts.append(layouts_table(layouts, plan))
-    parts.append(placement_table(plan))
+    if not isinstance(plan.sizing, EmbedSizing):
+        parts.append(placement_table(plan))
     for e in plan.errors:
         parts.append(Text.assemble(("error: ", "bold red"), e))
     for w in plan.warnings:

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 
 from launcher.config import DeployConfig
+from launcher.plan.embed import EmbedFit
 from launcher.plan.packing import place_models
 from launcher.plan.placement import Inventory, PlacementError, WorkerSpec
 from launcher.plan.plan import Plan, make_plan
@@ -39,9 +40,14 @@ class ModelsPlan:
         for name, plan in zip(self.names, self.plans, strict=True):
             for f in plan.fits:
                 share = f" ({f.spec.share:.0%} of each GPU)" if f.spec.device == "cuda" else ""
+                holds = (
+                    f"needs {f.need / GiB:.2f} GiB, embeddings (no KV cache)"
+                    if isinstance(f, EmbedFit)
+                    else f"{f.seqs} full-length sequence(s)"
+                )
                 lines.append(
                     f"worker {f.spec.worker_id}: model '{name}' on {f.spec.label}{share}, "
-                    f"may use {f.budget / GiB:.2f} GiB, {f.seqs} full-length sequence(s)"
+                    f"may use {f.budget / GiB:.2f} GiB, {holds}"
                 )
         return lines
 
@@ -88,17 +94,11 @@ def plan_models(
 def preflight_models(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str | None:
     """``up``'s check before loading several models: ``None`` when they fit together (or a
     model's config cannot be read here: resolving it reports that), else the errors."""
-    from launcher.models import ModelNotFound
-    from launcher.plan.shape import read_shape
-    from worker.contract.shapes import ShapeError
+    from launcher.plan.shape import read_shapes
 
-    shapes = []
-    for one in cfg.served():
-        try:
-            shapes.append(read_shape(one.model.name))
-        except (ModelNotFound, ShapeError) as exc:
-            log.warning("memory plan skipped: %s", exc)
-            return None
+    shapes = read_shapes([one.model for one in cfg.served()])
+    if shapes is None:
+        return None
     result = plan_models(cfg, inv, shapes, specs=specs)
     for warning in result.warnings:
         log.warning("plan: %s", warning)

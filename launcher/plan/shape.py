@@ -6,21 +6,65 @@ arithmetic on the shape lives in :mod:`worker.contract.shapes`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
+from worker.contract.embed_spec import EmbedSpec, EmbedSpecError, read_spec
 from worker.contract.gguf_header import read_tensor_types
-from worker.contract.shapes import GgufTypes, ModelShape, from_gguf, gguf_types, read_json_shape
+from worker.contract.settings import ModelConfig
+from worker.contract.shapes import GgufTypes, ModelShape, ShapeError, from_gguf, gguf_types, read_json_shape
+from worker.contract.tasks import resolve_task
+
+log = logging.getLogger(__name__)
 
 
-def read_shape(name: str) -> ModelShape:
+def read_shape(name: str, model: ModelConfig | None = None) -> ModelShape:
     """The shape of ``model.name`` from config only: the converted cache's config.json when there
-    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json.
+    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json. With the
+    ``model`` section, a model it serves for embeddings (:func:`worker.contract.tasks.resolve_task`)
+    carries its :class:`EmbedSpec` (``embed``), as the worker reads it.
 
     Never downloads, converts or loads weights. Raises :class:`ModelNotFound` (nothing local to
     read) or :class:`ShapeError`.
     """
+    shape = _read_shape(name)
+    if model is None:
+        return shape
+    source = Path(shape.source)
+    folder = source.parent if source.name == "config.json" else None
+    if resolve_task(model, folder) != "embed":
+        return shape
+    return replace(shape, embed=_embed_spec(folder, shape, model.max_model_len))
+
+
+def read_shapes(models: list[ModelConfig]) -> list[ModelShape] | None:
+    """:func:`read_shape` of each ``model`` section, or ``None`` (logged) when one cannot be read
+    here: ``up``'s preflight then skips the memory plan, and resolving the model reports why."""
+    shapes = []
+    for model in models:
+        try:
+            shapes.append(read_shape(model.name, model))
+        except (ModelNotFound, ShapeError) as exc:
+            log.warning("memory plan skipped: %s", exc)
+            return None
+    return shapes
+
+
+def _embed_spec(folder: Path | None, shape: ModelShape, max_model_len: int) -> EmbedSpec:
+    """The worker's :class:`EmbedSpec` of ``folder``; for a file without one (a GGUF decoder set to
+    ``task: embed``) a decoder's default: last-token pooling, inputs up to its context."""
+    if folder is None:
+        limit = min(shape.max_position_embeddings or max_model_len, max_model_len)
+        return EmbedSpec("lasttoken", True, shape.hidden_size, shape.hidden_size, limit, False, False)
+    try:
+        return read_spec(folder, max_model_len)
+    except EmbedSpecError as exc:
+        raise ShapeError(f"{folder}: {exc}") from None
+
+
+def _read_shape(name: str) -> ModelShape:
     ref = classify(name)
     if ref.kind == "folder":
         return read_json_shape(ref.path / "config.json", ref.name)

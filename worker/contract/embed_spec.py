@@ -30,6 +30,19 @@ LEGACY_KEYS = {  # sentence-transformers' older boolean keys of 1_Pooling/config
 }
 
 
+CPU_STEP_TOKENS = 4096  # tokens per step on CPU: a MiniLM step of this size takes tens of milliseconds
+GPU_STEP_TOKENS = 32768
+
+
+def step_tokens(max_prefill_tokens: int | str, on_gpu: bool, max_tokens: int) -> int:
+    """Real tokens one embedding step computes (the batcher's budget, and the padded size of its
+    largest micro-batch): ``workers.max_prefill_tokens``, ``auto`` meaning :data:`GPU_STEP_TOKENS`
+    on GPU and :data:`CPU_STEP_TOKENS` on CPU; never below ``max_tokens`` (the longest input), so
+    one input always fits. The worker batches with it and ``plan`` sizes its activations by it."""
+    chosen = (GPU_STEP_TOKENS if on_gpu else CPU_STEP_TOKENS) if max_prefill_tokens == "auto" else max_prefill_tokens
+    return max(int(chosen), max_tokens)
+
+
 class EmbedSpecError(ValueError):
     """The model's files describe a pooling this server does not compute (the message names it)."""
 

@@ -13,6 +13,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.contract.embed_spec import EmbedSpec
 
 
 class ShapeError(Exception):
@@ -36,6 +40,7 @@ class ModelShape:
     source: str = ""
     architectures: tuple[str, ...] | None = None  # transformers' class names; None when the source has none
     gguf_types: GgufTypes | None = None  # a GGUF file's tensor types; None for a float checkpoint
+    embed: EmbedSpec | None = None  # served for embeddings (no KV cache, no LM head); None: generate
 
     @property
     def params(self) -> int:

@@ -1,7 +1,7 @@
 """Starting an embedding worker: load the model, size the batcher, warm up, say :class:`Ready`.
 
-The step's token budget is ``workers.max_prefill_tokens`` (``auto``: :data:`CPU_BUDGET` tokens on
-CPU, :data:`GPU_BUDGET` on GPU), never below the longest input allowed; the requests held at
+The step's token budget is :func:`worker.contract.embed_spec.step_tokens` (``workers.max_prefill_tokens``,
+never below the longest input allowed; ``plan`` sizes with the same rule); the requests held at
 once are ``workers.max_num_seqs + workers.max_waiting``, as for chat.
 """
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from worker.contract.embed_spec import read_spec
+from worker.contract.embed_spec import read_spec, step_tokens
 from worker.contract.protocol import Embed, Ready
 from worker.contract.settings import WorkerSettings
 from worker.embed.batcher import Batcher
@@ -22,9 +22,6 @@ from worker.embed.model import Embedder
 from worker.embed.threads import ThreadPlan, measure
 
 log = logging.getLogger(__name__)
-
-CPU_BUDGET = 4096  # tokens per step on CPU: a MiniLM step of this size takes tens of milliseconds
-GPU_BUDGET = 32768
 
 
 def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, emit) -> EmbedEngine:
@@ -35,8 +32,7 @@ def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, e
     spec = read_spec(model_path, cfg.model.max_model_len)
     embedder = Embedder.load(model_path, spec, device, model_mod.resolve_dtype(cfg.model.dtype, device))
     w = cfg.workers
-    auto = GPU_BUDGET if device.type == "cuda" else CPU_BUDGET
-    budget = max(auto if w.max_prefill_tokens == "auto" else w.max_prefill_tokens, spec.max_tokens)
+    budget = step_tokens(w.max_prefill_tokens, device.type == "cuda", spec.max_tokens)
     batcher = Batcher(budget, w.max_num_seqs + w.max_waiting, w.max_queue_wait_s)
     engine = EmbedEngine(embedder, batcher, emit)
     warm_up(engine)  # first: the first forward pass pays for allocations and kernel set-up, not threads
