@@ -7,10 +7,11 @@ step; no KV cache (an embedding worker, :mod:`worker.embed`, keeps none) and no 
   biases and two LayerNorms (all-MiniLM-L6-v2: 22,565,376, its count without the unused pooler);
 * activations of one step of ``T`` tokens (:func:`worker.contract.embed_spec.step_tokens`, the
   batcher's budget): the chat plan's prefill estimate ``T × (2 × intermediate + 4 × hidden)``
-  elements (:func:`launcher.plan.sizing.activation_bytes`), plus the attention scores a padded
-  micro-batch may materialise (eager or math attention: ``batch × heads × L × L`` with
-  ``batch × L ≤ T``, so at most ``T × L × heads``, ``L`` the longest input), plus the float32 copy
-  of the last hidden states pooling reads (``T × hidden × 4`` bytes); no logits;
+  elements (:func:`launcher.plan.sizing.activation_bytes`: it holds for an encoder layer too, whose
+  GELU MLP keeps one ``intermediate``-wide tensor where SwiGLU keeps two) plus the float32 copy of
+  the last hidden states pooling reads (``T × hidden × 4`` bytes); no logits. The attention scores
+  are not counted: transformers' default attention for these models is PyTorch's
+  ``scaled_dot_product_attention``, whose fused kernels do not materialise ``L × L`` per head;
 * overhead = the chat plan's per-GPU allowance (or CPU process memory) + those activations, on
   the one device the worker computes on (an embedding worker does not split a model).
 """
@@ -86,12 +87,11 @@ def embed_params(shape: ModelShape, spec: EmbedSpec) -> int:
     return embeddings + shape.num_layers * per_layer
 
 
-def embed_activations(shape: ModelShape, dtype: str, tokens: int, longest: int) -> int:
-    """One step's activation peak for ``tokens`` tokens whose longest input has ``longest`` (module docstring)."""
+def embed_activations(shape: ModelShape, dtype: str, tokens: int) -> int:
+    """One step's activation peak for ``tokens`` tokens (module docstring)."""
     element = 4 if dtype == "float32" else 2
     per_token = 2 * shape.intermediate_size + 4 * shape.hidden_size
-    scores = tokens * min(longest, tokens) * shape.num_heads
-    return (tokens * per_token + scores) * element + tokens * shape.hidden_size * 4
+    return tokens * per_token * element + tokens * shape.hidden_size * 4
 
 
 def size_embed(shape: ModelShape, dtype: str, max_prefill_tokens: int | str, on_gpu: bool) -> EmbedSizing:
@@ -102,7 +102,7 @@ def size_embed(shape: ModelShape, dtype: str, max_prefill_tokens: int | str, on_
         raise ValueError(f"{shape.name} is not served for embeddings")
     tokens = step_tokens(max_prefill_tokens, on_gpu, spec.max_tokens)
     weights = embed_params(shape, spec) * FLOAT_BYTES.get(dtype, 2)
-    return EmbedSizing(shape, dtype, tokens, weights, embed_activations(shape, dtype, tokens, spec.max_tokens))
+    return EmbedSizing(shape, dtype, tokens, weights, embed_activations(shape, dtype, tokens))
 
 
 def fit_embed(spec: WorkerSpec, sizing: EmbedSizing, utilization: float) -> EmbedFit:

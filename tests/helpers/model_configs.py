@@ -47,3 +47,33 @@ def deploy_file(tmp_path, workers: dict, extra: str = "") -> str:
         f"workers: {json.dumps(workers)}\n" + extra
     )
     return str(path)
+
+
+MINILM_L6 = {  # sentence-transformers/all-MiniLM-L6-v2's config.json (the embedded embedding model)
+    "architectures": ["BertModel"],
+    "model_type": "bert",
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "vocab_size": 30522,
+}
+
+
+def minilm_folder(parent) -> str:
+    """A sentence-transformers folder of MiniLM's files without weights: config, modules (mean
+    pooling, normalize) and ``max_seq_length`` 256, as the embedded model ships them."""
+    folder = parent / "minilm"
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(MINILM_L6))
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [{"idx": i, "path": p, "type": f"sentence_transformers.models.{t}"} for i, (p, t) in enumerate(modules)]
+        )
+    )
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256}))
+    return str(folder)
