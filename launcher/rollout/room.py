@@ -61,16 +61,20 @@ def new_spec(
 def replica_need(cfg: DeployConfig, inv: Inventory, spec: WorkerSpec) -> int:
     """Bytes one replica of ``cfg`` takes on ``spec``'s device (``llamadeploy plan``'s arithmetic):
     on a CPU weights + overhead + its KV budget, on GPUs weights + overhead + one full-length
-    sequence's KV cache. :data:`UNKNOWN_NEED` when the model's shape cannot be read here."""
+    sequence's KV cache; an embedding model's weights + overhead (:mod:`launcher.plan.embed`).
+    :data:`UNKNOWN_NEED` when the model's shape cannot be read here."""
     from launcher.models import ModelNotFound
+    from launcher.plan.embed import EmbedFit
     from launcher.plan.plan import make_plan
     from launcher.plan.shape import read_shape
     from worker.contract.shapes import ShapeError
 
     try:
-        plan = make_plan(cfg, inv, read_shape(cfg.model.name), specs=[spec])
+        plan = make_plan(cfg, inv, read_shape(cfg.model.name, cfg.model), specs=[spec])
     except (ModelNotFound, ShapeError, OSError, ValueError) as exc:
         log.info("no surge: the new replica's size is unknown (%s)", exc)
         return UNKNOWN_NEED
     fit = plan.fits[0]
+    if isinstance(fit, EmbedFit):  # an embedding replica: weights + one step's activations, no KV cache
+        return fit.need
     return fit.budget if spec.device == "cpu" else plan.sizing.weights + fit.overhead + plan.sizing.kv_per_seq
