@@ -265,11 +265,14 @@ def _embed_plan(
     elif replicas := embed_replicas(sizing, gpus, w.gpu_memory_utilization):
         rec = Recommendation("cuda", replicas, 1, 0, embed=True)
     else:
-        note = f"{shape.name} needs {sizing.need(True) / GiB:.2f} GiB on one GPU; none of these has it free"
+        note = (
+            f"{shape.name} needs {sizing.need(True) / GiB:.2f} GiB on one GPU, more than any of these gives "
+            "(gpu_memory_utilization × total − used); lower workers.max_prefill_tokens or use a larger GPU"
+        )
         rec = Recommendation("cuda", 0, 0, 0, note, embed=True)
     errors = [*errors, *embed_problems(fits, sizing, w.tensor_parallel_size)]
     plan = Plan(sizing, gpus, specs, fits, rec, errors)
-    _check_ram(plan, inv)
+    _check_memory(plan, inv)
     return plan
 
 
@@ -296,7 +299,12 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
             f"{s.kv_per_seq / GiB:.2f} GiB KV for one {s.max_model_len}-token sequence = "
             f"{(s.weights + overhead + s.kv_per_seq) / GiB:.2f} GiB; {fix}"
         )
-    _check_ram(plan, inv)
+    _check_memory(plan, inv)
+
+
+def _check_memory(plan: Plan, inv: Inventory) -> None:
+    """An error when the CPU workers together need more RAM than is available; a warning per GPU
+    used that other processes already fill."""
     used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
     for g in used.values():
         if g.used_bytes > BUSY_FRACTION * g.total_bytes:
@@ -304,10 +312,6 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
                 f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
                 "GiB already in use by other processes; the budget above excludes it"
             )
-
-
-def _check_ram(plan: Plan, inv: Inventory) -> None:
-    """An error when the CPU workers together need more RAM than is available."""
     cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
     if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
         plan.errors.append(
