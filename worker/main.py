@@ -281,8 +281,8 @@ def submit(engine, msg: Generate | Embed, stop: threading.Event, stall_on_reques
             msg.params.max_tokens,
             extra={"request_id": msg.http_request_id},
         )
-    else:
-        log.info(
+    else:  # debug: embeddings come at hundreds a second, and the router logs each one's access line
+        log.debug(
             "request %s: %d inputs to embed", msg.request_id, len(msg.inputs), extra={"request_id": msg.http_request_id}
         )
     engine.submit(msg)

@@ -91,6 +91,15 @@ PERPLEXITY = typer.Option(
 )
 PARALLEL = typer.Option(4, "--parallel", min=1, help="--perplexity: windows in flight at once")
 CTX = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)")
+EMBEDDING_LOAD = typer.Option(
+    DEFAULTS.embedding_load,
+    min=1,
+    help="engine: run c1 and the closed loop alone, then beside this many closed-loop one-sentence "
+    "/v1/embeddings clients, and print chat with load / chat alone per figure",
+)
+EMBEDDING_MODEL = typer.Option(
+    DEFAULTS.embedding_model, help="--embedding-load: the embedding model (default: the first of GET /models)"
+)
 CHUNKS = typer.Option(
     None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
 )
@@ -128,6 +137,8 @@ def bench_command(
     parallel: int = PARALLEL,
     ctx: int = CTX,
     chunks: int | None = CHUNKS,
+    embedding_load: int | None = EMBEDDING_LOAD,
+    embedding_model: str | None = EMBEDDING_MODEL,
 ) -> None:
     """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
     with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
@@ -159,6 +170,8 @@ def bench_options(given: dict) -> BenchOptions:
     suite or scenario, extra body that is not JSON, or a response format file that is not an object."""
     if given["suite"] not in SUITES:
         raise typer.BadParameter(f"unknown suite {given['suite']!r}; choose from {', '.join(SUITES)}")
+    if given.get("embedding_load") and given["suite"] != "engine":
+        raise typer.BadParameter("--embedding-load runs the engine suite's chat figures: use it with --suite engine")
     unknown = [s for s in given["scenario"] if s not in SCENARIOS]
     if unknown:
         raise typer.BadParameter(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")

@@ -31,6 +31,10 @@ class BenchOptions:
     The embed suite (``suite="embed"``, :mod:`launcher.bench.embed_suite`): one-sentence
     ``/v1/embeddings`` requests at each of ``concurrency`` (left at its default: 1, 8 and 64),
     ``requests`` per level (default max(64, 8 × concurrency)), then one request of 512 inputs.
+
+    Chat beside embeddings (``suite="engine"`` with ``embedding_load``, :mod:`launcher.bench.beside`):
+    the engine suite's c1 and closed loop alone, then beside ``embedding_load`` closed-loop
+    embedding clients of ``embedding_model`` (None: the first embedding model of ``GET /models``).
     """
 
     base_url: str = "http://127.0.0.1:8000/v1"
@@ -58,6 +62,9 @@ class BenchOptions:
     # load suite
     scenarios: tuple[str, ...] = ("long", "chat")
     concurrency: tuple[int, ...] = (1, 8)
+    # chat beside embeddings (engine suite)
+    embedding_load: int | None = None
+    embedding_model: str | None = None
 
     @property
     def short_output_tokens(self) -> int:

@@ -45,13 +45,22 @@ def read_others(opts: BenchOptions, suite: str) -> list[dict]:
     return others
 
 
-def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
-    """Run ``opts`` against its server; returns the result that was written and printed."""
-    suite = json.loads(opts.replay.read_text()).get("suite", "load") if opts.replay is not None else opts.suite
+def run_embeddings_bench(opts: BenchOptions, suite: str) -> dict:
+    """The embed suite, or an earlier chat-beside-embeddings run replayed (``--from``)."""
     if suite == "embed":
         from launcher.bench.embed_suite import run_embed_bench
 
         return run_embed_bench(opts, read_others(opts, "embed"))
+    from launcher.bench.beside import run_beside_bench
+
+    return run_beside_bench(opts, {}, None)
+
+
+def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
+    """Run ``opts`` against its server; returns the result that was written and printed."""
+    suite = json.loads(opts.replay.read_text()).get("suite", "load") if opts.replay is not None else opts.suite
+    if suite in ("embed", "beside"):
+        return run_embeddings_bench(opts, suite)
     if opts.replay is not None:
         result = json.loads(opts.replay.read_text())
         others = read_others(opts, result.get("suite", "load"))
@@ -66,6 +75,10 @@ def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "options": opts.public(),
     }
+    if opts.suite == "engine" and opts.embedding_load:
+        from launcher.bench.beside import run_beside_bench
+
+        return run_beside_bench(opts, head, tok)
     if opts.suite == "engine":
         prompts = build_prompts(tok, opts)
         result = {

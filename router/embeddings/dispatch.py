@@ -58,7 +58,8 @@ async def embed(
 async def _attempt(pool: WorkerPool, worker: Worker, inputs: list[list[int]], request_tag: str) -> Vectors:
     """One attempt on ``worker``: raises :class:`_Lost` when it goes, ``UpstreamError`` when it refuses."""
     rid = pool.new_request_id()
-    log.info("embeddings %s -> worker %d as %s (%d inputs)", request_tag, worker.worker_id, rid, len(inputs))
+    # debug: at hundreds of requests a second the access log's line is enough
+    log.debug("embeddings %s -> worker %d as %s (%d inputs)", request_tag, worker.worker_id, rid, len(inputs))
     req = pool.register(worker, rid)
     finished = ok = False
     vectors: list[bytes] = []

@@ -93,3 +93,25 @@ def test_the_engine_refuses_what_the_router_should_have_caught(minilm):
     assert failed["full"].retry_after_s
     run(engine)
     assert [m.request_id for m in sent if isinstance(m, Embedded)] == ["ok"]
+
+
+def test_the_measured_thread_plan_runs_the_forward_and_sees_each_batch(minilm):
+    from worker.embed.load import plan_threads
+    from worker.embed.threads import ThreadPick, ThreadPlan
+
+    embedder, tok = minilm
+    before, plan = torch.get_num_threads(), embedder.threads
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    reference = embedder.embed(ids)
+    try:
+        plan_threads(embedder)  # measured here (what it picks depends on the machine's load)
+        assert torch.get_num_threads() == plan.cores  # left at the worker's cores
+        assert all(p.single_ms > 0 and p.parallel_ms > 0 for p in embedder.threads.picks)
+        embedder.threads = ThreadPlan(2, [ThreadPick(64, 2, single_ms=1e3, parallel_ms=1.0)])
+        vectors = embedder.embed(ids)  # 4 x 11 padded tokens: on 2 threads
+        assert torch.get_num_threads() == 2
+        assert np.abs(vectors - reference).max() < 1e-5  # the thread count never changes a vector
+        assert embedder.threads.watches[64].average_s is not None  # the served batch was timed
+    finally:
+        embedder.threads = plan
+        torch.set_num_threads(before)

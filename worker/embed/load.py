@@ -11,12 +11,15 @@ import logging
 import os
 import time
 
+import torch
+
 from worker.contract.embed_spec import read_spec
 from worker.contract.protocol import Embed, Ready
 from worker.contract.settings import WorkerSettings
 from worker.embed.batcher import Batcher
 from worker.embed.engine import EmbedEngine
 from worker.embed.model import Embedder
+from worker.embed.threads import ThreadPlan, measure
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,24 @@ def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, e
     budget = max(auto if w.max_prefill_tokens == "auto" else w.max_prefill_tokens, spec.max_tokens)
     batcher = Batcher(budget, w.max_num_seqs + w.max_waiting, w.max_queue_wait_s)
     engine = EmbedEngine(embedder, batcher, emit)
-    warm_up(engine)
+    warm_up(engine)  # first: the first forward pass pays for allocations and kernel set-up, not threads
+    plan_threads(embedder)
     return engine
+
+
+def plan_threads(embedder: Embedder) -> None:
+    """On CPU, measure where a batch is worth all the worker's cores (:mod:`worker.embed.threads`)."""
+    if embedder.threads is None:
+        return
+    cores = embedder.threads.cores
+    started = time.perf_counter()
+    try:
+        embedder.threads = ThreadPlan(cores, measure(embedder.probe, cores))
+    finally:
+        torch.set_num_threads(cores)
+    log.info(
+        "torch threads per batch, measured in %.2fs: %s", time.perf_counter() - started, embedder.threads.describe()
+    )
 
 
 def warm_up(engine: EmbedEngine) -> None:

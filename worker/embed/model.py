@@ -10,6 +10,7 @@ unaffected by the pads (causal attention), so its last real token is read at ``l
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,9 @@ from worker.contract.embed_spec import EmbedSpec
 from worker.embed.threads import ThreadPlan
 
 log = logging.getLogger(__name__)
+
+# architectures whose forward skips the pooler when it is None (transformers' add_pooling_layer=False)
+POOLER_OPTIONAL = frozenset({"bert", "roberta", "xlm-roberta", "mpnet"})
 
 
 class Embedder:
@@ -47,19 +51,31 @@ class Embedder:
         gguf = gguf_file(model_path)
         extra = {"gguf_file": gguf.name} if gguf is not None else {}
         model = AutoModel.from_pretrained(str(model_path), dtype=dtype, **extra).to(device).eval()
+        if model.config.model_type in POOLER_OPTIONAL:
+            model.pooler = None  # the classification pooler (dense + tanh on [CLS]): its output is never read
         pad = model.config.pad_token_id
         return cls(model, spec, device, int(pad) if isinstance(pad, int) else 0)
 
     def idle(self) -> None:
         """The engine loop's keep-alive hook: one process, nothing to keep alive."""
 
+    def probe(self, inputs: int, width: int, threads: int) -> None:
+        """One forward pass of ``inputs`` x ``width`` tokens on ``threads`` torch threads, its
+        vectors discarded (:func:`worker.embed.threads.measure` times it)."""
+        torch.set_num_threads(threads)
+        plan, self.threads = self.threads, None
+        try:
+            self.embed([[min(101, self.vocab_size - 1)] * width] * inputs)
+        finally:
+            self.threads = plan
+
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> np.ndarray:
         """Vectors of ``batch`` (token id lists, each non-empty): float32 array [len(batch), spec.dim]."""
         lengths = torch.tensor([len(ids) for ids in batch], device=self.device)
         width = int(lengths.max())
-        if self.threads is not None:
-            self.threads.apply(len(batch) * width)
+        padded, began = len(batch) * width, time.perf_counter()
+        threads = self.threads.apply(padded) if self.threads is not None else 0
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         for row, tokens in enumerate(batch):
             ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
@@ -70,7 +86,10 @@ class Embedder:
         vectors = pool(hidden, mask, lengths, self.spec.pooling)[:, : self.spec.dim]
         if self.spec.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.cpu().numpy().astype("<f4", copy=False)
+        out = vectors.cpu().numpy().astype("<f4", copy=False)
+        if self.threads is not None:
+            self.threads.record(padded, threads, time.perf_counter() - began)
+        return out
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, mode: str) -> torch.Tensor:
