@@ -8,6 +8,7 @@ refusal, its worker table stays as it was, and a ``Generate`` for that identity 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -73,7 +74,10 @@ async def refused_peer(keys: dict, curve: ClientKeys | None, caplog, *reasons: s
     ctx = zmq.asyncio.Context()
     sock = dealer(ctx, address, curve)
     try:
-        await sock.send(encode(HELLO))
+        # Without waiting: once the handshake has failed (it may before this line, on a busy box)
+        # libzmq drops the DEALER's pipe for good and a waiting send hangs; the Hello never left.
+        with contextlib.suppress(zmq.Again):
+            await sock.send(encode(HELLO), flags=zmq.NOBLOCK)
         (refusal, *_) = await wait_for_async(lambda: refusals(caplog), 10, what="a refusal in the router's log")
         assert address in refusal and any(reason in refusal for reason in reasons), refusal
         assert pool.workers == {} and pool.table().workers == []  # its Hello never arrived
