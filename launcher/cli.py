@@ -100,11 +100,11 @@ def up_on_ray(cfg: DeployConfig, force: bool) -> int:
 def up_here(cfg: DeployConfig, force: bool) -> int:
     """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
     find the model and serve; exit 2 on a placement, plan or model problem."""
-    from launcher.models import resolve_model
     from launcher.plan.packing import place_models
     from launcher.plan.placement import PlacementError, discover
     from launcher.plan.plan import preflight
     from launcher.plan.several import preflight_models
+    from worker.contract.tasks import TaskError
 
     inventory = discover()
     served = cfg.served()
@@ -117,8 +117,19 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
         if not force:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
-    paths = per_model(served, lambda one: resolve_model(one.model.name, quantization=one.model.quantization))
+    paths = per_model(served, _model_path, TaskError)
     return serve(cfg, specs, paths[0] if len(paths) == 1 else paths)
+
+
+def _model_path(one) -> Path:
+    """The folder (or file) of ``one`` served model; raises ``ModelNotFound``, or ``TaskError``
+    for a task the model cannot serve (before any process starts)."""
+    from launcher.models import resolve_model
+    from worker.contract.tasks import check_task
+
+    path = resolve_model(one.model.name, quantization=one.model.quantization)
+    check_task(one.model, path)
+    return path
 
 
 def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None, address: str | None = None) -> int:

@@ -137,7 +137,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.router.add_post("/v1/responses", create_response)
     app.router.add_post("/v1/embeddings", create_embeddings)
     app.router.add_get("/v1/models", openai_api.models)
-    app.router.add_get("/v1/models/{model}", openai_api.model)
+    app.router.add_get("/v1/models/{model:.+}", openai_api.model)  # a served name may be "org/name"
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", health)
     app.router.add_get("/health/live", live)

@@ -14,16 +14,14 @@ from aiohttp import web
 
 from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
+from router.served import served_model
 from router.settings import RouterSettings
 from router.state import Api, ServedModel
 from router.supervisor_events import EventSender
 from router.workers import WorkerPool
 from worker.contract import keys
-from worker.contract.embed_spec import read_spec
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
-from worker.contract.settings import ModelConfig
-from worker.contract.tasks import resolve_task
 
 log = logging.getLogger("router")
 
@@ -80,17 +78,6 @@ def load_models(cfg: RouterSettings, model_paths: list[str]) -> dict[str, Served
         raise SystemExit(f"{len(configs)} model(s) in the settings but {len(model_paths)} --model-path")
     served = [served_model(c, p, AutoTokenizer.from_pretrained(p)) for c, p in zip(configs, model_paths, strict=True)]
     return {m.name: m for m in served}
-
-
-def served_model(config: ModelConfig, path: str, tokenizer) -> ServedModel:
-    """The model in ``path`` with ``task: auto`` resolved from its files (:mod:`worker.contract.tasks`,
-    the rule the worker applies too) and, for an embedding model, its pooling spec."""
-    config = config.model_copy(update={"task": resolve_task(config, path)})
-    if config.task != "embed":
-        return ServedModel(config, tokenizer)
-    spec = read_spec(path, config.max_model_len)
-    # its context is the tokens one input may have (what /v1/models shows)
-    return ServedModel(config.model_copy(update={"max_model_len": spec.max_tokens}), tokenizer, embed_spec=spec)
 
 
 async def run_router(

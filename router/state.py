@@ -30,7 +30,8 @@ class ServedModel:
 
     config: ModelConfig
     tokenizer: Any
-    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.main)
+    embed_spec: Any = None  # an embedding model's worker.contract.embed_spec.EmbedSpec (router.served)
+    path: str | None = None  # its folder, read again when apply changes its section (router.served)
 
     @property
     def name(self) -> str:
@@ -93,7 +94,7 @@ class Api:
             served = "', '".join(self.models)
             raise ApiError(
                 404,
-                f"The model '{name}' does not exist; this server serves '{served}'",
+                f"The model '{_shown(name)}' does not exist; this server serves '{served}'",
                 param="model",
                 code="model_not_found",
             )
@@ -158,3 +159,8 @@ class Api:
 
 API = web.AppKey("api", Api)
 REQUEST_ID = web.RequestKey("request_id", str)  # the request's X-Request-ID (client's or made), set first
+
+
+def _shown(name: str, most: int = 200) -> str:
+    """``name`` as an error message quotes it: at most ``most`` characters (a client's id is echoed, not its payload)."""
+    return name if len(name) <= most else f"{name[:most]}... ({len(name)} characters)"

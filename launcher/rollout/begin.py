@@ -139,14 +139,16 @@ def current_target(sup) -> Target:
 
 def _new_target(sup, cfg: DeployConfig, old: Target, rollback: bool) -> Target:
     """The new revision (recorded; for a rollback the previous one made current again), its worker
-    settings file and its model. Raises :class:`Refused` when the model cannot be resolved
-    (nothing recorded, nothing replaced)."""
+    settings file and its model. Raises :class:`Refused` when the model cannot be resolved or
+    served for its task (nothing recorded, nothing replaced)."""
     from launcher.models import ModelNotFound, resolve_model
+    from worker.contract.tasks import TaskError, check_task
 
     same_model = (cfg.model.name, cfg.model.quantization) == (old.config.model.name, old.config.model.quantization)
     try:
         model = old.model_path if same_model else resolve_model(cfg.model.name, quantization=cfg.model.quantization)
-    except (ModelNotFound, OSError) as exc:
+        check_task(cfg.model, model)  # up's refusals (task: generate on an encoder, int8 embeddings)
+    except (ModelNotFound, OSError, TaskError) as exc:
         log.error("apply: %s", exc)
         raise Refused(str(exc).splitlines()[0]) from None
     if rollback:

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import typer
 
+from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit
 from launcher.supervise.admin_client import AdminClient, AdminError
 from router import admin_protocol
@@ -49,7 +50,7 @@ def apply_command(
             fail(problem)
     client = AdminClient(admin_url or cfg.router.admin_url, admin_token or cfg.router.admin_token)
     request = ApplyRequest(
-        config=cfg.model_dump(mode="json"), dry_run=dry_run, rollback=rollback, max_unavailable=max_unavailable
+        config=request_config(cfg), dry_run=dry_run, rollback=rollback, max_unavailable=max_unavailable
     )
     try:
         rid = client.call("POST", "/admin/apply", msgspec.to_builtins(request))["id"]
@@ -59,6 +60,13 @@ def apply_command(
         fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running?", 1)
     status = watch(client, rid)
     raise typer.Exit(outcome(status))
+
+
+def request_config(cfg: DeployConfig) -> dict:
+    """``cfg`` as JSON for ``POST /admin/apply``. A ``models:`` file goes without the ``model:``
+    section that dumping fills with its defaults: parsed again it would read as giving both forms,
+    and the supervisor would refuse it for that instead of saying it serves several models."""
+    return cfg.model_dump(mode="json", exclude={"model"} if cfg.models is not None else None)
 
 
 def watch(client: AdminClient, rid: str) -> RolloutStatus:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from router.bodies import read_json, request_timeout, timeout_error
 from router.embeddings.dispatch import embed
-from router.embeddings.request import EmbeddingRequest, bad_input, split_input
+from router.embeddings.request import EmbeddingRequest, bad_input, refuse_stream, split_input
 from router.errors import ApiError
 from router.schemas import parse
 from router.state import API, EMBED, REQUEST_ID
@@ -91,6 +91,7 @@ def shape(raw: list[bytes], dimensions: int | None, encoding: str) -> list:
 async def create_embeddings(request: web.Request) -> web.Response:
     """``POST /v1/embeddings`` (module docstring)."""
     req = parse(EmbeddingRequest, await read_json(request))
+    refuse_stream(req)
     api = request.app[API].for_request(req.model, "/v1/embeddings", EMBED)  # 404 / 400 wrong_endpoint
     if req.input is None:
         raise bad_input("input is required")

@@ -5,7 +5,8 @@ input), or an array of token-id arrays; 1 to :data:`MAX_INPUTS` inputs, none emp
 used as given (no special tokens added). ``encoding_format`` is ``float`` (default) or ``base64``;
 ``dimensions`` a positive integer (whether the model allows it is :mod:`router.embeddings.api`'s
 call); ``user`` is accepted and only logged; ``truncate`` (ours, default false) cuts an input over
-the model's limit instead of refusing it. Unknown fields are ignored, as for chat.
+the model's limit instead of refusing it; ``stream: true`` is refused (the answer is one body).
+Unknown fields are ignored, as for chat.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ class EmbeddingRequest(Body):
     dimensions: StrictInt | None = Field(None, ge=1)
     user: Text | None = None
     truncate: StrictBool = Field(False, description="cut an input over the model's token limit instead of a 400")
+    stream: StrictBool | None = Field(None, description="false or absent: embeddings are answered in one piece")
+
+
+def refuse_stream(req: EmbeddingRequest) -> None:
+    """A 400 for ``stream: true``: the answer is one JSON body, never Server-Sent Events, and a
+    client that asked for a stream would not read it."""
+    if req.stream:
+        raise ApiError(
+            400,
+            "stream: /v1/embeddings does not stream; its answer is one JSON body (send stream: false or leave it out)",
+            param="stream",
+            code="invalid_value",
+        )
 
 
 def bad_input(message: str) -> ApiError:
@@ -59,7 +73,7 @@ def split_input(raw: Any) -> list[str] | list[list[int]]:
     if isinstance(raw, str):
         if not raw:
             raise bad_input("input must not be an empty string")
-        return [raw]
+        return _texts([raw])  # the same Unicode check as an array's texts
     if not isinstance(raw, list):
         raise bad_input(
             f"input must be a string, an array of strings, an array of token ids or an array of token-id "

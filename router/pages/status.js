@@ -261,7 +261,8 @@ async function poll() {
     const [table, activity] = await Promise.all([tr.json(), ar.json()]);
     last = { table, activity };
     lastOk = Date.now();
-    $("model-name").textContent = activity.model;
+    // every served model (several models: all of them, not only the first)
+    $("model-name").textContent = (activity.models || [activity.model]).join(", ");
     $("admin-button").hidden = !activity.admin_controls;
     renderCards(table, activity);
     renderCharts(activity);

@@ -144,6 +144,7 @@ MALFORMED = {
     "dimensions zero": {"input": "a", "dimensions": 0},
     "dimensions a string": {"input": "a", "dimensions": "128"},
     "too long": {"input": ["short", "word " * 300]},
+    "stream true (the answer is one body)": {"input": "a", "stream": True},
 }
 
 
@@ -154,6 +155,16 @@ def test_malformed_input_is_a_400_and_the_worker_keeps_serving(emb, body):
     error = got.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"] and error["param"], error
     assert post(emb, {"input": "still serving"}).status_code == 200
+
+
+def test_a_lone_surrogate_in_a_single_string_is_a_400(emb):
+    # JSON's escape reaches the tokenizer as text that cannot be UTF-8 (was a 500); httpx's json= cannot send it
+    raw = b'{"input": "\\ud800"}'
+    got = httpx.post(
+        f"{emb.base_url}/embeddings", content=raw, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert got.status_code == 400 and got.json()["error"]["param"] == "input", got.text
+    assert "surrogate" in got.json()["error"]["message"]
 
 
 def test_too_long_names_the_input_and_both_lengths_unless_truncated(emb):
@@ -240,6 +251,7 @@ def test_the_chat_pages_picker_offers_the_chat_model_only_and_the_status_page_na
         browser.wait(lambda: len(browser.find_all("#workers tbody tr")) == 2, 30, "a row per replica")
         shown = [r.find_element("css selector", "td[data-model]").text for r in browser.find_all("#workers tbody tr")]
         assert shown == [CHAT_MODEL, EMBED_MODEL]
+        assert browser.find("#model-name").text == f"{CHAT_MODEL}, {EMBED_MODEL}"  # the header names both
     finally:
         browser.quit()
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from router.embeddings.api import check_dimensions, shape
-from router.embeddings.request import MAX_INPUTS, split_input
+from router.embeddings.request import MAX_INPUTS, EmbeddingRequest, refuse_stream, split_input
 from router.errors import ApiError
 from worker.contract.embed_spec import EmbedSpec, EmbedSpecError, read_spec
 from worker.contract.settings import ModelConfig
-from worker.contract.tasks import resolve_task
+from worker.contract.tasks import TaskError, check_task, resolve_task
 
 SPEC = EmbedSpec("mean", True, 384, 384, 256, matryoshka=False, encoder=True)
 MATRYOSHKA = EmbedSpec("mean", True, 768, 768, 512, matryoshka=True, encoder=True)
@@ -47,12 +47,22 @@ def test_the_four_input_forms():
         (3, "not an integer"),
         ({"a": 1}, "not an object"),
         (["\ud800"], "lone surrogate"),
+        ("\ud800", "lone surrogate"),  # a single string too (it reached the tokenizer: a 500)
     ],
 )
 def test_malformed_input_is_named(raw, named):
     with pytest.raises(ApiError) as err:
         split_input(raw)
     assert err.value.status == 400 and err.value.param == "input" and named in err.value.message
+
+
+def test_stream_true_is_refused_as_embeddings_do_not_stream():
+    # an SSE answer is not what comes back: ignoring it would change the answer's shape silently
+    assert EmbeddingRequest.model_validate({"input": "a", "stream": False}).stream is False
+    with pytest.raises(ApiError) as err:
+        refuse_stream(EmbeddingRequest.model_validate({"input": "a", "stream": True}))
+    assert err.value.status == 400 and err.value.param == "stream" and "does not stream" in err.value.message
+    refuse_stream(EmbeddingRequest.model_validate({"input": "a", "stream": None}))
 
 
 def test_dimensions_only_for_a_model_trained_for_them():
@@ -149,6 +159,31 @@ def test_the_task_rule(tmp_path):
     assert resolve_task(auto, tmp_path / "model.gguf") == "generate"
     assert resolve_task(auto, None) == "generate"
     assert resolve_task(ModelConfig(name="x", task="embed"), tmp_path / "llama") == "embed"
+
+
+def test_generate_on_an_encoder_is_refused_in_one_line(tmp_path):
+    # its worker would load a BERT as a decoder and die with an AttributeError, restart after restart
+    write(tmp_path / "bert", "config.json", {"model_type": "bert"})
+    write(tmp_path / "llama", "config.json", {"model_type": "llama"})
+    with pytest.raises(TaskError) as err:
+        check_task(ModelConfig(name="all-minilm-l6-v2", task="generate"), tmp_path / "bert")
+    assert "all-minilm-l6-v2" in str(err.value) and "task: embed" in str(err.value)
+    check_task(ModelConfig(name="x", task="auto"), tmp_path / "bert")
+    check_task(ModelConfig(name="x", task="generate"), tmp_path / "llama")
+    check_task(ModelConfig(name="x", task="generate"), tmp_path / "model.gguf")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_for_embeddings_are_refused(tmp_path, quantization):
+    # the embedding worker loads float weights: the vectors were float32's while plan counted int8
+    write(tmp_path / "bert", "config.json", {"model_type": "bert"})
+    for task in ("auto", "embed"):
+        with pytest.raises(TaskError) as err:
+            check_task(ModelConfig(name="m", task=task, quantization=quantization), tmp_path / "bert")
+        assert f"quantization: {quantization}" in str(err.value)
+    check_task(ModelConfig(name="m", task="embed", quantization="none"), tmp_path / "bert")
+    write(tmp_path / "llama", "config.json", {"model_type": "llama"})
+    check_task(ModelConfig(name="m", quantization=quantization), tmp_path / "llama")
 
 
 def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):

@@ -62,6 +62,13 @@ def test_an_unknown_model_is_404_listing_the_served_ones():
     assert "'gpt-4'" in e.value.message and "'c1', 'c2'" in e.value.message
 
 
+def test_an_unknown_model_of_5000_characters_is_quoted_short():
+    with pytest.raises(ApiError) as e:
+        api_of(ModelConfig(name="c1")).for_request("x" * 5000, "/v1/chat/completions")
+    assert e.value.status == 404 and "x" * 200 + "... (5000 characters)" in e.value.message
+    assert len(e.value.message) < 400, len(e.value.message)
+
+
 def test_an_endpoint_of_the_other_task_is_400_naming_the_model_and_the_endpoint_to_use():
     api = api_of(ModelConfig(name="c"), ModelConfig(name="e", task="embed"))
     with pytest.raises(ApiError) as e:

@@ -34,6 +34,30 @@ def is_sentence_transformers(model_dir: Path) -> bool:
     return (model_dir / "modules.json").is_file()
 
 
+class TaskError(ValueError):
+    """The model cannot be served for the task deploy.yaml names (the message says why, in one line)."""
+
+
+def check_task(cfg: ModelConfig, model_dir: Path | str | None) -> None:
+    """Raise :class:`TaskError` for ``task: generate`` on an encoder (:data:`ENCODER_TYPES`), which
+    has no LM head: its worker would fail to load it; and for ``quantization: int8``/``int4`` on an
+    embedding model, whose worker computes in the float dtype (the setting would be ignored).
+    Anything not readable here passes."""
+    if cfg.quantization in ("int8", "int4") and resolve_task(cfg, model_dir) == "embed":
+        raise TaskError(
+            f"model '{cfg.public_name}' is served for embeddings, which run with float weights: "
+            f"quantization: {cfg.quantization} would be ignored; set model.quantization: auto (or none)"
+        )
+    if cfg.task != "generate" or model_dir is None or not Path(model_dir).is_dir():
+        return
+    kind = read_json(Path(model_dir) / "config.json").get("model_type")
+    if kind in ENCODER_TYPES:
+        raise TaskError(
+            f"model '{cfg.public_name}' is an encoder ({kind}), which has no LM head to generate with: "
+            "set model.task: embed (or auto) and call /v1/embeddings"
+        )
+
+
 def resolve_task(cfg: ModelConfig, model_dir: Path | str | None) -> Task:
     """``model.task``, or for ``auto``: ``embed`` for a sentence-transformers folder or an encoder
     (``config.json``'s ``model_type`` in :data:`ENCODER_TYPES`), else ``generate`` (a GGUF file, a

@@ -1,0 +1,66 @@
+"""``apply`` on a deployment of an embedding model: the router's live settings keep the model an
+embedding model (its pooling spec and its per-input token limit), whether the file changes only
+router keys, a worker key (``max_num_seqs``) or the served name. They were served as a model
+without a spec: every ``/v1/embeddings`` after an apply was a 500."""
+
+from __future__ import annotations
+
+import json
+
+from router.rollout import AdminTokens, apply_live
+from router.served import served_model
+from router.settings import RouterSettings
+from router.state import Api
+from router.workers import WorkerPool
+from worker.contract.settings import ModelConfig
+
+
+def _folder(path):
+    files = {
+        "config.json": {"model_type": "bert", "hidden_size": 384, "max_position_embeddings": 512},
+        "modules.json": [
+            {"idx": 0, "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ],
+        "1_Pooling/config.json": {"pooling_mode": "mean"},
+        "sentence_bert_config.json": {"max_seq_length": 256},
+    }
+    for name, data in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(json.dumps(data))
+    return path
+
+
+def _api(folder, section: dict) -> Api:
+    cfg = RouterSettings.model_validate({"model": section})
+    one = served_model(cfg.model, str(folder), tokenizer=None)
+    pool = WorkerPool("inproc://apply-embed", "least_loaded", heartbeat_timeout_s=10)
+    return Api(cfg, pool, models={one.name: one})
+
+
+def _apply(api: Api, section: dict, router: dict | None = None, also: list | None = None) -> None:
+    cfg = RouterSettings.model_validate({"model": section, "router": router or {}})
+    apply_live(api, AdminTokens(None), cfg, [ModelConfig.model_validate(m) for m in also or []])
+
+
+def test_router_keys_only_keep_the_served_model_as_it_was(tmp_path):
+    section = {"name": "all-minilm-l6-v2", "task": "embed"}
+    api = _api(_folder(tmp_path), section)
+    before = api.model
+    _apply(api, section, router={"policy": "round_robin"})
+    assert api.model is before and api.model.embed_spec.max_tokens == 256
+
+
+def test_a_rolling_change_keeps_the_spec_and_the_token_limit(tmp_path):
+    api = _api(_folder(tmp_path), {"name": "all-minilm-l6-v2", "task": "embed"})
+    _apply(api, {"name": "all-minilm-l6-v2", "task": "embed", "max_model_len": 128})
+    assert api.model.task == "embed" and api.model.embed_spec.pooling == "mean"
+    assert api.model.embed_spec.max_tokens == 128 and api.model.config.max_model_len == 128
+
+
+def test_a_rename_serves_both_names_as_embedding_models(tmp_path):
+    old = {"name": "all-minilm-l6-v2", "task": "auto"}
+    api = _api(_folder(tmp_path), old)
+    _apply(api, {**old, "served_name": "minilm"}, also=[old])
+    assert list(api.models) == ["minilm", "all-minilm-l6-v2"]
+    assert all(m.task == "embed" and m.embed_spec.max_tokens == 256 for m in api.models.values())
