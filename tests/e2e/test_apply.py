@@ -18,7 +18,6 @@ import time
 
 import httpx
 import pytest
-import yaml
 
 from tests.helpers.deployment import MODEL, Deployment, deep_merge, wait_for
 from tests.helpers.steady_load import SteadyLoad
@@ -42,23 +41,6 @@ def d(tmp_path_factory):
     dep.stop()
 
 
-def apply(d: Deployment, extra: dict, *flags: str, wait: bool = True):
-    """Run ``llamadeploy apply`` with the deployment's config and ``extra`` merged in; on exit 0
-    (not a dry run) the deployment's config becomes the new one. Returns the CompletedProcess, or
-    the Popen with ``wait=False``."""
-    new = deep_merge(d.config, extra)
-    path = d.tmp / f"apply-{time.monotonic_ns()}.yaml"
-    path.write_text(yaml.safe_dump(new))
-    cmd = [sys.executable, "-m", "launcher.cli", "apply", str(path), *flags]
-    env = {**os.environ, "COLUMNS": "400"}  # one printed line each, however long
-    if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
-    if done.returncode == 0 and "--dry-run" not in flags and "--rollback" not in flags:
-        d.config = new
-    return done
-
-
 def pids(d: Deployment) -> dict[int, int]:
     return {w["id"]: w["pid"] for w in d.workers()}
 
@@ -77,7 +59,7 @@ def rolled_under_load(d: Deployment, extra: dict, during=None) -> subprocess.Com
         clients.wait_completed(16)
         t0 = time.monotonic()
         steady = clients.counts.rate(t0 - 10, t0)
-        proc = apply(d, extra, wait=False)
+        proc = d.apply(extra, wait=False)
         if during is not None:
             during()
         out, _ = proc.communicate(timeout=600)
@@ -95,7 +77,7 @@ def rolled_under_load(d: Deployment, extra: dict, during=None) -> subprocess.Com
 
 def test_dry_run_prints_the_plan_and_changes_nothing(d):
     before, revs = pids(d), revisions(d)
-    done = apply(d, {"workers": {"max_num_seqs": 3}, "router": {"policy": "round_robin"}}, "--dry-run")
+    done = d.apply({"workers": {"max_num_seqs": 3}, "router": {"policy": "round_robin"}}, "--dry-run")
     assert done.returncode == 0, done.stdout
     assert "live (no restart): router.policy" in done.stdout
     assert "replace worker 0" in done.stdout and "dry run: nothing changed" in done.stdout
@@ -105,12 +87,12 @@ def test_dry_run_prints_the_plan_and_changes_nothing(d):
 
 def test_live_changes_restart_no_process(d):
     before, router_pid = pids(d), d.admin("GET", "/admin/workers").json()["router"]["pid"]
-    done = apply(d, {"router": {"policy": "round_robin", "api_keys": ["key-one"]}})
+    done = d.apply({"router": {"policy": "round_robin", "api_keys": ["key-one"]}})
     assert done.returncode == 0, done.stdout
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     assert d.chat("hi", max_tokens=2).status_code == 200  # the helper sends key-one now
     assert httpx.post(f"{d.base_url}/chat/completions", json=ask, timeout=60).status_code == 401
-    done = apply(d, {"router": {"api_keys": ["key-two"]}})
+    done = d.apply({"router": {"api_keys": ["key-two"]}})
     assert done.returncode == 0, done.stdout
     old = httpx.post(
         f"{d.base_url}/chat/completions", json=ask, timeout=60, headers={"Authorization": "Bearer key-one"}
@@ -137,7 +119,7 @@ def test_dtype_change_under_load_and_a_second_apply_gets_409(d):
 
     def second_apply():
         wait_for(lambda: d.admin("GET", "/admin/rollout").json()["state"] == "running", 60, "the rollout runs")
-        other = apply(d, {"workers": {"max_num_seqs": 2}}, "--dry-run")
+        other = d.apply({"workers": {"max_num_seqs": 2}}, "--dry-run")
         seen.append(f"{other.returncode} {other.stdout}")
 
     rev = max(revisions(d))
@@ -148,7 +130,7 @@ def test_dtype_change_under_load_and_a_second_apply_gets_409(d):
 
 def test_a_model_that_does_not_exist_is_refused_and_changes_nothing(d):
     before, revs = pids(d), revisions(d)
-    done = apply(d, {"model": {"name": str(d.tmp / "no-such-model")}})
+    done = d.apply({"model": {"name": str(d.tmp / "no-such-model")}})
     assert done.returncode == 1
     errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no-such-model" in errors[0], done.stdout
@@ -167,7 +149,7 @@ def test_a_crashing_replacement_is_rolled_back_without_losing_a_request(d):
     revs = revisions(d)
     with load(d) as clients:
         clients.wait_completed(8)
-        done = apply(d, {"model": {"name": str(broken)}})
+        done = d.apply({"model": {"name": str(broken)}})
         clients.wait_completed(8)
         counts = clients.stop()
     assert done.returncode == 1, done.stdout
@@ -181,10 +163,10 @@ def test_a_crashing_replacement_is_rolled_back_without_losing_a_request(d):
 def test_scale_down_and_up_under_load(d):
     with load(d) as clients:
         clients.wait_completed(8)
-        down = apply(d, {"workers": {"replicas": 1}})
+        down = d.apply({"workers": {"replicas": 1}})
         assert down.returncode == 0, down.stdout
         assert [w["id"] for w in d.workers()] == [0]
-        up = apply(d, {"workers": {"replicas": 2}})
+        up = d.apply({"workers": {"replicas": 2}})
         assert up.returncode == 0, up.stdout
         clients.wait_completed(8)
         counts = clients.stop()
@@ -195,7 +177,7 @@ def test_scale_down_and_up_under_load(d):
 
 def test_rollback_returns_to_the_previous_revision(d):
     rev = max(revisions(d))
-    done = apply(d, {}, "--rollback")
+    done = d.apply({}, "--rollback")
     assert done.returncode == 0, done.stdout
     workers = d.workers()
     assert [w["id"] for w in workers] == [0] and workers[0]["revision"] == rev - 1, workers

@@ -27,7 +27,17 @@ def tight(tmp_path_factory):
         tmp_path_factory.mktemp("tight"),
         {
             "model": {"max_model_len": 128},
-            "workers": {"replicas": 1, "kv_cache_gib": 0.006, "max_num_seqs": 8, "max_waiting": 64},
+            # the last of 64 requests through a few rows waits long on a loaded box (over the 120 s
+            # defaults, seen): the router and the queue wait as long as the test's clients (no test
+            # here is about those limits)
+            "workers": {
+                "replicas": 1,
+                "kv_cache_gib": 0.006,
+                "max_num_seqs": 8,
+                "max_waiting": 64,
+                "max_queue_wait_s": 300,
+            },
+            "router": {"request_timeout_s": 300},
         },
     )
     d.start()

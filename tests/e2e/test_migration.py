@@ -3,7 +3,8 @@
 Each test compares a disturbed run with the same requests on the same deployment left alone:
 the streams must finish with exactly the undisturbed text, token count and finish reason. The
 tests on ``mig`` share one deployment (default ``router.max_migrations``), each starting with both
-workers ready and idle; ``off`` is a deployment with migration and retries turned off.
+workers ready and idle; ``off`` is that deployment with migration and retries then turned off
+live (``llamadeploy apply``).
 """
 
 from __future__ import annotations
@@ -207,11 +208,13 @@ def test_a_stop_string_straddling_the_cut_is_caught(mig):
 
 
 @pytest.fixture(scope="module")
-def off(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("no-migration"), {"router": {"max_migrations": 0, "max_retries": 0}})
-    d.start()
-    yield d
-    d.stop()
+def off(mig):
+    """``mig`` with migration and retries turned off: both are live settings, so ``apply`` changes
+    them in the router without restarting a process (a deployment of its own would start two more
+    workers). The module's last test uses it."""
+    done = mig.apply({"router": {"max_migrations": 0, "max_retries": 0}})
+    assert done.returncode == 0 and "live (no restart)" in done.stdout, done.stdout
+    return mig
 
 
 def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request_with_502(off):
@@ -221,6 +224,8 @@ def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request
         "ignore_eos": True,
         "temperature": 0,
     }
+    settled(off)
+    moved_before = migrations(off)  # the tests before moved streams on this deployment
     stream = Stream(off, body)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(stream.run)
@@ -230,7 +235,7 @@ def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request
         future.result()
     assert stream.finish == [] and stream.done and len(stream.errors) == 1
     assert_openai_error(stream.errors[0], "worker_lost")
-    wait_for(lambda: all_ready_and_idle(off), 120, what="both workers ready and idle")
+    settled(off)
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(httpx.post, f"{off.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300)
         busy = wait_for(lambda: next((w for w in off.workers() if w["in_flight"]), None), 30, what="a busy worker")
@@ -240,4 +245,4 @@ def test_with_max_migrations_0_a_started_stream_ends_with_an_error_and_a_request
         got = future.result()
     assert got.status_code == 502, got.text
     assert_openai_error(got.json(), "worker_lost")
-    assert migrations(off) == 0
+    assert migrations(off) == moved_before

@@ -157,6 +157,22 @@ class Deployment:
         body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, **kw}
         return httpx.post(f"{self.base_url}/chat/completions", json=body, timeout=timeout, headers=self.auth_headers())
 
+    def apply(self, extra: dict, *flags: str, wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+        """Run ``llamadeploy apply`` with this deployment's config and ``extra`` merged in; on exit 0
+        (not a dry run, not ``--rollback``) :attr:`config` becomes the new one. Returns the
+        CompletedProcess (stdout and stderr together in ``stdout``), or the Popen with ``wait=False``."""
+        new = deep_merge(self.config, extra)
+        path = self.tmp / f"apply-{time.monotonic_ns()}.yaml"
+        path.write_text(yaml.safe_dump(new))
+        cmd = [sys.executable, "-m", "launcher.cli", "apply", str(path), *flags]
+        env = {**self.env, "COLUMNS": "400"}  # one printed line each, however long
+        if not wait:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600, env=env)
+        if done.returncode == 0 and "--dry-run" not in flags and "--rollback" not in flags:
+            self.config = new
+        return done
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
