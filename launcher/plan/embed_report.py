@@ -42,11 +42,7 @@ def embed_placement_table(s: EmbedSizing, fits: list[EmbedFit]) -> Table:
         table.add_column(col, justify="right" if "GiB" in col else "left")
     for f in fits:
         spec = f.spec
-        if spec.device == "cuda":
-            share = "" if spec.share == 1 else f", share 1/{round(1 / spec.share)}"
-            where = "; ".join(f"{g.index}: {g.name} {g.total_bytes / GiB:.1f} GiB" for g in spec.gpu_info) + share
-        else:
-            where = f"{len(spec.cpus)} core(s)"
+        where = spec.hardware
         table.add_row(
             str(spec.worker_id),
             spec.label,

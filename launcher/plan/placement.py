@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from worker.contract.env import EXPECTED_GPUS_ENV, SLOT_DEVICE_ENV, expected_gpus_value
 from worker.contract.settings import WorkersConfig
+from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,15 @@ class WorkerSpec:
         if self.gpu_info:
             return ",".join(g.cuda_id for g in self.gpu_info)
         return ",".join(str(g) for g in self.gpus)
+
+    @property
+    def hardware(self) -> str:
+        """What ``plan``'s placement tables show of the slot: each GPU's index, name and memory (and
+        the share of it when replicas share it), or how many CPU cores it has."""
+        if self.device != "cuda":
+            return f"{len(self.cpus)} core(s)"
+        share = "" if self.share == 1 else f", share 1/{round(1 / self.share)}"
+        return "; ".join(f"{g.index}: {g.name} {g.total_bytes / GiB:.1f} GiB" for g in self.gpu_info) + share
 
     @property
     def label(self) -> str:

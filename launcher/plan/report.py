@@ -158,11 +158,7 @@ def placement_table(plan: Plan) -> Table:
         table.add_column(col, justify="right" if "GiB" in col or "seqs" in col else "left")
     for f in plan.fits:
         spec = f.spec
-        if spec.device == "cuda":
-            share = "" if spec.share == 1 else f", share 1/{round(1 / spec.share)}"
-            where = "; ".join(f"{g.index}: {g.name} {g.total_bytes / GiB:.1f} GiB" for g in spec.gpu_info) + share
-        else:
-            where = f"{len(spec.cpus)} core(s)"
+        where = spec.hardware
         status = (
             ("[green]ok[/]" if f.seqs >= s.max_num_seqs else "[yellow]fewer seqs[/]")
             if f.fits
