@@ -129,8 +129,16 @@ def compared(alone: dict, loaded: dict) -> list[dict]:
     for key, label, better in FIGURES:
         r = ratio(loaded.get(key), alone.get(key))
         within = None if r is None else (r >= 1 - TOLERANCE if better == "higher" else r <= 1 + TOLERANCE)
-        rows.append({"key": key, "label": label, "alone": alone.get(key), "loaded": loaded.get(key), "ratio": r})
-        rows[-1]["within"] = within
+        rows.append(
+            {
+                "key": key,
+                "label": label,
+                "alone": alone.get(key),
+                "loaded": loaded.get(key),
+                "ratio": r,
+                "within": within,
+            }
+        )
     return rows
 
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from launcher.plan.placement import GpuInfo, WorkerSpec
-from launcher.plan.sizing import CPU_PROCESS_BYTES, GPU_CONTEXT_BYTES, gpu_budget
-from worker.contract.budget import reserve
+from launcher.plan.sizing import CPU_PROCESS_BYTES, GPU_CONTEXT_BYTES, gpu_budget, slot_budget
 from worker.contract.embed_spec import EmbedSpec, step_tokens
 from worker.contract.shapes import FLOAT_BYTES, ModelShape
 from worker.contract.units import GiB
@@ -113,10 +112,7 @@ def fit_embed(spec: WorkerSpec, sizing: EmbedSizing, utilization: float) -> Embe
     need = sizing.need(on_gpu)
     if not on_gpu:
         return EmbedFit(spec, need, sizing.overhead(False), need)
-    g = spec.gpu_info[0]
-    budget = max(
-        0, min(int(g.total_bytes * utilization * spec.share), g.free_bytes - reserve(g.total_bytes, utilization))
-    )
+    budget = slot_budget(spec.gpu_info[0], utilization, spec.share)
     return EmbedFit(spec, budget, sizing.overhead(True), need)
 
 

@@ -30,11 +30,12 @@ from launcher.plan.sizing import (
     planned_facts,
     resize,
     size,
+    slot_budget,
     tp_rank_activations,
     tp_rank_weights,
 )
 from worker.contract import dtypes
-from worker.contract.budget import kv_budget, reserve
+from worker.contract.budget import kv_budget
 from worker.contract.shapes import ModelShape, weight_format
 from worker.contract.units import GB, GiB
 
@@ -68,10 +69,7 @@ def fit_worker(spec: WorkerSpec, sizing: Sizing, cfg: DeployConfig) -> WorkerFit
     if spec.device == "cuda":
         util = cfg.workers.gpu_memory_utilization
         facts = planned_facts(spec.gpu_info, sizing, util, spec.share, spec.tp)
-        budget = sum(
-            max(0, min(int(f.total_bytes * util * spec.share), f.free_bytes - reserve(f.total_bytes, util)))
-            for f in facts
-        )
+        budget = sum(slot_budget(f, util, spec.share) for f in facts)
         kv = kv_budget(facts, sizing.kv_per_token, util, spec.share)
         overhead = sum(GPU_CONTEXT_BYTES + f.activation_peak_bytes for f in facts)
         room = kv.tokens * sizing.kv_per_token

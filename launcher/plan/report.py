@@ -26,10 +26,9 @@ def render(plan: Plan, cfg: DeployConfig) -> Group:
         parts = [embed_sizing_table(plan.sizing, on_gpu), embed_placement_table(plan.sizing, plan.fits)]
     else:
         parts = [sizing_table(plan, cfg)]
-    if plan.gpus and not isinstance(plan.sizing, EmbedSizing):
-        layouts = compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization, tp_unavailable(cfg))
-        parts.append(layouts_table(layouts, plan))
-    if not isinstance(plan.sizing, EmbedSizing):
+        if plan.gpus:
+            layouts = compare(plan.sizing, plan.gpus, cfg.workers.gpu_memory_utilization, tp_unavailable(cfg))
+            parts.append(layouts_table(layouts, plan))
         parts.append(placement_table(plan))
     for e in plan.errors:
         parts.append(Text.assemble(("error: ", "bold red"), e))

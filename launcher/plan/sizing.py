@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from launcher.plan.placement import GpuInfo
 from worker.contract import shapes
-from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget
+from worker.contract.budget import GPU_ALLOWANCE_BYTES, GpuFacts, KvBudget, kv_budget, reserve
 from worker.contract.shapes import UNQUANTIZED, ModelShape, WeightBytes, WeightFormat, weight_bytes
 from worker.contract.units import GiB
 
@@ -141,6 +141,15 @@ def resize(sizing: Sizing, dtype: str, fmt: WeightFormat | None = None) -> Sizin
     """The same model and limits at another ``dtype`` (and weight format: unchanged if ``None``)."""
     s = sizing
     return size(s.shape, dtype, s.max_model_len, s.max_num_seqs, s.max_prefill_tokens, s.fmt if fmt is None else fmt)
+
+
+def slot_budget(gpu: GpuInfo | GpuFacts, utilization: float, share: float) -> int:
+    """Bytes a placed worker may use on one of its GPUs: ``min(utilization × share × total, free −
+    (1 − utilization) × total)`` (0 at least): its share of the card, and no more than the card has
+    free while leaving the part ``gpu_memory_utilization`` keeps back (:func:`worker.contract.budget.reserve`)."""
+    return max(
+        0, min(int(gpu.total_bytes * utilization * share), gpu.free_bytes - reserve(gpu.total_bytes, utilization))
+    )
 
 
 def gpu_budget(gpu: GpuInfo, utilization: float) -> int:
