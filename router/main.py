@@ -87,11 +87,13 @@ async def run_router(
     restarts: int = 0,
     standby: bool = False,
     events: str = "",
+    started: int = 0,
 ) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
     time (imports, tokenizers), then binds nothing until :func:`wait_for_takeover` says so.
     ``model_path``: the model's folder, or one per served model. ``events``: the supervisor's
-    event address (:mod:`router.supervisor_events`; "" without one)."""
+    event address (:mod:`router.supervisor_events`; "" without one). ``started``: the Unix seconds
+    the deployment started (0: this router's own start)."""
     raise_file_limit()  # before create_app, which sizes the connection cap from it
     models = load_models(cfg, [model_path] if isinstance(model_path, str) else model_path)
     if standby:
@@ -115,7 +117,7 @@ async def run_router(
     sender = EventSender(events) if events else None
     if sender is not None:
         pool.tell_supervisor = sender.send
-    api = Api(cfg, pool, models=models)
+    api = Api(cfg, pool, models=models, **({"started": started} if started else {}))
     runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -138,11 +140,12 @@ def main(argv: list[str] | None = None) -> None:
         "--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding"
     )
     ap.add_argument("--events", default="", help="the supervisor's event socket (ZeroMQ), where this router pushes")
+    ap.add_argument("--started", type=int, default=0, help="Unix seconds the deployment started (/v1/models)")
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = RouterSettings.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby, args.events))
+    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby, args.events, args.started))
 
 
 if __name__ == "__main__":
