@@ -291,6 +291,8 @@ class Supervisor:
             self.events.address,
             "--started",
             str(self.started),
+            "--event-log",
+            str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
         ]
 
     def start_router(self) -> None:
