@@ -48,15 +48,31 @@ class Embedder:
         self.linears: Linears | None = None
         self.packed: bert.PackedBert | None = None
         if packed and bert.supports(model):
-            self.linears = Linears(device, self.dtype, max_rows=TUNED_ROWS)
-            with torch.inference_mode():
-                self.packed = bert.PackedBert(model, self.linears)
-            self.linears.log_table()
+            self._pack(model)
         self.weight_bytes = (
             self.linears.weight_bytes
             if self.linears is not None
             else sum(p.numel() * p.element_size() for p in model.parameters())
         )
+
+    def _pack(self, model) -> None:
+        """Build the packed encoder. On CPU its kernels are measured on one thread by that thread's
+        CPU clock: on a busy CPU a wall-clock timing on several threads measures OpenMP barriers
+        waiting for a descheduled thread (20 ms for a 0.1 ms product at load 4 on 2 cores), not the
+        kernel; the thread plan (:mod:`worker.embed.threads`) then picks the threads per batch."""
+        cpu = self.device.type == "cpu"
+        before = torch.get_num_threads()
+        if cpu:
+            torch.set_num_threads(1)
+        try:
+            self.linears = Linears(
+                self.device, self.dtype, max_rows=TUNED_ROWS, timer=time.thread_time if cpu else time.perf_counter
+            )
+            with torch.inference_mode():
+                self.packed = bert.PackedBert(model, self.linears)
+        finally:
+            torch.set_num_threads(before)
+        self.linears.log_table()
 
     @classmethod
     def load(
