@@ -155,13 +155,13 @@ def dtype_check(cfg: DeployConfig, inv: Inventory, specs: list | None = None) ->
 def kernels_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | None = None) -> Check:
     """The kernel table a worker would choose here (:mod:`launcher.plan.doctor_kernels`), in the dtype
     ``model.dtype`` resolves to on the devices the model's workers are placed on (``specs``);
-    none for an embedding model (:mod:`launcher.plan.doctor_embed`)."""
-    from launcher.plan.doctor_embed import NO_KERNELS
+    not measured here for an embedding model (:mod:`launcher.plan.doctor_embed`)."""
+    from launcher.plan.doctor_embed import kernels_row
     from launcher.plan.doctor_kernels import kernel_check
     from worker.contract import dtypes
 
     if shape is not None and shape.embed is not None:
-        return Check("kernels", *NO_KERNELS)
+        return Check("kernels", *kernels_row(shape))
 
     device, caps = placed_device(cfg, inv, specs)
     if device == "cuda" and not _cuda_runs():

@@ -2,8 +2,9 @@
 :class:`~worker.contract.embed_spec.EmbedSpec`): sized as ``plan`` and ``up``'s preflight size it
 (:mod:`launcher.plan.embed`: weights without an LM head plus one step's activations, no KV cache).
 
-An embedding worker computes with float weights through transformers' forward, so it has no
-quantization to resolve and no kernel table to measure (:mod:`launcher.plan.doctor_kernels`).
+An embedding worker computes with float weights, so it has no quantization to resolve; its kernel
+table (a BERT encoder's) is measured by the worker itself at load, not by doctor
+(:mod:`launcher.plan.doctor_kernels` measures a chat model's).
 """
 
 from __future__ import annotations
@@ -48,8 +49,16 @@ def quantization_row(cfg: DeployConfig, inv: Inventory, shape: ModelShape, specs
     )
 
 
-NO_KERNELS = (
-    "ok",
-    "none to measure: an embedding worker runs transformers' forward with float weights (no quantized kernel table)",
-    "",
-)
+def kernels_row(shape: ModelShape) -> tuple[str, str, str]:
+    """``(status, detail, fix)`` of the kernel row: a BERT encoder's worker measures the kernels of
+    its float linears at load (:mod:`worker.embed.bert`; the table is in ``GET /workers``), at its
+    own row counts, so nothing is measured here; any other model runs transformers' forward."""
+    assert shape.embed is not None
+    if shape.embed.encoder:
+        return (
+            "ok",
+            "not measured here: an embedding worker measures its encoder's float kernels at load "
+            "(GET /workers and its start-up log show the table)",
+            "",
+        )
+    return "ok", "none: a decoder served for embeddings runs transformers' forward with float weights", ""
