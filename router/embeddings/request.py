@@ -81,13 +81,13 @@ def split_input(raw: Any) -> list[str] | list[list[int]]:
         )
     if not raw:
         raise bad_input("input must not be an empty array")
+    first = raw[0]
+    if _is_id(first):
+        return [_ids(raw, "input")]  # one input: its length is tokens, bounded by the model's limit
     if len(raw) > MAX_INPUTS:
         raise bad_input(f"input has {len(raw)} items, over the limit of {MAX_INPUTS}")
-    first = raw[0]
     if isinstance(first, str):
         return _texts(raw)
-    if _is_id(first):
-        return [_ids(raw, "input")]
     if isinstance(first, list):
         return [
             _ids(item, f"input[{i}]") if isinstance(item, list) else _mixed(i, item, "a token-id array")

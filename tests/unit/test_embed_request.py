@@ -29,6 +29,11 @@ def test_the_four_input_forms():
     assert len(split_input(["x"] * MAX_INPUTS)) == MAX_INPUTS
 
 
+def test_one_token_id_array_is_one_input_however_long():
+    # its length counts tokens (the model's limit, or truncate: true, decides), not inputs
+    assert split_input(list(range(MAX_INPUTS + 500))) == [list(range(MAX_INPUTS + 500))]
+
+
 @pytest.mark.parametrize(
     ("raw", "named"),
     [
