@@ -423,9 +423,9 @@ def plan(
     """
     from launcher.plan.plan import make_plan
     from launcher.plan.report import render
-    from launcher.plan.shape import read_shape
     from launcher.plan.sizing import QUANTIZATIONS
     from worker.contract.shapes import ShapeError
+    from worker.contract.tasks import TaskError
 
     if dtype in QUANTIZATIONS[1:]:
         fail(f"--dtype {dtype}: int8 and int4 are a quantization of the weights; use --quantization {dtype}")
@@ -447,12 +447,25 @@ def plan(
     specs = None
     if cfg.cluster.backend == "ray" and not gpus:
         inventory, specs = ray_layout(cfg)
-    shapes = per_model(cfg.served(), lambda one: read_shape(one.model.name, one.model), ShapeError)
+    shapes = per_model(cfg.served(), _planned_shape, ShapeError, TaskError)
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
     result = make_plan(cfg, inventory, shapes[0], specs=specs)
     report_console().print(render(result, cfg))
     raise typer.Exit(0 if result.ok else 1)
+
+
+def _planned_shape(one):
+    """``plan``'s shape of one served model, read from config only; raises ``TaskError`` for a task
+    ``up`` refuses (:func:`worker.contract.tasks.check_task`), so ``plan`` never plans a deployment
+    that cannot start (an encoder with ``task: generate`` would be sized as a decoder)."""
+    from launcher.plan.shape import read_shape
+    from worker.contract.tasks import check_task
+
+    shape = read_shape(one.model.name, one.model)
+    source = Path(shape.source)
+    check_task(one.model, source.parent if source.name == "config.json" else None)
+    return shape
 
 
 def per_model(served, call, *errors: type[Exception]) -> list:
