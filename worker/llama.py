@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from worker.attention import AttentionBatch, KVCache, attend
+from worker.attention import AttentionBatch, KVCache, attend_kv
 from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
 from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
@@ -139,11 +139,10 @@ class LlamaModel:
             qkv = layer.qkv(cast(F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once
-            qk = qk * cos + qk.roll(half, -1) * sin
-            q, k = qk[:, :H], qk[:, H:]  # [T, H, D], [T, KVH, D]
-            v = qkv[:, (H + KVH) * D :].view(-1, KVH, D)
-            o = layer.o(attend(q, k, v, cache, i, batch, self.scale))  # [T, hidden]
+            qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once, in place:
+            torch.add(qk * cos, qk.roll(half, -1) * sin, out=qk)  # then k and v are the cache's rows
+            kv = qkv[:, H * D :].view(-1, 2, KVH, D)  # [T, 2, KVH, D]
+            o = layer.o(attend_kv(qk[:, :H], kv, cache, i, batch, self.scale))  # [T, hidden]
             x += o if reduce is None else reduce(o)
             if layer.o_bias is not None:
                 x += layer.o_bias
