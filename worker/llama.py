@@ -98,12 +98,12 @@ class LlamaModel:
             layer.qkv = fused_linear(make, [weights[a + n + "_proj.weight"] for n in "qkv"])
             bias = [weights.get(a + n + "_proj.bias") for n in "qkv"]
             layer.qkv_bias = torch.cat(bias) if all(b is not None for b in bias) else None
-            layer.o = make(weights[a + "o_proj.weight"])
+            layer.o = _with_native(make(weights[a + "o_proj.weight"]))
             o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
             layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
             layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
-            layer.down = make(weights[m + "down_proj.weight"])
+            layer.down = _with_native(make(weights[m + "down_proj.weight"]))
             self.layers.append(layer)
         self.cos, sin = rope_tables(config, max_positions, device)  # [P, D] float32
         # rotate_half(x) * sin == roll(x, D/2) * sin with its first half negated, bit for bit (the
@@ -135,6 +135,7 @@ class LlamaModel:
         sin = cast(self.sin_signed[positions])[:, None, :]
         half = D // 2
         hidden = x.shape[-1]
+        rows = x.shape[0]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(cast(F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
@@ -142,18 +143,26 @@ class LlamaModel:
             qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once, in place:
             torch.add(qk * cos, qk.roll(half, -1) * sin, out=qk)  # then k and v are the cache's rows
             kv = qkv[:, H * D :].view(-1, 2, KVH, D)  # [T, 2, KVH, D]
-            o = layer.o(attend_kv(qk[:, :H], kv, cache, i, batch, self.scale))  # [T, hidden]
-            x += o if reduce is None else reduce(o)
+            o = self._into_residual(layer.o, attend_kv(qk[:, :H], kv, cache, i, batch, self.scale), rows)
+            x += o if reduce is None else reduce(o)  # float32 += o's own dtype: the same sum as after a cast
             if layer.o_bias is not None:
                 x += layer.o_bias
             gate, up = layer.gate_up(cast(F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps))).chunk(2, dim=-1)
-            m = layer.down(F.silu(gate).mul_(up))
+            m = self._into_residual(layer.down, F.silu(gate).mul_(up), rows)
             x += m if reduce is None else reduce(m)
         if logit_rows is None:
             return None
         if hidden_rows is not None:
             return self.head(x[logit_rows]), x[hidden_rows]
         return self.head(x[logit_rows])
+
+    def _into_residual(self, linear, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """``linear(x)`` for a float32 residual add: in the kernel's own dtype where it casts to one
+        (no cast back: widening to float32 inside the add is exact), else in the compute dtype."""
+        act, fn = linear.native(rows)
+        if act is None or act == x.dtype or self.dtype != torch.float32:
+            return linear(x)  # a narrower output would round where the cast to the compute dtype rounds
+        return fn(x.to(act))
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,6 +173,26 @@ class LlamaModel:
 
 def _plain_linear(weight: torch.Tensor):
     return lambda x: F.linear(x, weight)
+
+
+class _CallerDtype:
+    """A linear callable without kernels of its own dtype (plain ``F.linear``, a GGUF layer's parts
+    joined), given :meth:`native` like :class:`worker.quant.linear.Dispatch`'s."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def native(self, rows: int):
+        return None, self.fn
+
+
+def _with_native(fn):
+    return fn if hasattr(fn, "native") else _CallerDtype(fn)
 
 
 def _plain_embedding(table: torch.Tensor):
