@@ -76,6 +76,7 @@ class LlamaModel:
         self.num_layers = config.num_hidden_layers
         self.heads, self.kv_heads, self.head_dim = attention_dims(config)
         self.reduce = None  # sums a row-parallel layer's partial outputs over the ranks
+        self.scratch: torch.Tensor | None = None  # SiLU·up in down_proj's dtype, reused by every layer (_mlp)
         if tp is not None and tp.world > 1:
             self.heads, self.kv_heads = self.heads // tp.world, self.kv_heads // tp.world
             self.reduce = tp.all_reduce
@@ -102,7 +103,9 @@ class LlamaModel:
             o_bias = weights.get(a + "o_proj.bias")  # replicated: every rank holds it whole
             layer.o_bias = o_bias.float() if o_bias is not None else None
             m = q + "mlp."
-            layer.gate_up = fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
+            layer.gate_up = _with_native(
+                fused_linear(make, [weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])
+            )
             layer.down = _with_native(make(weights[m + "down_proj.weight"]))
             self.layers.append(layer)
         self.cos, sin = rope_tables(config, max_positions, device)  # [P, D] float32
@@ -147,8 +150,7 @@ class LlamaModel:
             x += o if reduce is None else reduce(o)  # float32 += o's own dtype: the same sum as after a cast
             if layer.o_bias is not None:
                 x += layer.o_bias
-            gate, up = layer.gate_up(cast(F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps))).chunk(2, dim=-1)
-            m = self._into_residual(layer.down, F.silu(gate).mul_(up), rows)
+            m = self._mlp(layer, cast(F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps)), rows)
             x += m if reduce is None else reduce(m)
         if logit_rows is None:
             return None
@@ -163,6 +165,23 @@ class LlamaModel:
         if act is None or act == x.dtype or self.dtype != torch.float32:
             return linear(x)  # a narrower output would round where the cast to the compute dtype rounds
         return fn(x.to(act))
+
+    def _mlp(self, layer: Layer, x: torch.Tensor, rows: int) -> torch.Tensor:
+        """down(SiLU(gate)·up) of the normed rows ``x`` [T, hidden], for the residual add. Where gate/up
+        and down cast to the same dtype of their own in a float32 model (bfloat16 int8 kernels), gate/up's
+        output stays in it: only gate is widened for SiLU, and the product, computed in float32 as
+        before, is written in down's dtype straight into a buffer the layers share: the same values in
+        four tensor operations instead of five (two of them casts of the whole [T, 2·I])."""
+        act, fn = layer.gate_up.native(rows)
+        down_act, down = layer.down.native(rows)
+        if act is None or down_act != act or self.dtype != torch.float32:
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            return self._into_residual(layer.down, F.silu(gate).mul_(up), rows)
+        gate, up = fn(x.to(act)).chunk(2, dim=-1)  # [T, I] each
+        buf = self.scratch
+        if buf is None or buf.shape != up.shape or buf.dtype != act:
+            buf = self.scratch = torch.empty(up.shape, dtype=act, device=up.device)  # once per step size
+        return down(torch.mul(F.silu(gate.float()), up, out=buf))
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
