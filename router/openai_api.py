@@ -227,21 +227,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     """Every served model, in deploy.yaml's order, with its context length and task."""
-    data = [_model_card(m) for m in request.app[API].models.values()]
+    api = request.app[API]
+    data = [_model_card(m, api.started) for m in api.models.values()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def model(request: web.Request) -> web.Response:
     """``GET /v1/models/{model}``: one served model's entry (as in the list), else 404 ``model_not_found``."""
-    return web.json_response(_model_card(request.app[API].named(request.match_info["model"])))
+    api = request.app[API]
+    return web.json_response(_model_card(api.named(request.match_info["model"]), api.started))
 
 
-def _model_card(m) -> dict:
-    """OpenAI's model object for a served model, with its context length and task."""
+def _model_card(m, created: int) -> dict:
+    """OpenAI's model object for a served model, with its context length and task; ``created``:
+    the Unix seconds its deployment started (:attr:`router.state.Api.started`), as vLLM gives."""
     return {
         "id": m.name,
         "object": "model",
-        "created": 0,
+        "created": created,
         "owned_by": "llamadeploy",
         "max_model_len": m.config.max_model_len,
         "task": m.task,

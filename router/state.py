@@ -5,6 +5,7 @@ under one aiohttp ``AppKey``. A handler takes the model a request names through 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -79,6 +80,9 @@ class Api:
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
     models: dict[str, ServedModel] = field(default_factory=dict)
     model: ServedModel | None = None
+    # Unix seconds the deployment started (the supervisor's start, the same for every router it
+    # starts): each model's ``created`` in /v1/models; a router on its own uses its own start
+    started: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         if not self.models:

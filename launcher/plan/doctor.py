@@ -22,6 +22,7 @@ from rich.table import Table
 
 from launcher.config import DeployConfig
 from launcher.plan.placement import GpuInfo, Inventory, PlacementError, nvml_missing_error, place, visible_gpus
+from worker.contract.settings import ModelConfig
 from worker.contract.units import GiB
 
 TORCH_INDEX = "https://download.pytorch.org/whl/cuXYZ"
@@ -153,9 +154,14 @@ def dtype_check(cfg: DeployConfig, inv: Inventory, specs: list | None = None) ->
 
 def kernels_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | None = None) -> Check:
     """The kernel table a worker would choose here (:mod:`launcher.plan.doctor_kernels`), in the dtype
-    ``model.dtype`` resolves to on the devices the model's workers are placed on (``specs``)."""
+    ``model.dtype`` resolves to on the devices the model's workers are placed on (``specs``);
+    not measured here for an embedding model (:mod:`launcher.plan.doctor_embed`)."""
+    from launcher.plan.doctor_embed import kernels_row
     from launcher.plan.doctor_kernels import kernel_check
     from worker.contract import dtypes
+
+    if shape is not None and shape.embed is not None:
+        return Check("kernels", *kernels_row(shape))
 
     device, caps = placed_device(cfg, inv, specs)
     if device == "cuda" and not _cuda_runs():
@@ -387,19 +393,23 @@ def library_checks() -> list[Check]:
     return rows
 
 
-def model_check(name: str) -> tuple[Check, object]:
-    """The model's config and files, without loading weights; returns the shape for the plan."""
+def model_check(model: ModelConfig) -> tuple[Check, object]:
+    """The ``model`` section's config and files, without loading weights; returns the shape for the
+    plan (with its embedding spec when the model is served for embeddings, as ``plan`` reads it)."""
     from launcher.models import ModelNotFound
+    from launcher.plan import doctor_embed
     from launcher.plan.shape import read_shape
     from worker.contract.shapes import ShapeError
 
+    name = model.name
     try:
-        shape = read_shape(name)
+        shape = read_shape(name, model)
     except (ModelNotFound, ShapeError) as exc:
         return Check("model", "fail", str(exc), "point model.name at a local folder, .gguf file or cached HF id"), None
     source = Path(shape.source)
     folder = source.parent if source.name == "config.json" else None
-    about = f"{name}: {shape.params / 1e9:.3f} B parameters, config from {source}"
+    size = doctor_embed.about(name, shape) if shape.embed else f"{name}: {shape.params / 1e9:.3f} B parameters"
+    about = f"{size}, config from {source}"
     if folder is None:
         return Check("model", "ok", about + "; converted to safetensors on the first `up`"), shape
     weights = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
@@ -416,12 +426,15 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | N
     """The quantization in effect (``model.quantization`` resolved for this model: a GGUF file's
     stored types under ``auto``) and the weights' bytes it holds, by the planning rule
     (:func:`worker.contract.shapes.weight_bytes`, the figures ``plan`` uses; ``specs``: where the
-    model's workers are placed, else placed here)."""
+    model's workers are placed, else placed here). An embedding model's: :mod:`launcher.plan.doctor_embed`."""
+    from launcher.plan.doctor_embed import quantization_row
     from launcher.plan.plan import make_plan
 
     name = "quantization"
     if shape is None:
         return Check(name, "skip", "no model config to size the weights with")
+    if shape.embed is not None:
+        return Check(name, *quantization_row(cfg, inv, shape, specs))
     s = make_plan(cfg, inv, shape, specs=specs).sizing
     fmt = s.fmt
     detail = (
@@ -435,8 +448,9 @@ def quantization_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | N
 
 
 def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
-    """Placement of the configured workers and whether they fit (the plan)."""
-    from launcher.plan.plan import make_plan
+    """Placement of the configured workers and whether they fit (the plan; an embedding model's
+    as ``plan`` sizes it: weights and one step's activations, no KV cache)."""
+    from launcher.plan.plan import make_plan, summary
 
     try:
         specs = place(cfg.workers, inv)
@@ -450,6 +464,8 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
         rows.append(Check("memory plan", "fail", " ".join(plan.errors), "run `llamadeploy plan` for the table"))
     elif plan.warnings:
         rows.append(Check("memory plan", "warn", " ".join(plan.warnings)))
+    elif shape.embed is not None:
+        rows.append(Check("memory plan", "ok", summary(plan)))
     else:
         rows.append(
             Check(
@@ -495,7 +511,7 @@ def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     ]
     rows += library_checks()
     if len(cfg.served()) == 1:
-        model, shape = model_check(cfg.model.name)
+        model, shape = model_check(cfg.model)
         rows += [model, dtype_check(cfg, inv), quantization_check(cfg, inv, shape), kernels_check(cfg, inv, shape)]
         rows += deployment_checks(cfg, inv, shape)
     else:
@@ -520,7 +536,7 @@ def models_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:
     shapes = []
     for k, name in enumerate(names):
         one, mine = cfg.for_model(k), [s for s in specs if s.model == k]
-        model, shape = model_check(one.model.name)
+        model, shape = model_check(one.model)
         shapes.append(shape)
         found = [model, dtype_check(one, inv, mine), quantization_check(one, inv, shape, mine)]
         found.append(kernels_check(one, inv, shape, mine))

@@ -310,13 +310,31 @@ def _check_memory(plan: Plan, inv: Inventory) -> None:
                 f"GPU {g.index} ({g.name}): {g.used_bytes / GiB:.1f} GiB of {g.total_bytes / GiB:.1f} "
                 "GiB already in use by other processes; the budget above excludes it"
             )
-    cpu_need = sum(f.budget for f in plan.fits if f.spec.device == "cpu")
-    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
-        plan.errors.append(
-            f"CPU workers need {cpu_need / GiB:.2f} GiB of RAM (weights + overhead + kv_cache_gib "
-            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or "
-            "workers.kv_cache_gib"
-        )
+    if (error := ram_error(plan.fits, inv.ram_available_bytes)) is not None:
+        plan.errors.append(error)
+
+
+def ram_error(fits: list[WorkerFit | EmbedFit], available: int | None, each: str = "") -> str | None:
+    """The error when the CPU workers among ``fits`` need more RAM together than ``available``
+    (bytes; None: unknown, no check), else None. It says what each kind of worker counts and the
+    keys that lower it: a chat worker's KV cache (``kv_cache_gib``), an embedding worker's step
+    (``max_prefill_tokens``; it keeps no KV cache). ``each``: the need per model (several models)."""
+    cpu = [f for f in fits if f.spec.device == "cpu"]
+    need = sum(f.budget for f in cpu)
+    if not need or not available or need <= available:
+        return None
+    counted, keys = [], ["replicas"]
+    if any(not isinstance(f, EmbedFit) for f in cpu):
+        counted.append("weights + overhead + kv_cache_gib per chat worker")
+        keys.append("workers.kv_cache_gib")
+    if any(isinstance(f, EmbedFit) for f in cpu):
+        counted.append("weights + overhead + one step's activations per embedding worker, which keeps no KV cache")
+        keys.append("workers.max_prefill_tokens (an embedding worker's step)")
+    return (
+        f"CPU workers need {need / GiB:.2f} GiB of RAM{' together' if each else ''} "
+        f"({each + '; ' if each else ''}{'; '.join(counted)}) but {available / GiB:.2f} GiB is available; "
+        f"lower {', '.join(keys[:-1])} or {keys[-1]}"
+    )
 
 
 def parse_gpus(text: str) -> list[GpuInfo]:

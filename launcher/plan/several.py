@@ -11,13 +11,13 @@ from launcher.config import DeployConfig
 from launcher.plan.embed import EmbedFit
 from launcher.plan.packing import place_models
 from launcher.plan.placement import Inventory, PlacementError, WorkerSpec
-from launcher.plan.plan import Plan, make_plan
+from launcher.plan.plan import Plan, make_plan, ram_error
 from worker.contract.shapes import ModelShape
 from worker.contract.units import GiB
 
 log = logging.getLogger(__name__)
 
-RAM_ERROR = "CPU workers need"  # how make_plan's own RAM check begins: replaced by the check over all models
+RAM_ERROR = "CPU workers need"  # how plan.ram_error's line begins: each model's is replaced by the check over all
 
 
 @dataclass
@@ -78,16 +78,12 @@ def plan_models(
     for name, plan in zip(names, plans, strict=True):
         result.errors.extend(f"model '{name}': {e}" for e in plan.errors if not e.startswith(RAM_ERROR))
         result.warnings.extend(f"model '{name}': {w}" for w in plan.warnings)
-    cpu_need = sum(f.budget for plan in plans for f in plan.fits if f.spec.device == "cpu")
-    if cpu_need and inv.ram_available_bytes and cpu_need > inv.ram_available_bytes:
-        each = ", ".join(
-            f"'{name}' {sum(f.budget for f in plan.fits if f.spec.device == 'cpu') / GiB:.2f} GiB"
-            for name, plan in zip(names, plans, strict=True)
-        )
-        result.errors.append(
-            f"{RAM_ERROR} {cpu_need / GiB:.2f} GiB of RAM together ({each}; weights + overhead + kv_cache_gib "
-            f"each) but {inv.ram_available_bytes / GiB:.2f} GiB is available; lower replicas or workers.kv_cache_gib"
-        )
+    each = ", ".join(
+        f"'{name}' {sum(f.budget for f in plan.fits if f.spec.device == 'cpu') / GiB:.2f} GiB"
+        for name, plan in zip(names, plans, strict=True)
+    )
+    if (error := ram_error([f for plan in plans for f in plan.fits], inv.ram_available_bytes, each)) is not None:
+        result.errors.append(error)
     return result
 
 

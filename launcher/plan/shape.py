@@ -10,7 +10,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from launcher.models import EMBEDDED, ModelNotFound, classify, local_embedded_gguf
+from launcher.models import EMBEDDED, EMBEDDED_FOLDERS, ModelNotFound, classify, embedded_folder, local_embedded_gguf
 from worker.contract.embed_spec import EmbedSpec, EmbedSpecError, read_spec
 from worker.contract.gguf_header import read_tensor_types
 from worker.contract.settings import ModelConfig
@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 def read_shape(name: str, model: ModelConfig | None = None) -> ModelShape:
     """The shape of ``model.name`` from config only: the converted cache's config.json when there
-    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json. With the
+    is one, else GGUF metadata, a folder's config.json, or the HF cache's config.json; the
+    embedded embedding model's folder is unzipped from its installed package first, once, as ``up``
+    does (:func:`launcher.models.embedded_folder`: under a second of work, reused by ``up``). With the
     ``model`` section, a model it serves for embeddings (:func:`worker.contract.tasks.resolve_task`)
     carries its :class:`EmbedSpec` (``embed``), as the worker reads it.
 
@@ -70,6 +72,8 @@ def _read_shape(name: str) -> ModelShape:
         return read_json_shape(ref.path / "config.json", ref.name)
     if ref.kind == "hf":
         return read_json_shape(_hf_cached_config(ref.name), ref.name)
+    if ref.name in EMBEDDED_FOLDERS:
+        return read_json_shape(embedded_folder(ref, progress=False, download=False) / "config.json", ref.name)
     if (ref.converted / "config.json").is_file():
         shape = read_json_shape(ref.converted / "config.json", ref.name)
         gguf = ref.path if ref.kind == "gguf" else local_embedded_gguf(ref.name) if ref.name in EMBEDDED else None
@@ -87,8 +91,6 @@ def _gguf_types(path: Path) -> GgufTypes | None:
 
 
 def _embedded_gguf(alias: str) -> Path:
-    if alias not in EMBEDDED:  # an embedded sentence-transformers folder, not unzipped yet
-        raise ModelNotFound(f"{alias}: its config is read once `llamadeploy up` has unzipped it")
     if (found := local_embedded_gguf(alias)) is not None:
         return found
     dist = EMBEDDED[alias][0]

@@ -200,6 +200,7 @@ class Supervisor:
         self.run_dir = run_dir
         self.address = address
         self.clock = clock
+        self.started = int(time.time())  # Unix seconds: every router it starts shows it as /v1/models' created
         # each child reads only its own role's settings: no router secret reaches a worker's file
         self.router_settings_path = run_dir / "router.json"
         self.router_settings_path.write_text(cfg.router_settings().model_dump_json())
@@ -288,6 +289,10 @@ class Supervisor:
             self.address,
             "--events",
             self.events.address,
+            "--started",
+            str(self.started),
+            "--event-log",
+            str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
         ]
 
     def start_router(self) -> None:

@@ -243,7 +243,7 @@ function renderEvents(activity) {
         "li",
         { class: `event event-${e.kind}`, "data-kind": e.kind, "data-worker": e.worker_id },
         el("time", { text: clock(e.ts), datetime: new Date(e.ts * 1000).toISOString() }),
-        el("span", { class: "event-worker", text: `#${e.worker_id}` }),
+        el("span", { class: "event-worker", text: e.worker_id < 0 ? "router" : `#${e.worker_id}` }),
         el("span", { class: `event-kind kind-${e.kind}`, text: e.kind }),
         el("span", { class: "event-detail", text: e.detail }),
       ),

@@ -233,6 +233,8 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     wait_for(lambda: all_ready_and_idle(sup), 30, "both workers ready")
     workers = {w["id"]: (w["pid"], w["restarts"]) for w in sup.workers()}
     router = sup.admin("GET", "/admin/workers").json()["router"]
+    created = [m["created"] for m in httpx.get(f"{sup.base_url}/models", timeout=10).json()["data"]]
+    events_before = httpx.get(f"{sup.url}/activity", timeout=10).json()["events"]
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(long_chat, sup, i, 200) for i in range(4)]
         wait_for(lambda: sum(w["running"] for w in sup.workers()) >= 2, 30, "requests decoding")
@@ -258,6 +260,14 @@ def test_kill9_of_the_router_under_load_restarts_it_and_the_workers_rejoin_uncha
     assert status.returncode == 0 and f"restarts {new['restarts']}" in status.stdout, status.stdout
     assert f"router (pid {router['pid']}) killed by SIGKILL; restarting" in sup.log()
     wait_for(lambda: all_ready_and_idle(sup), 30, "the lost requests to be cancelled on the workers")
+    # what the deployment, not the router process, holds: the models' start and the status page's events
+    assert [m["created"] for m in httpx.get(f"{sup.base_url}/models", timeout=10).json()["data"]] == created
+    assert created[0] > 1_700_000_000
+    events = httpx.get(f"{sup.url}/activity", timeout=10).json()["events"]
+    newest = events_before[:5]  # the page shows the last 60: the oldest may have scrolled out since
+    assert newest and all(e in events for e in newest), (newest, events)
+    (marker,) = [e for e in events if e["kind"] == "router"]
+    assert marker["worker_id"] == -1 and f"restart {new['restarts']}" in marker["detail"]
 
 
 # ---- hung, not dead: an engine loop that stops stepping --------------------------------------

@@ -20,10 +20,11 @@ from worker.embed.model import Embedder
 TEXTS = ["Hello world", "The river flows past the old mill at dawn.", "a", "Three short words"]
 
 
-def load(name: str, task_spec_len: int = 2048):
+def load(name: str, task_spec_len: int = 2048, packed: bool = True):
     path = resolve_model(name, quantization="none")
     spec = read_spec(path, task_spec_len)
-    return Embedder.load(path, spec, torch.device("cpu"), torch.float32), AutoTokenizer.from_pretrained(path)
+    embedder = Embedder.load(path, spec, torch.device("cpu"), torch.float32, packed=packed)
+    return embedder, AutoTokenizer.from_pretrained(path)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,19 @@ def test_a_vector_is_the_same_alone_and_padded_in_a_batch(which, request):
     alone = np.concatenate([embedder.embed([x]) for x in ids])
     assert batched.dtype == np.float32 and batched.shape == (4, embedder.spec.dim)
     assert np.abs(batched - alone).max() < 1e-4
+
+
+def test_the_packed_encoder_gives_transformers_vectors_and_its_kernel_table(minilm):
+    embedder, tok = minilm
+    reference, _ = load("all-minilm-l6-v2", packed=False)
+    assert embedder.packed is not None and reference.packed is None
+    ids = [tok(t)["input_ids"] for t in TEXTS]
+    for batch in (ids, ids[:1], [ids[0], ids[0]], [ids[1][:300]] * 3):  # ragged, one, same lengths
+        assert np.abs(embedder.embed(batch) - reference.embed(batch)).max() < 1e-5
+    table = embedder.linears.report()  # fused q/k/v, out, up, down: each shape once for the six layers
+    assert sorted((c.n, c.k, c.count) for c in table) == [(384, 384, 6), (384, 1536, 6), (1152, 384, 6), (1536, 384, 6)]
+    assert all(p.kernel for c in table for p in c.picks)
+    assert embedder.weight_bytes < reference.weight_bytes * 1.5  # a second form of a weight only where it pays
 
 
 def test_a_decoder_is_pooled_at_its_last_token_and_normalised(llama):

@@ -66,7 +66,7 @@ def test_a_value_matching_no_member_of_a_union_is_one_line_naming_the_key():
         parse_config({"workers": {"max_prefill_tokens": 0, "devices": [0, "x"]}, "router": {"api_keys": [1]}})
     lines = str(e.value).splitlines()[1:]
     assert [line.split(":")[0].strip() for line in lines] == [
-        "router.api_keys.0",
+        "router.api_keys[0]",
         "workers.devices",
         "workers.max_prefill_tokens",
     ]

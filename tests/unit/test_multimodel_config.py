@@ -58,7 +58,7 @@ def test_every_model_key_is_accepted_in_an_entry():
 
 def test_task_defaults_to_auto_and_is_checked():
     assert parse_config({}).model.task == "auto"
-    with pytest.raises(ConfigError, match=r"models\.0\.task"):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.task"):
         parse_config({"models": [{"name": "m", "task": "classify"}]})
 
 
@@ -83,9 +83,9 @@ def test_duplicate_served_names_name_both_entries():
 
 def test_an_unknown_key_in_an_entry_or_its_workers_is_named():
     assert one_error({"models": [{"name": "a", "workers": {"replica": 2}}]}) == (
-        "models.0.workers.replica: unknown key (did you mean 'replicas'?)"
+        "models[0].workers.replica: unknown key (did you mean 'replicas'?)"
     )
-    assert one_error({"models": [{"nme": "a"}]}) == "models.0.nme: unknown key (did you mean 'name'?)"
+    assert one_error({"models": [{"nme": "a"}]}) == "models[0].nme: unknown key (did you mean 'name'?)"
 
 
 def test_an_override_that_breaks_a_rule_with_the_top_level_is_an_error():
@@ -93,6 +93,16 @@ def test_an_override_that_breaks_a_rule_with_the_top_level_is_an_error():
         {"models": [{"name": "a", "workers": {"tensor_parallel_size": 2}}], "workers": {"gpus_per_replica": 2}}
     )
     assert line.startswith("models[0].workers: workers.tensor_parallel_size=2 and workers.gpus_per_replica=2")
+
+
+def test_every_error_in_an_entry_spells_its_place_as_the_merge_check_does():
+    entry_rule = one_error(
+        {"models": [{"name": "a"}, {"name": "b", "workers": {"tensor_parallel_size": 2, "gpus_per_replica": 2}}]}
+    )
+    assert entry_rule.startswith("models[1].workers: workers.tensor_parallel_size=2")
+    assert one_error({"models": [{"name": "a"}, {"name": "b", "workers": {"replicas": 0}}]}).startswith(
+        "models[1].workers.replicas: "
+    )
 
 
 def test_an_empty_list_is_an_error():

@@ -91,5 +91,6 @@ def load_embedder(cfg: WorkerSettings, link, device_kind: str, model_path: str, 
         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         kv_budget_tokens=0,
         weight_bytes=engine.runner.weight_bytes,
+        kernels=engine.runner.linears.report() if engine.runner.linears is not None else [],
     )
     return engine, ready, None
