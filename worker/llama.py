@@ -137,10 +137,10 @@ class LlamaModel:
         cos = cast(self.cos[positions])[:, None, :]  # [T, 1, D], gathered once per step for every layer
         sin = cast(self.sin_signed[positions])[:, None, :]
         half = D // 2
-        hidden = x.shape[-1]
+        norm = rms_norm_cpu if x.device.type == "cpu" else _rms_norm
         rows = x.shape[0]
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(cast(F.rms_norm(x, (hidden,), layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
+            qkv = layer.qkv(cast(norm(x, layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once, in place:
@@ -150,7 +150,7 @@ class LlamaModel:
             x += o if reduce is None else reduce(o)  # float32 += o's own dtype: the same sum as after a cast
             if layer.o_bias is not None:
                 x += layer.o_bias
-            m = self._mlp(layer, cast(F.rms_norm(x, (hidden,), layer.mlp_norm, self.eps)), rows)
+            m = self._mlp(layer, cast(norm(x, layer.mlp_norm, self.eps)), rows)
             x += m if reduce is None else reduce(m)
         if logit_rows is None:
             return None
@@ -188,6 +188,17 @@ class LlamaModel:
         """Final norm and LM head: residual rows [N, hidden] (float32) -> logits [N, V] (float32)."""
         x = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps).to(self.dtype)
         return self.lm_head(x).float()
+
+
+def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``F.rms_norm(x, (hidden,), weight, eps)`` for float32 ``x`` [T, hidden] on a CPU, written out:
+    torch's CPU composite's operations in its order (bit for bit its values), six calls from Python
+    instead of one that dispatches fourteen; faster inside a decode step (README "The engine")."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel on a GPU
 
 
 def _plain_linear(weight: torch.Tensor):
