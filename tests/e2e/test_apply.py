@@ -2,8 +2,8 @@
 
 The tests run in order on one deployment (small settings: 2 sequences per batch, 8-token answers,
 a small KV budget), each leaving it serving: a dry run, live router changes (no process restarts),
-rolling changes of ``max_num_seqs`` and of the dtype under a steady load of 8 streaming clients
-(0 failures, 0 5xx, every stream complete; a second apply meanwhile gets 409), a model that does
+a rolling change of ``max_num_seqs`` and of the dtype together under a steady load of 8 streaming
+clients (0 failures, 0 5xx, every stream complete; a second apply meanwhile gets 409), a model that does
 not exist (refused, nothing changed) and one whose worker crashes (rolled back, no request lost),
 scale 2 → 1 → 2 under load, and ``--rollback``. The load's throughput during a rollout against
 the steady rate is printed, never asserted (a benchmark figure).
@@ -104,17 +104,10 @@ def test_live_changes_restart_no_process(d):
     assert pids(d) == before
 
 
-def test_rolling_max_num_seqs_under_load_drops_nothing(d):
-    before = pids(d)
-    done = rolled_under_load(d, {"workers": {"max_num_seqs": 3}})
-    assert "replace worker 0" in done.stdout and "applied: revision" in done.stdout
-    workers = d.workers()
-    assert all(w["max_num_seqs"] == 3 and w["state"] == "ready" for w in workers), workers
-    assert all(pids(d)[wid] != pid for wid, pid in before.items())
-    assert len(revisions(d)) == 1
-
-
-def test_dtype_change_under_load_and_a_second_apply_gets_409(d):
+def test_rolling_change_under_load_drops_nothing_and_a_second_apply_gets_409(d):
+    """One rollout replaces both workers for two changes at once (``max_num_seqs`` and the dtype:
+    each alone needs new processes); a second apply while it runs gets 409."""
+    before, rev = pids(d), max(revisions(d))
     seen: list[str] = []
 
     def second_apply():
@@ -122,9 +115,13 @@ def test_dtype_change_under_load_and_a_second_apply_gets_409(d):
         other = d.apply({"workers": {"max_num_seqs": 2}}, "--dry-run")
         seen.append(f"{other.returncode} {other.stdout}")
 
-    rev = max(revisions(d))
-    rolled_under_load(d, {"model": {"dtype": "bfloat16"}}, during=second_apply)
+    done = rolled_under_load(d, {"workers": {"max_num_seqs": 3}, "model": {"dtype": "bfloat16"}}, during=second_apply)
+    assert "replace worker 0" in done.stdout and "replace worker 1" in done.stdout, done.stdout
+    assert "applied: revision" in done.stdout
     assert seen and seen[0].startswith("1 ") and "409" in seen[0] and "in progress" in seen[0], seen
+    workers = d.workers()
+    assert all(w["max_num_seqs"] == 3 and w["state"] == "ready" for w in workers), workers
+    assert all(pids(d)[wid] != pid for wid, pid in before.items())
     assert revisions(d) == {rev + 1}
 
 

@@ -1,9 +1,9 @@
 """End to end: KV budget under load, backpressure (429), and memory stability of a worker.
 
-Two one-worker deployments: ``tight`` has a KV budget that admits only three short requests at
-once (and a context length to match, or ``up`` refuses to start); ``busy`` has room for 8 running
-+ 8 waiting requests (the session's ``curve_busy``, shared with test_zmq_curve). Timing claims
-belong to ``llamadeploy bench``; these tests assert behaviour only.
+Two one-worker deployments: ``tight`` has a KV budget of 8 blocks of 16 tokens, which admits only
+two short requests at once (and a context length to match, or ``up`` refuses to start); ``busy``
+has room for 8 running + 8 waiting requests (the session's ``curve_busy``, shared with
+test_zmq_curve). Timing claims belong to ``llamadeploy bench``; these tests assert behaviour only.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def tight(tmp_path_factory):
         tmp_path_factory.mktemp("tight"),
         {
             "model": {"max_model_len": 128},
-            # the last of 64 requests through a few rows waits long on a loaded box (over the 120 s
-            # defaults, seen): the router and the queue wait as long as the test's clients (no test
-            # here is about those limits)
+            # the last of the requests through a few rows, preempted and recomputed, waits long on a
+            # loaded box: the router and the queue wait as long as the test's clients (no test here
+            # is about those limits)
             "workers": {
                 "replicas": 1,
                 "kv_cache_gib": 0.006,
-                "max_num_seqs": 8,
-                "max_waiting": 64,
+                "max_num_seqs": 4,
+                "max_waiting": 8,
                 "max_queue_wait_s": 300,
             },
             "router": {"request_timeout_s": 300},
@@ -61,21 +61,37 @@ def wait_idle(d: Deployment, timeout: float = 120) -> dict:
     )
 
 
-def test_64_concurrent_requests_under_a_tiny_kv_budget(tight):
-    """Test 3: all complete under a KV cache that holds only a few of them at once: the cache, not
+# Each request outgrows its admission by two blocks: a 38-token prompt holds 3 blocks of 16 when
+# admitted, its 40 tokens take it into a 5th. Admission keeps one spare block per running sequence,
+# so two running side by side run out of blocks while decoding and the newer is preempted
+# (recomputed later), even when the second started several steps after the first.
+GROWING_TOKENS = 40
+CONCURRENT = 6  # more than max_num_seqs (4): the cache, not the batch limit, must hold them back
+
+
+def test_concurrent_requests_under_a_tiny_kv_budget_go_through_preemption(tight):
+    """Test 3: all complete under a KV cache that holds only two of them at once: the cache, not
     ``max_num_seqs``, is what binds (admission by need, preemption when it runs out)."""
     blocks = tight.worker(0)["kv_budget_tokens"] // 16
-    with ThreadPoolExecutor(64) as pool:  # distinct prompts: only the template's head is shared
+    with ThreadPoolExecutor(CONCURRENT) as pool:  # distinct prompts: only the template's head is shared
         results = list(
-            pool.map(lambda i: tight.chat(f"Say hi to guest number {i}.", max_tokens=8, timeout=300), range(64))
+            pool.map(
+                lambda i: tight.chat(
+                    f"Say hi to guest number {i}.", max_tokens=GROWING_TOKENS, ignore_eos=True, timeout=300
+                ),
+                range(CONCURRENT),
+            )
         )
-    assert [r.status_code for r in results] == [200] * 64, {r.status_code: r.text for r in results}
-    worst = max(r.json()["usage"]["prompt_tokens"] for r in results) + 8
-    assert -(-worst // 16) * 3 > blocks  # three such requests alone would not fit the cache
+    assert [r.status_code for r in results] == [200] * CONCURRENT, {r.status_code: r.text for r in results}
+    assert all(r.json()["usage"]["completion_tokens"] == GROWING_TOKENS for r in results)
+    prompts = [r.json()["usage"]["prompt_tokens"] for r in results]
+    assert -(-(max(prompts) + GROWING_TOKENS) // 16) * 3 > blocks  # three such requests alone would not fit
+    assert all(-(-p // 16) < -(-(p + GROWING_TOKENS) // 16) - 1 for p in prompts)  # each grows by 2+ blocks
     wait_idle(tight)
     w = tight.next_heartbeat(0)  # reported after the last request
-    assert 2 <= w["peak_running"] < 8, w
-    assert w["kv_used_tokens"] == 0 and w["served"] >= 64
+    assert 2 <= w["peak_running"] < tight.config["workers"]["max_num_seqs"], w
+    assert w["preemptions"] >= 1, w  # the cache ran out while decoding: the newest was preempted
+    assert w["kv_used_tokens"] == 0 and w["served"] >= CONCURRENT
 
 
 def test_full_queue_answers_429_with_retry_after_then_recovers(busy):
