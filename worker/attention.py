@@ -158,22 +158,41 @@ def attend(
 ) -> torch.Tensor:
     """Write ``k``, ``v`` [T, KVH, D] at ``batch.slots`` in ``layer``'s cache, then attend ``q`` [T, H, D].
     Returns [T, H · D]."""
-    T, H, D = q.shape
-    KVH = k.shape[1]
-    G = H // KVH
     kv = cache.layers[layer]  # [S, 2, KVH, D]
     batch = batch.on(kv.device)
     kv[:, 0].index_copy_(0, batch.slots, k)
     kv[:, 1].index_copy_(0, batch.slots, v)
-    out = torch.empty((T, KVH, G, D), dtype=q.dtype, device=q.device)
+    return _attend_cached(q, kv, batch, scale)
+
+
+def attend_kv(
+    q: torch.Tensor, kv_new: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch, scale: float
+) -> torch.Tensor:
+    """:func:`attend` with the new keys and values already in the cache's layout, ``kv_new`` [T, 2, KVH, D]
+    (a view of the fused q/k/v output: k's and v's columns follow each other): one write instead of two."""
+    kv = cache.layers[layer]
+    batch = batch.on(kv.device)
+    kv.index_copy_(0, batch.slots, kv_new)
+    return _attend_cached(q, kv, batch, scale)
+
+
+def _attend_cached(q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+    """``q`` [T, H, D] over the keys and values of ``kv`` [S, 2, KVH, D] that ``batch`` names: [T, H · D]."""
+    T, H, D = q.shape
+    KVH = kv.shape[2]
+    G = H // KVH
     qg = q.view(T, KVH, G, D)
+    if batch.decode_span is not None and T == 1:  # batch 1: views of the cache in, SDPA's output out
+        keys, values = _span(kv, batch.decode_span, batch.decode_context.shape[1])
+        return F.scaled_dot_product_attention(qg, keys, values, scale=scale).reshape(T, H * D)
+    out = torch.empty((T, KVH, G, D), dtype=q.dtype, device=q.device)
     if batch.decode_rows:
         B, L = batch.decode_context.shape
         if batch.decode_span is not None:  # one row over consecutive slots: a view, no copy of the context
-            ctx = kv[batch.decode_span : batch.decode_span + L][None]
+            keys, values = _span(kv, batch.decode_span, L)
         else:
             ctx = kv.index_select(0, batch.decode_context.view(-1)).view(B, L, 2, KVH, D)
-        keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, KVH, L, D]
+            keys, values = ctx[:, :, 0].transpose(1, 2), ctx[:, :, 1].transpose(1, 2)  # [B, KVH, L, D]
         o = F.scaled_dot_product_attention(qg[:B], keys, values, attn_mask=batch.decode_mask, scale=scale)
         out[:B] = o  # [B, KVH, G, D]
     for c in batch.chunks:
@@ -183,3 +202,13 @@ def attend(
         o = F.scaled_dot_product_attention(qc, keys, values, attn_mask=c.mask, scale=scale, enable_gqa=True)
         out[c.row0 : c.row1] = o[0].transpose(0, 1).view(-1, KVH, G, D)
     return out.view(T, H * D)
+
+
+def _span(kv: torch.Tensor, first: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [1, KVH, L, D] of ``length`` consecutive slots from ``first``: one strided view
+    each (the strides ``kv[first:first + L][None][:, :, i].transpose(1, 2)`` has, in one operation)."""
+    _, _, kvh, d = kv.shape
+    row = 2 * kvh * d
+    size, stride = (1, kvh, length, d), (length * row, d, row, 1)
+    start = kv.storage_offset() + first * row
+    return kv.as_strided(size, stride, start), kv.as_strided(size, stride, start + kvh * d)

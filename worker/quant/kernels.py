@@ -16,7 +16,8 @@ that another torch build lacks, or that computes something else is never chosen.
 candidate runs is measured, per weight shape and row count (:mod:`worker.quant.autotune`).
 
 Each kernel returns its output in the input's dtype (the model's compute dtype), whatever it
-computes in internally.
+computes in internally. One that casts to a dtype of its own also offers itself without the casts
+(:attr:`Kernel.native`), for a caller whose neighbouring operations take that dtype as they are.
 """
 
 from __future__ import annotations
@@ -55,12 +56,15 @@ class Kernel:
     """A built candidate: ``fn`` maps ``x [T, K]`` to ``[T, N]`` in ``x``'s dtype; ``held`` are the
     tensors it keeps alive (what it costs in memory, counted once per storage); ``gather``, where the
     kernel re-laid the weight out, maps ``ids [T]`` to those rows of the weight [T, K] float32 read
-    from its own tensors (a tied embedding table then shares them instead of holding a second copy)."""
+    from its own tensors (a tied embedding table then shares them instead of holding a second copy);
+    ``native``, where ``fn`` casts ``x`` to a dtype of its own and its output back, is that dtype and
+    the kernel without the two casts (input and output in that dtype: what ``fn`` computes between them)."""
 
     name: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     held: tuple[torch.Tensor, ...]
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+    native: tuple[torch.dtype, Callable[[torch.Tensor], torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,14 @@ def _is_float(w: Weight) -> bool:
 def _to(dt: torch.dtype, fn):
     """``fn`` computing in ``dt``, taking and returning the caller's dtype."""
     return lambda x: fn(x.to(dt)).to(x.dtype)
+
+
+def _casting(name: str, act: torch.dtype, dt: torch.dtype, raw, held: tuple[torch.Tensor, ...]) -> Kernel:
+    """A kernel whose op ``raw`` computes in ``act``: itself for a ``dt`` caller when ``dt`` is ``act``,
+    else wrapped in casts (:func:`_to`) and offered without them (:attr:`Kernel.native`)."""
+    if act == dt:
+        return Kernel(name, raw, held)
+    return Kernel(name, _to(act, raw), held, native=(act, raw))
 
 
 # ---- float weights ----------------------------------------------------------------------------
@@ -114,8 +126,7 @@ def _int8pack(act: torch.dtype):
         q = w.q.contiguous()
         scale = w.scale.reshape(-1).to(act).contiguous()  # [N]: one scale per output channel
         op = torch.ops.aten._weight_int8pack_mm
-        fn = (lambda x: op(x, q, scale)) if act == dt else _to(act, lambda x: op(x, q, scale))
-        return Kernel(f"int8pack-{_short(act)}", fn, (q, scale))
+        return _casting(f"int8pack-{_short(act)}", act, dt, lambda x: op(x, q, scale), (q, scale))
 
     return build
 
@@ -136,8 +147,7 @@ def _int4pack_cpu(act: torch.dtype):
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(w.q.to(torch.int32), 1)  # [N, K / 2]
         sz = _scales_and_zeros(w, act)
         g, op = w.group_size, torch.ops.aten._weight_int4pack_mm_for_cpu
-        fn = (lambda x: op(x, packed, g, sz)) if act == dt else _to(act, lambda x: op(x, packed, g, sz))
-        return Kernel(f"int4pack-{_short(act)}", fn, (packed, sz))
+        return _casting(f"int4pack-{_short(act)}", act, dt, lambda x: op(x, packed, g, sz), (packed, sz))
 
     return build
 
@@ -160,7 +170,7 @@ def _dynquant4(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
         nibbles.to(torch.uint8), w.scale.to(torch.float32), None, w.group_size, k, n
     )
     op, g = torch.ops.aten._dyn_quant_matmul_4bit, w.group_size
-    return Kernel("dynquant4", _to(torch.float32, lambda x: op(x, packed, g, k, n)), (packed,))
+    return _casting("dynquant4", torch.float32, dt, lambda x: op(x, packed, g, k, n), (packed,))
 
 
 def _dequant(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
@@ -172,8 +182,7 @@ def _dequant(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
 def _float_copy(act: torch.dtype):
     def build(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
         weight = w.dequantize(act)
-        fn = (lambda x: F.linear(x, weight)) if act == dt else _to(act, lambda x: F.linear(x, weight))
-        return Kernel(f"float-copy-{_short(act)}", fn, (weight,))
+        return _casting(f"float-copy-{_short(act)}", act, dt, lambda x: F.linear(x, weight), (weight,))
 
     return build
 
@@ -202,7 +211,7 @@ def _int4pack_cuda(w: QuantizedWeight, dt: torch.dtype) -> Kernel:
     packed = torch.ops.aten._convert_weight_to_int4pack(nibbles.contiguous(), _inner_k_tiles(w.shape[1]))
     sz = _scales_and_zeros(w, torch.bfloat16)
     g, op = w.group_size, torch.ops.aten._weight_int4pack_mm
-    return Kernel("int4pack-cuda", _to(torch.bfloat16, lambda x: op(x, packed, g, sz)), (packed, sz))
+    return _casting("int4pack-cuda", torch.bfloat16, dt, lambda x: op(x, packed, g, sz), (packed, sz))
 
 
 # ---- the lists --------------------------------------------------------------------------------

@@ -35,18 +35,40 @@ def gather_rows(w: QuantizedWeight, ids: torch.Tensor) -> torch.Tensor:
     return rows.view(t, k)
 
 
+Native = tuple[torch.dtype | None, Callable]
+
+
 class Dispatch:
     """``x [T, K] -> [T, N]`` by the kernel of T's bucket: ``table[T]`` for T up to the last bucket,
-    the last bucket's kernel beyond it (one list lookup per call)."""
+    the last bucket's kernel beyond it (one list lookup per call). :meth:`native` gives the same
+    kernel without its casts."""
 
-    __slots__ = ("last", "table")
+    __slots__ = ("last", "natives", "table")
 
-    def __init__(self, table: list[Callable]):
-        self.table, self.last = table, table[-1]
+    def __init__(self, table: list[Callable], natives: list[Native]):
+        self.table, self.last, self.natives = table, table[-1], natives
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
         return (self.table[t] if t < len(self.table) else self.last)(x)
+
+    def native(self, rows: int) -> Native:
+        """The kernel for ``rows`` rows as ``(dtype, fn)``: ``fn`` takes and returns ``dtype`` and casts
+        nothing (:attr:`worker.quant.kernels.Kernel.native`); ``dtype`` None: the caller's own (the
+        kernel computes in it)."""
+        return self.natives[rows] if rows < len(self.natives) else self.natives[-1]
+
+
+class Single(Dispatch):
+    """:class:`Dispatch` with one kernel for every row count."""
+
+    __slots__ = ()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(x)
+
+    def native(self, rows: int) -> Native:
+        return self.natives[0]
 
 
 class Linears:
@@ -188,14 +210,15 @@ class Linears:
         return choice
 
     @staticmethod
-    def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Callable:
-        """The callable that runs each bucket's pick (the one kernel itself when there is one)."""
+    def dispatch(picks: list[Pick], kernels: dict[str, Kernel]) -> Dispatch:
+        """The callable that runs each bucket's pick (:class:`Single` when there is one)."""
         if len({p.kernel for p in picks}) == 1:
-            return kernels[picks[0].kernel].fn
-        table: list[Callable] = []  # table[T]: the kernel of the smallest bucket >= T
+            kernel = kernels[picks[0].kernel]
+            return Single([kernel.fn], [kernel.native or (None, kernel.fn)])
+        table: list[Kernel] = []  # table[T]: the kernel of the smallest bucket >= T
         for pick in picks:
-            table += [kernels[pick.kernel].fn] * (pick.rows + 1 - len(table))
-        return Dispatch(table)
+            table += [kernels[pick.kernel]] * (pick.rows + 1 - len(table))
+        return Dispatch([k.fn for k in table], [k.native or (None, k.fn) for k in table])
 
     def _named(self, name: str, w: Weight):
         kernel = self.pool[name].build(w, self.dtype)
