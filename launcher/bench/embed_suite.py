@@ -1,6 +1,7 @@
 """``llamadeploy bench --suite embed``: an embeddings server's throughput and latency.
 
-One-sentence inputs (one per request) in a closed loop at each concurrency (default 1, 8 and 64):
+One-sentence inputs (one per request) in a closed loop at each concurrency (default 1, 8 and 64;
+:data:`MIN_REQUESTS` requests or :data:`PER_CLIENT` per client, whichever is more):
 inputs per second and p50/p95 request latency; then one request of :data:`BATCH_INPUTS` sentences
 (the best of :data:`BATCH_RUNS`): its latency and inputs per second. Works against any
 OpenAI-compatible ``/v1/embeddings`` (ours, ``llama-server --embedding``...); ``--compare`` with
@@ -21,6 +22,11 @@ from launcher.bench.options import BenchOptions
 from launcher.bench.summary import percentile, ratio
 
 EMBED_CONCURRENCY = (1, 8, 64)
+# requests per level unless --requests: at least MIN_REQUESTS, and PER_CLIENT per client. 64 at
+# concurrency 8 was a window of ~0.35 s, mostly the ramp of the first steps (two runs of one
+# server differed by 20%)
+MIN_REQUESTS = 320
+PER_CLIENT = 8
 BATCH_INPUTS = 512
 BATCH_RUNS = 3
 SUBJECTS = (
@@ -119,7 +125,7 @@ async def run_embed_suite(opts: BenchOptions, model: str | None) -> dict:
     try:
         out = []
         for c in levels:
-            count = opts.requests or max(64, 8 * c)
+            count = opts.requests or max(MIN_REQUESTS, PER_CLIENT * c)
             typer.echo(f"embed: concurrency {c}, {count} one-sentence requests ...", err=True)
             out.append(await closed_loop(client, sentences(count), c, opts.warmup if opts.warmup is not None else c))
         typer.echo(f"embed: one request of {BATCH_INPUTS} inputs ×{BATCH_RUNS} ...", err=True)
