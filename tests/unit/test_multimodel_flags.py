@@ -44,12 +44,21 @@ def test_the_model_name_flag_with_a_models_list_is_one_clear_line(two):
     assert "not both" not in str(err.value)
 
 
-def test_plan_names_the_models_entry_whose_model_is_missing(tmp_path):
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (
+            "name: /nonexistent/m.gguf\n    served_name: second",
+            ("models[1] (second)", "/nonexistent/m.gguf does not exist"),
+        ),
+        (
+            "name: all-minilm-l6-v2\n    task: generate",
+            ("models[1] (all-minilm-l6-v2)", "no LM head"),
+        ),  # as up refuses it
+    ],
+)
+def test_plan_names_the_models_entry_it_refuses(tmp_path, entry, says):
     path = tmp_path / "deploy.yaml"
-    path.write_text(
-        "models:\n  - name: smollm2-135m-instruct\n  - name: /nonexistent/m.gguf\n    served_name: second\n"
-        "workers: {devices: cpu, replicas: 1}\n"
-    )
+    path.write_text(f"models:\n  - name: smollm2-135m-instruct\n  - {entry}\nworkers: {{devices: cpu, replicas: 1}}\n")
     result = CliRunner().invoke(app, ["plan", str(path)])
-    assert result.exit_code == 2
-    assert "models[1] (second)" in result.output and "/nonexistent/m.gguf does not exist" in result.output
+    assert result.exit_code == 2 and all(part in result.output for part in says)

@@ -21,13 +21,3 @@ def test_plan_refuses_what_up_refuses_for_the_task(tmp_path, model, says):
     path.write_text(f"model: {model}\nworkers: {{devices: cpu, replicas: 1}}\n")
     result = CliRunner().invoke(app, ["plan", str(path)])
     assert result.exit_code == 2 and says in result.output
-
-
-def test_plan_names_the_models_entry_refused_for_its_task(tmp_path):
-    path = tmp_path / "deploy.yaml"
-    path.write_text(
-        "models:\n  - name: smollm2-135m-instruct\n  - name: all-minilm-l6-v2\n    task: generate\n"
-        "workers: {devices: cpu, replicas: 1}\n"
-    )
-    result = CliRunner().invoke(app, ["plan", str(path)])
-    assert result.exit_code == 2 and "models[1] (all-minilm-l6-v2)" in result.output and "no LM head" in result.output
