@@ -459,12 +459,11 @@ def _planned_shape(one):
     """``plan``'s shape of one served model, read from config only; raises ``TaskError`` for a task
     ``up`` refuses (:func:`worker.contract.tasks.check_task`), so ``plan`` never plans a deployment
     that cannot start (an encoder with ``task: generate`` would be sized as a decoder)."""
-    from launcher.plan.shape import read_shape
+    from launcher.plan.shape import config_folder, read_shape
     from worker.contract.tasks import check_task
 
     shape = read_shape(one.model.name, one.model)
-    source = Path(shape.source)
-    check_task(one.model, source.parent if source.name == "config.json" else None)
+    check_task(one.model, config_folder(shape))
     return shape
 
 

@@ -398,7 +398,7 @@ def model_check(model: ModelConfig) -> tuple[Check, object]:
     plan (with its embedding spec when the model is served for embeddings, as ``plan`` reads it)."""
     from launcher.models import ModelNotFound
     from launcher.plan import doctor_embed
-    from launcher.plan.shape import read_shape
+    from launcher.plan.shape import config_folder, read_shape
     from worker.contract.shapes import ShapeError
 
     name = model.name
@@ -406,8 +406,7 @@ def model_check(model: ModelConfig) -> tuple[Check, object]:
         shape = read_shape(name, model)
     except (ModelNotFound, ShapeError) as exc:
         return Check("model", "fail", str(exc), "point model.name at a local folder, .gguf file or cached HF id"), None
-    source = Path(shape.source)
-    folder = source.parent if source.name == "config.json" else None
+    source, folder = Path(shape.source), config_folder(shape)
     size = doctor_embed.about(name, shape) if shape.embed else f"{name}: {shape.params / 1e9:.3f} B parameters"
     about = f"{size}, config from {source}"
     if folder is None:

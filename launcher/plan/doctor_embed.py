@@ -9,8 +9,6 @@ table (a BERT encoder's) is measured by the worker itself at load, not by doctor
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from launcher.config import DeployConfig
 from launcher.plan.embed import embed_params
 from launcher.plan.placement import Inventory
@@ -34,10 +32,10 @@ def quantization_row(cfg: DeployConfig, inv: Inventory, shape: ModelShape, specs
     ``up`` refuses on an embedding model (:func:`worker.contract.tasks.check_task`); else the float
     weights the worker holds, in the plan's compute dtype."""
     from launcher.plan.plan import make_plan
+    from launcher.plan.shape import config_folder
 
-    source = Path(shape.source)
     try:
-        check_task(cfg.model, source.parent if source.name == "config.json" else None)
+        check_task(cfg.model, config_folder(shape))
     except TaskError as exc:
         return "fail", str(exc), "set model.quantization: auto"
     s = make_plan(cfg, inv, shape, specs=specs).sizing

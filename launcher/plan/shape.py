@@ -34,11 +34,17 @@ def read_shape(name: str, model: ModelConfig | None = None) -> ModelShape:
     shape = _read_shape(name)
     if model is None:
         return shape
-    source = Path(shape.source)
-    folder = source.parent if source.name == "config.json" else None
+    folder = config_folder(shape)
     if resolve_task(model, folder) != "embed":
         return shape
     return replace(shape, embed=_embed_spec(folder, shape, model.max_model_len))
+
+
+def config_folder(shape: ModelShape) -> Path | None:
+    """The model folder ``shape`` was read from (its ``config.json``'s), or None when it came from
+    GGUF metadata: what the task rules read the model's own files from."""
+    source = Path(shape.source)
+    return source.parent if source.name == "config.json" else None
 
 
 def read_shapes(models: list[ModelConfig]) -> list[ModelShape] | None:
