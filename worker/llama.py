@@ -35,6 +35,7 @@ from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (
 from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
 from worker.quant.gguf import fused_linear
+from worker.quant.linear import Single
 
 log = logging.getLogger(__name__)
 
@@ -205,24 +206,11 @@ def _plain_linear(weight: torch.Tensor):
     return lambda x: F.linear(x, weight)
 
 
-class _CallerDtype:
-    """A linear callable without kernels of its own dtype (plain ``F.linear``, a GGUF layer's parts
-    joined), given :meth:`native` like :class:`worker.quant.linear.Dispatch`'s."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
-
-    def native(self, rows: int):
-        return None, self.fn
-
-
 def _with_native(fn):
-    return fn if hasattr(fn, "native") else _CallerDtype(fn)
+    """``fn`` with :meth:`~worker.quant.linear.Dispatch.native`: itself when it has it (a tuned
+    layer's), else a :class:`~worker.quant.linear.Single` computing in the caller's dtype (plain
+    ``F.linear``, a GGUF layer's parts joined)."""
+    return fn if hasattr(fn, "native") else Single([fn], [(None, fn)])
 
 
 def _plain_embedding(table: torch.Tensor):
