@@ -52,8 +52,8 @@ class Layer:
 
 
 class PackedBert:
-    """``forward(ids [T], lengths)`` -> last hidden states [T, hidden] of the inputs packed in ``ids``
-    (input i is ``ids[sum(lengths[:i]) : sum(lengths[:i + 1])]``). Built from a loaded ``BertModel``,
+    """``forward(ids [T], lens, longest)`` -> last hidden states [T, hidden] of the inputs packed in
+    ``ids`` (input i is ``ids[sum(lens[:i]) : sum(lens[:i + 1])]``). Built from a loaded ``BertModel``,
     whose encoder weights then live in ``linears``' kernels (the model's own layers are dropped)."""
 
     def __init__(self, model, linears: Linears):
@@ -95,15 +95,14 @@ class PackedBert:
             norm2=norm2,
         )
 
-    def forward(self, ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """Hidden states [T, hidden] of the packed inputs (``ids`` int64 on the model's device)."""
-        device = ids.device
-        lens = torch.tensor(lengths, device=device)
+    def forward(self, ids: torch.Tensor, lens: torch.Tensor, longest: int) -> torch.Tensor:
+        """Hidden states [T, hidden] of the packed inputs: ``ids`` [T] and ``lens`` [batch] (each
+        input's length, ``longest`` the largest) int64 on the model's device."""
         starts = torch.cumsum(lens, 0) - lens
-        positions = torch.arange(ids.shape[0], device=device) - starts.repeat_interleave(lens)
+        positions = torch.arange(ids.shape[0], device=ids.device) - starts.repeat_interleave(lens)
         x = F.embedding(ids, self.word) + F.embedding(positions, self.position) + self.token_type
         x = F.layer_norm(x, (self.hidden,), *self.norm0, self.eps)
-        attend = Attention(lens, max(lengths), self.heads, self.hidden)
+        attend = Attention(lens, longest, self.heads, self.hidden)
         for layer in self.layers:
             a = attend(layer.qkv(x).add_(layer.qkv_bias))
             x = F.layer_norm(layer.out(a).add_(layer.out_bias).add_(x), (self.hidden,), *layer.norm1, self.eps)

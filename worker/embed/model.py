@@ -124,8 +124,9 @@ class Embedder:
         """Pooled [batch, hidden] float32 from the packed encoder."""
         lengths = [len(ids) for ids in batch]
         ids = torch.tensor([t for tokens in batch for t in tokens], dtype=torch.long, device=self.device)
-        hidden = self.packed.forward(ids, lengths).float()
-        return pool_packed(hidden, torch.tensor(lengths, device=self.device), self.spec.pooling)
+        lens = torch.tensor(lengths, device=self.device)
+        hidden = self.packed.forward(ids, lens, max(lengths)).float()
+        return pool_packed(hidden, lens, self.spec.pooling)
 
     def _padded(self, batch: list[list[int]]) -> torch.Tensor:
         """Pooled [batch, hidden] float32 from transformers' forward on the right-padded batch."""
