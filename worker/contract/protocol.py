@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 3  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed)
+PROTOCOL_VERSION = 4  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed;
+# 4: Generate carries priority and flex)
 
 
 class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
@@ -224,13 +225,19 @@ class Generate(Msg):
     ``output_token_ids``: tokens an earlier attempt already generated (request migration). The
     worker takes prompt + output as context, replays the output through its detokenizer and stop
     matcher without sending that text again, generates ``params.max_tokens - len(output)`` more,
-    and reports ``usage`` counting the prompt and all output once."""
+    and reports ``usage`` counting the prompt and all output once. ``priority`` and ``flex`` come
+    from the request's ``priority`` and ``service_tier`` (the router maps them; the worker's
+    scheduler honours them)."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     http_request_id: str = ""
     output_token_ids: list[int] = []
+    # vLLM's request priority: a lower value is scheduled first, ties in arrival order
+    priority: int = 0
+    # OpenAI's service_tier "flex": the request may wait; an interactive one may preempt it when the KV cache is full
+    flex: bool = False
 
 
 class Embed(Msg):
