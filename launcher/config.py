@@ -29,7 +29,7 @@ class SupervisorConfig(DrainSettings):
     max_restarts: int = Field(
         5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed"
     )
-    restart_window_s: float = Field(300.0, gt=0)
+    restart_window_s: float = Field(300.0, gt=0, description="the window max_restarts counts crashes in")
     router_standby: bool = Field(
         True, description="keep a loaded standby router that takes over at once when the router dies"
     )

@@ -28,7 +28,11 @@ class ModelConfig(Section):
         "auto",
         description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="auto = bfloat16 on GPUs of compute capability >= 8.0, float16 below; on CPU bfloat16 with "
+        "avx512_bf16 or AMX, else float32 (worker/contract/dtypes.py)",
+    )
     quantization: Literal["auto", "none", "int8", "int4"] = Field(
         "auto",
         description="weight-only quantization of the linear layers: auto = a GGUF file's quantized tensors as "
@@ -74,7 +78,7 @@ class WorkersConfig(Section):
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
-    heartbeat_s: float = Field(1.0, gt=0, le=60)
+    heartbeat_s: float = Field(1.0, gt=0, le=60, description="how often a worker reports its load to the router")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
     stall_timeout_s: float = Field(
         30.0,
@@ -116,7 +120,7 @@ class WorkersConfig(Section):
 
 
 class LoggingConfig(Section):
-    format: Literal["text", "json"] = "text"
+    format: Literal["text", "json"] = Field("text", description="json: one JSON object per line, every process")
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
