@@ -43,7 +43,9 @@ class RouterConfig(Section):
         "to another worker, resuming after the generated tokens; 0 = off",
     )
     zmq_address: str | None = Field(
-        None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
+        None,
+        description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir; tcp://HOST:PORT turns on "
+        "CURVE with per-deployment keys",
     )
     keepalive_timeout_s: float = Field(
         75.0,
@@ -111,7 +113,9 @@ def is_loopback(host: str) -> bool:
 
 class LimitsConfig(Section):
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="defaults to max_model_len - 1")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts get 400; default and ceiling: each model's max_model_len - 1"
+    )
     max_tokens: int = Field(4096, ge=1, description="ceiling on a request's max_tokens (the server-side cap)")
     max_stop_strings: int = Field(16, ge=0, description="most strings in a request's stop")
     max_stop_length: int = Field(256, ge=1, description="longest stop string, characters")
