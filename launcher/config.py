@@ -240,7 +240,7 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
             if isinstance(part, int):
                 continue  # an item of a list: its section is the list's item type
             field = section.model_fields.get(str(part)) if isinstance(section, type) else None
-            section = _section_type(field.annotation) if field is not None else None
+            section = section_type(field.annotation) if field is not None else None
         known = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
         guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
@@ -253,12 +253,12 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
     return f"{where}{msg} (got {got!r})"
 
 
-def _section_type(annotation: Any) -> Any:
+def section_type(annotation: Any) -> Any:
     """The section class inside ``annotation``: itself, or the model in ``list[M] | None``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        if (found := _section_type(arg)) is not None:
+        if (found := section_type(arg)) is not None:
             return found
     return None
 

@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the repository's packages
     sys.path.insert(0, str(ROOT))
 
+from launcher.config import section_type  # noqa: E402 (the repository's packages, on the path above)
+
 CONFIG_PAGE = ROOT / "docs" / "reference" / "configuration.md"
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 NOTICE = (
@@ -38,16 +40,6 @@ NOTICE = (
 
 
 # ---- deploy.yaml --------------------------------------------------------------------------------
-
-
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The settings class inside ``annotation`` (itself, or the model in ``list[M] | None``)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if (found := _section(arg)) is not None:
-            return found
-    return None
 
 
 def type_name(annotation: Any) -> str:
@@ -121,7 +113,7 @@ def config_rows(model: type[BaseModel], prefix: str) -> list[str]:
     """One table row per leaf key of ``model`` under ``prefix``; nested sections come as their own tables."""
     rows = []
     for name, field in model.model_fields.items():
-        if _section(field.annotation) is not None:
+        if section_type(field.annotation) is not None:
             continue
         allowed = bounds(field)
         rows.append(
@@ -142,7 +134,7 @@ def config_tables(model: type[BaseModel], prefix: str = "", title: str = "") -> 
             out += [doc, ""]
         out += ["| key | type | default | allowed | description |", "|---|---|---|---|---|", *rows, ""]
     for name, field in model.model_fields.items():
-        sub = _section(field.annotation)
+        sub = section_type(field.annotation)
         if sub is None:
             continue
         is_list = typing.get_origin(field.annotation) is list or any(
@@ -168,7 +160,7 @@ def _nested_only(model: type[BaseModel], prefix: str) -> list[str]:
     """A list entry's own sections (``models[].workers``), named but not repeated in full."""
     out = []
     for name, field in model.model_fields.items():
-        sub = _section(field.annotation)
+        sub = section_type(field.annotation)
         if sub is not None:
             top = name if name in ("workers", "model") else None
             same = f" (the same keys as [`{top}`](#{top}), overriding them for this entry)" if top else ""

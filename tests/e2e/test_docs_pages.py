@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from router.docs_site import SITE_DIR
-from tests.helpers.browser import Browser, chromium_paths
 
 pytestmark = pytest.mark.e2e
 
@@ -35,14 +34,6 @@ def built() -> Path:
             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         )
     return SITE_DIR
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium_paths()  # skip before starting anything when there is no browser
-    b = Browser()
-    yield b
-    b.quit()
 
 
 def test_up_serves_the_docs(deployment, built):
