@@ -7,6 +7,7 @@ the router serves, ``router/docs_site/``, is scripts/setup.sh's).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -128,3 +129,50 @@ def test_setup_builds_the_site_and_survives_a_failed_build(tmp_path):
     failing.chmod(0o755)
     done = run_build_docs(failing, tmp_path / "failed")
     assert done.returncode == 0 and "/docs/ will answer 404" in done.stdout
+
+
+async def _get_all(site_dir: Path | None, paths: list[str]) -> list[tuple[int, dict, bytes]]:
+    """GET each path from an app with only the docs' routes and the router's error middleware, on loopback."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from router import docs_site
+    from router.app import error_middleware
+
+    app = web.Application(middlewares=[error_middleware()])
+    if site_dir is not None:
+        app[docs_site.SITE_KEY] = site_dir
+    docs_site.add_routes(app)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        out = []
+        for path in paths:
+            r = await client.get(path, allow_redirects=False)
+            out.append((r.status, dict(r.headers), await r.read()))
+        return out
+
+
+def test_the_router_serves_the_built_site_read_only(site):
+    paths = [
+        "/docs/",
+        "/docs",
+        "/docs/api",
+        "/docs/api/",
+        "/docs/search/search_index.json",
+        "/docs/nope/",
+        "/docs/../pyproject.toml",
+    ]
+    home, bare, no_slash, api, index, missing, escape = asyncio.run(_get_all(site, paths))
+    assert (
+        home[0] == 200 and home[1]["Content-Type"].startswith("text/html") and b"<title>llamadeploy</title>" in home[2]
+    )
+    assert "'sha256-" in home[1]["Content-Security-Policy"] and "unsafe" not in home[1]["Content-Security-Policy"]
+    assert (bare[0], bare[1]["Location"]) == (301, "/docs/")
+    assert (no_slash[0], no_slash[1]["Location"]) == (301, "/docs/api/")  # the page's relative links need it
+    assert api[0] == 200 and b"Endpoints" in api[2]
+    assert index[0] == 200 and json.loads(index[2])["docs"]
+    assert missing[0] == 404 and escape[0] == 404
+
+
+def test_an_unbuilt_site_says_how_to_build_it(tmp_path):
+    ((status, _, body),) = asyncio.run(_get_all(tmp_path / "nothing", ["/docs/"]))
+    assert status == 404 and "scripts/setup.sh" in json.loads(body)["error"]["message"]
