@@ -166,6 +166,7 @@ def create_admin_app(api: Api) -> web.Application:
     app[METRICS] = metrics_of(api)
     app.on_response_prepare.append(echo_request_id)
     app.router.add_get("/admin/workers", workers)
+    app.router.add_get("/admin/batches", batch_api.summary)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     rollout.add_routes(app)

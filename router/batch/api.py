@@ -36,9 +36,6 @@ class Batches:
     runner: Runner
 
 
-BATCHES = web.AppKey("batches", Batches)
-
-
 def owner_of(request: web.Request) -> str:
     """Who a file or batch belongs to: a digest of the request's API key (never the key itself),
     or ``""`` when the deployment has no keys (every caller is the same one)."""
@@ -67,7 +64,7 @@ async def upload_file(request: web.Request) -> web.Response:
     bounds, lim = request.app[API].cfg.router.batch, request.app[API].cfg.limits
     upload = await read_upload(request, bounds.max_file_bytes)
     await asyncio.to_thread(parse_batch_file, upload.content, bounds.max_lines, lim.max_body_bytes)
-    store = request.app[BATCHES].store
+    store = request.app[API].batches.store
     row = await asyncio.to_thread(
         store.add_file, owner_of(request), upload.purpose, upload.filename, upload.content, int(time.time())
     )
@@ -79,7 +76,7 @@ async def list_files(request: web.Request) -> web.Response:
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise ApiError(400, "order must be asc or desc", param="order")
-    rows = request.app[BATCHES].store.files(
+    rows = request.app[API].batches.store.files(
         owner_of(request), request.query.get("purpose"), limit, request.query.get("after"), order == "desc"
     )
     return web.json_response(page([file_object(r, _retention_s(request)) for r in rows], limit))
@@ -87,7 +84,7 @@ async def list_files(request: web.Request) -> web.Response:
 
 async def get_file(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    row = request.app[BATCHES].store.file(owner_of(request), fid)
+    row = request.app[API].batches.store.file(owner_of(request), fid)
     if row is None:
         raise _not_found("File", fid)
     return web.json_response(file_object(row, _retention_s(request)))
@@ -95,7 +92,7 @@ async def get_file(request: web.Request) -> web.Response:
 
 async def file_content(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    content = await asyncio.to_thread(request.app[BATCHES].store.file_content, owner_of(request), fid)
+    content = await asyncio.to_thread(request.app[API].batches.store.file_content, owner_of(request), fid)
     if content is None:
         raise _not_found("File", fid)
     return web.Response(body=content, content_type="application/jsonl")
@@ -103,7 +100,7 @@ async def file_content(request: web.Request) -> web.Response:
 
 async def delete_file(request: web.Request) -> web.Response:
     fid = request.match_info["file_id"]
-    if not await asyncio.to_thread(request.app[BATCHES].store.delete_file, owner_of(request), fid):
+    if not await asyncio.to_thread(request.app[API].batches.store.delete_file, owner_of(request), fid):
         raise _not_found("File", fid)
     return web.json_response({"id": fid, "object": "file", "deleted": True})
 
@@ -121,7 +118,7 @@ async def create_batch(request: web.Request) -> web.Response:
         raise ApiError(400, "completion_window must be '24h'", param="completion_window", code="invalid_value")
     if metadata is not None and not _good_metadata(metadata):
         raise ApiError(400, f"metadata: at most {MAX_METADATA} string pairs", param="metadata", code="invalid_value")
-    owner, store = owner_of(request), request.app[BATCHES].store
+    owner, store = owner_of(request), request.app[API].batches.store
     fid = body.get("input_file_id")
     content = await asyncio.to_thread(store.file_content, owner, fid) if isinstance(fid, str) else None
     if content is None:
@@ -139,7 +136,7 @@ async def create_batch(request: web.Request) -> web.Response:
     row = await asyncio.to_thread(
         store.create_batch, owner, endpoint, fid, WINDOWS[window], metadata, lines, int(time.time())
     )
-    request.app[BATCHES].runner.wake()
+    request.app[API].batches.runner.wake()
     return web.json_response(batch_object(row))
 
 
@@ -155,7 +152,7 @@ def _good_metadata(metadata: object) -> bool:
 
 async def get_batch(request: web.Request) -> web.Response:
     bid = request.match_info["batch_id"]
-    row = request.app[BATCHES].store.batch(owner_of(request), bid)
+    row = request.app[API].batches.store.batch(owner_of(request), bid)
     if row is None:
         raise _not_found("Batch", bid)
     return web.json_response(batch_object(row))
@@ -163,19 +160,19 @@ async def get_batch(request: web.Request) -> web.Response:
 
 async def list_batches(request: web.Request) -> web.Response:
     limit = _limit(request, 20)
-    rows = request.app[BATCHES].store.batches(owner_of(request), limit, request.query.get("after"))
+    rows = request.app[API].batches.store.batches(owner_of(request), limit, request.query.get("after"))
     return web.json_response(page([batch_object(r) for r in rows], limit))
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
     bid = request.match_info["batch_id"]
     try:
-        row = request.app[BATCHES].store.request_cancel(owner_of(request), bid, int(time.time()))
+        row = request.app[API].batches.store.request_cancel(owner_of(request), bid, int(time.time()))
     except Conflict as exc:
         raise ApiError(409, str(exc), code="invalid_state") from None
     if row is None:
         raise _not_found("Batch", bid)
-    request.app[BATCHES].runner.wake()
+    request.app[API].batches.runner.wake()
     return web.json_response(batch_object(row))
 
 
@@ -184,7 +181,7 @@ async def batches_ctx(app: web.Application):
     folder = app[API].cfg.router.state_path()
     store = Store(folder)
     runner = Runner(store, app, folder / "runner.lock")
-    app[BATCHES].store, app[BATCHES].runner = store, runner
+    app[API].batches.store, app[API].batches.runner = store, runner
     task = asyncio.create_task(runner.run(), name="batch-runner")
     yield
     task.cancel()
@@ -192,9 +189,23 @@ async def batches_ctx(app: web.Application):
     store.close()
 
 
+async def summary(request: web.Request) -> web.Response:
+    """``GET /admin/batches`` (admin app): every batch not finished and the last finished ones,
+    whoever owns them (:meth:`Store.summary`); ``[]`` before the public app opened the store."""
+    batches = request.app[API].batches
+    store = getattr(batches, "store", None)
+    return web.json_response({"batches": store.summary() if store is not None else []})
+
+
+def mine(request: web.Request) -> list[dict]:
+    """The summary of the caller's own batches (the status page's feed)."""
+    store = getattr(request.app[API].batches, "store", None)
+    return store.summary(owner_of(request)) if store is not None else []
+
+
 def add_routes(app: web.Application) -> None:
     """The Files and Batch API's routes, and the runner's context, on the public app."""
-    app[BATCHES] = Batches()
+    app[API].batches = Batches()
     app.cleanup_ctx.append(batches_ctx)
     app.router.add_post("/v1/files", upload_file)
     app.router.add_get("/v1/files", list_files)

@@ -331,12 +331,15 @@ class Store:
 
         return self._tx(drop)
 
-    def summary(self) -> list[dict]:
-        """Every batch not finished, and the last finished ones, for ``llamadeploy status`` and the
-        status page: id, status, endpoint, created_at and request counts (no owner, no content)."""
+    def summary(self, owner: str | None = None) -> list[dict]:
+        """The batches not finished, then the last finished ones (20 at most), of ``owner`` (None:
+        everyone's), for ``llamadeploy status`` and the status page: id, status, endpoint,
+        created_at and request counts (no owner, no content)."""
+        marks = ",".join("?" * len(ACTIVE))
+        where, args = ("WHERE owner = ?", [owner]) if owner is not None else ("", [])
         rows = self._all(
-            "SELECT id, status, endpoint, created_at, total, completed, failed FROM batches "
-            "ORDER BY status NOT IN ('validating', 'in_progress', 'cancelling', 'finalizing'), created_at DESC "
-            "LIMIT 20"
+            f"SELECT id, status, endpoint, created_at, total, completed, failed FROM batches {where} "
+            f"ORDER BY status NOT IN ({marks}), created_at DESC LIMIT 20",
+            [*args, *ACTIVE],
         )
         return [dict(r) for r in rows]
