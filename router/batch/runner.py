@@ -4,8 +4,9 @@ At most ``router.batch.running`` lines are in flight at once, oldest batch first
 in process (:mod:`router.batch.lines`) at flex priority, so colleagues' interactive requests go
 first. A line's answer is recorded with :meth:`Store.finish_line` (answer and done mark in one
 transaction); a line the deployment could not answer now (429, 502, 503, 504: a worker lost past
-its retries, none ready) runs again after a back-off, up to :data:`ATTEMPTS` times, before its
-error is its answer. A batch whose lines are all done is finalized (its output and error files
+its retries) runs again after a back-off, up to :data:`ATTEMPTS` times, before its error is its
+answer; while no worker is ready (one restarting) no line starts, and a try that found none does
+not count. A batch whose lines are all done is finalized (its output and error files
 written with its status in one transaction); one past its completion window is ``expired`` and
 one asked to cancel is ``cancelled``, their lines not done answered with an error line each.
 
@@ -113,7 +114,7 @@ class Runner:
 
     def _fill(self, bid: str) -> bool:
         """Start lines of ``bid`` while slots are free; False when none is left to start or retry."""
-        free = self.app[API].cfg.router.batch.running - len(self._running)
+        free = self.app[API].cfg.router.batch.running - len(self._running) if self._serving() else 0
         busy = {idx for b, idx in self._mine(bid)}
         due = [key for key, (when, _) in self._later.items() if key[0] == bid and when <= time.monotonic()]
         for key in due[: max(free, 0)]:
@@ -123,6 +124,11 @@ class Runner:
         for line in waiting[: max(free, 0)]:
             self._start(line)
         return bool(waiting or self._mine(bid))
+
+    def _serving(self) -> bool:
+        """Some worker is ready and the router takes requests: lines may start."""
+        pool = self.app[API].pool
+        return pool.accepting and bool(pool.ready_workers())
 
     def _start(self, line: Line) -> None:
         key = (line.batch_id, line.idx)
@@ -134,7 +140,8 @@ class Runner:
         key = (line.batch_id, line.idx)
         try:
             got = await answer(self.app, endpoint, line)
-            attempts = self._later.get(key, (0.0, 0))[1] + 1
+            # a try while no worker was ready (one restarting) does not count: the line waits for it
+            attempts = self._later.get(key, (0.0, 0))[1] + (1 if self._serving() else 0)
             if got.transient and attempts < ATTEMPTS:
                 log.warning("batch %s line %d: %d; trying again (%d/%d)", *key, got.status, attempts, ATTEMPTS)
                 self._later[key] = (time.monotonic() + min(2.0**attempts, 30.0), attempts)

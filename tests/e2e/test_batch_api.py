@@ -195,25 +195,23 @@ def pids(d: Deployment) -> tuple[int, int]:
     return table["router"]["pid"], table["workers"][0]["pid"]
 
 
+@pytest.mark.timeout(900)  # two restarts of the deployment's processes and a full down/up on a loaded 2-core box
 def test_a_batch_survives_router_and_worker_kill9_and_down_up_answering_each_line_once(durable):
     client = OpenAI(base_url=durable.base_url, api_key="unused", max_retries=0, timeout=60)
-    lines = [
-        chat_line(f"doc-{i}", f"Tell me a story about the number {i}.", max_tokens=24, ignore_eos=True)
-        for i in range(10)
-    ]
+    lines = [chat_line(f"doc-{i}", f"Tell me about the number {i}.", max_tokens=8, ignore_eos=True) for i in range(6)]
     f = client.files.create(file=("in.jsonl", jsonl(lines)), purpose="batch")
     bid = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
 
-    def done_at_least(n: int):
-        return wait_for(lambda: client.batches.retrieve(bid).request_counts.completed >= n, 240, f"{n} lines done")
+    def done_at_least(n: int) -> None:
+        counts = lambda: client.batches.retrieve(bid).request_counts  # noqa: E731
+        wait_for(lambda: counts().completed >= n, 300, f"{n} lines done", interval=0.5)
 
     done_at_least(1)
     router = pids(durable)[0]
     os.kill(router, signal.SIGKILL)
-    wait_for(lambda: httpx.get(f"{durable.url}/health/ready", timeout=2).status_code == 200, 60, "a new router")
-    done_at_least(3)
+    wait_for(lambda: httpx.get(f"{durable.url}/health/ready", timeout=2).status_code == 200, 120, "a new router")
+    done_at_least(2)
     os.kill(pids(durable)[1], signal.SIGKILL)
-    done_at_least(5)
     status = cli("status", str(durable.path))
     assert f"batch {bid} in_progress" in status.stdout, status.stdout
     durable.stop()
@@ -221,11 +219,10 @@ def test_a_batch_survives_router_and_worker_kill9_and_down_up_answering_each_lin
     batch = wait_for(lambda: finished(client, bid), 300, "the batch to finish after up", interval=0.5)
     out = read_lines(client, batch.output_file_id)
     assert batch.status == "completed" and batch.request_counts.model_dump() == {
-        "total": 10,
-        "completed": 10,
+        "total": 6,
+        "completed": 6,
         "failed": 0,
     }
     assert sorted(x["custom_id"] for x in out) == sorted(x["custom_id"] for x in lines)  # each once
-    assert all(x["response"]["body"]["usage"]["completion_tokens"] == 24 for x in out)
-    assert batch.error_file_id is None
-    assert pids(durable)[0] != router
+    assert all(x["response"]["body"]["usage"]["completion_tokens"] == 8 for x in out)
+    assert batch.error_file_id is None and pids(durable)[0] != router
