@@ -151,9 +151,7 @@ def bench_command(
     chat_clients: int = CHAT_CLIENTS,
     answer_tokens: int = ANSWER_TOKENS,
 ) -> None:
-    """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
-    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
-    with --perplexity FILE, measure the served model's perplexity over a text."""
+    """Benchmark a server (--suite), deploy layouts in turn (--layouts) or measure perplexity (--perplexity FILE)."""
     opts = bench_options(dict(locals()))  # every option by name, before anything else is bound here
     require_bench_extra()
     if perplexity is not None:
