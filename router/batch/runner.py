@@ -113,17 +113,17 @@ class Runner:
         return [key for key in (*self._running, *self._later) if key[0] == bid]
 
     def _fill(self, bid: str) -> bool:
-        """Start lines of ``bid`` while slots are free; False when none is left to start or retry."""
+        """Start lines of ``bid`` while slots are free; False when every line of it is done (none
+        left to run, in flight or waiting for a retry)."""
         free = self.app[API].cfg.router.batch.running - len(self._running) if self._serving() else 0
-        busy = {idx for b, idx in self._mine(bid)}
-        due = [key for key, (when, _) in self._later.items() if key[0] == bid and when <= time.monotonic()]
-        for key in due[: max(free, 0)]:
-            self._later.pop(key)
-            busy.discard(key[1])
-        waiting = self.store.pending(bid, max(free, 0) + len(due), busy)
-        for line in waiting[: max(free, 0)]:
-            self._start(line)
-        return bool(waiting or self._mine(bid))
+        if free > 0:
+            due = [key for key, (when, _) in self._later.items() if key[0] == bid and when <= time.monotonic()]
+            for key in due:
+                self._later.pop(key)
+            busy = {idx for _, idx in self._mine(bid)}
+            for line in self.store.pending(bid, free, busy):
+                self._start(line)
+        return bool(self._mine(bid)) or self.store.undone(bid) > 0
 
     def _serving(self) -> bool:
         """Some worker is ready and the router takes requests: lines may start."""

@@ -253,6 +253,11 @@ class Store:
         )
         return [Line(bid, r["idx"], r["custom_id"], r["body"]) for r in rows if r["idx"] not in skip][:limit]
 
+    def undone(self, bid: str) -> int:
+        """How many lines of ``bid`` are not answered yet."""
+        row = self._one("SELECT COUNT(*) AS n FROM lines WHERE batch_id = ? AND done = 0", (bid,))
+        return row["n"]
+
     def finish_line(self, line: Line, ok: bool, result: str) -> bool:
         """Record ``line``'s output line ``result`` and mark it done, in one transaction, unless it
         is done already (then nothing changes: its first answer stands). True when recorded."""
@@ -289,12 +294,15 @@ class Store:
         """End batch ``bid`` with ``status`` (``completed``, ``expired``, ``cancelled``) in one
         transaction: its output file (the answered lines, in input order) and error file (the
         failed ones), each only when not empty, its status, and its lines dropped (their answers
-        now live in the files)."""
+        now live in the files). :class:`Conflict` while a line is not answered: every input line
+        is in the files, once."""
 
         def end(db: sqlite3.Connection) -> None:
             row = db.execute("SELECT owner, status FROM batches WHERE id = ?", (bid,)).fetchone()
             if row is None or row["status"] in FINISHED:
                 return
+            if db.execute("SELECT 1 FROM lines WHERE batch_id = ? AND done = 0 LIMIT 1", (bid,)).fetchone():
+                raise Conflict(f"batch {bid} has lines not answered: it cannot end as {status}")
             ids = {}
             for ok, name in ((1, "output"), (0, "errors")):
                 results = db.execute(

@@ -134,8 +134,11 @@ def test_retention_deletes_old_files_and_finished_batches_but_keeps_running_ones
     store = Store(tmp_path)
     running = make_batch(store)
     old = make_batch(store)
+    with pytest.raises(Conflict):  # a batch ends only once every line is answered
+        store.finalize(old["id"], "completed", NOW)
+    answer_all(store, old["id"])
     store.finalize(old["id"], "completed", NOW)
-    assert store.cleanup(NOW + 1) == (2, 1)  # both input files, the finished batch
+    assert store.cleanup(NOW + 1) == (3, 1)  # both input files and the output file, the finished batch
     assert store.batch("alice", running["id"]) is not None and store.batch("alice", old["id"]) is None
 
 
