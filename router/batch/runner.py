@@ -53,7 +53,8 @@ class Runner:
         self.store, self.app, self.lock_path = store, app, lock_path
         self._wake = asyncio.Event()
         self._running: dict[tuple[str, int], asyncio.Task] = {}
-        self._later: dict[tuple[str, int], tuple[float, int]] = {}  # line -> (when to retry, attempts so far)
+        self._later: dict[tuple[str, int], float] = {}  # line -> when it may run again (time.monotonic())
+        self._tries: dict[tuple[str, int], int] = {}  # line -> tries that found a worker ready and failed
         self._lock_fd: int | None = None
         self._cleaned = 0.0
 
@@ -104,7 +105,7 @@ class Runner:
                 await asyncio.to_thread(self.store.finalize, bid, "completed", int(time.time()))
             elif now >= row["expires_at"]:
                 await self._end(bid, "expired")
-            elif not self._fill(bid) and not self._mine(bid):
+            elif not self._fill(bid):
                 self.store.set_status(bid, "finalizing", int(now))
                 await asyncio.to_thread(self.store.finalize, bid, "completed", int(time.time()))
 
@@ -117,7 +118,7 @@ class Runner:
         left to run, in flight or waiting for a retry)."""
         free = self.app[API].cfg.router.batch.running - len(self._running) if self._serving() else 0
         if free > 0:
-            due = [key for key, (when, _) in self._later.items() if key[0] == bid and when <= time.monotonic()]
+            due = [key for key, when in self._later.items() if key[0] == bid and when <= time.monotonic()]
             for key in due:
                 self._later.pop(key)
             busy = {idx for _, idx in self._mine(bid)}
@@ -141,12 +142,14 @@ class Runner:
         try:
             got = await answer(self.app, endpoint, line)
             # a try while no worker was ready (one restarting) does not count: the line waits for it
-            attempts = self._later.get(key, (0.0, 0))[1] + (1 if self._serving() else 0)
-            if got.transient and attempts < ATTEMPTS:
-                log.warning("batch %s line %d: %d; trying again (%d/%d)", *key, got.status, attempts, ATTEMPTS)
-                self._later[key] = (time.monotonic() + min(2.0**attempts, 30.0), attempts)
+            tries = self._tries.get(key, 0) + (1 if self._serving() else 0)
+            if got.transient and tries < ATTEMPTS:
+                log.warning("batch %s line %d: %d; trying again (%d/%d)", *key, got.status, tries, ATTEMPTS)
+                self._later[key] = time.monotonic() + min(2.0**tries, 30.0)
+                self._tries[key] = tries
             else:
                 self.store.finish_line(line, got.ok, got.text)
+                self._tries.pop(key, None)
         finally:
             self._running.pop(key, None)
             self.wake()
@@ -159,6 +162,7 @@ class Runner:
         await asyncio.gather(*tasks, return_exceptions=True)
         for key in self._mine(bid):
             self._later.pop(key, None)
+            self._tries.pop(key, None)
         code, message = ENDINGS[status]
 
         def result_of(line: Line) -> str:

@@ -106,6 +106,22 @@ def test_every_line_is_answered_once_and_a_transient_failure_is_tried_again(tmp_
     assert [json.loads(x)["response"]["status_code"] for x in errors] == [400]
 
 
+def test_a_line_the_deployment_keeps_failing_is_answered_with_its_error_after_the_last_try(tmp_path, monkeypatch):
+    calls: list[int] = []
+    fake_answers(monkeypatch, {0: [503] * 10}, calls)
+    monkeypatch.setattr(runner_module, "ATTEMPTS", 3)
+    store, bid, runner, _ = setup(tmp_path, 1)
+
+    async def scenario():
+        task = asyncio.create_task(runner.run())
+        await until(lambda: store.batch("", bid)["status"] == "completed", 30)
+        task.cancel()
+
+    run(scenario())
+    done = store.batch("", bid)
+    assert calls == [0, 0, 0] and (done["completed"], done["failed"]) == (0, 1)
+
+
 def test_a_cancelled_batch_answers_each_line_not_run_with_an_error_line(tmp_path, monkeypatch):
     calls: list[int] = []
     fake_answers(monkeypatch, {}, calls)
