@@ -60,6 +60,13 @@ async def until(predicate, timeout: float = 10.0) -> None:
             await asyncio.sleep(0.01)
 
 
+async def until_ended(runner: Runner, store: Store, bid: str) -> None:
+    """Run ``runner`` until batch ``bid`` is completed."""
+    task = asyncio.create_task(runner.run())
+    await until(lambda: store.batch("", bid)["status"] == "completed", 30)
+    task.cancel()
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -92,12 +99,7 @@ def test_every_line_is_answered_once_and_a_transient_failure_is_tried_again(tmp_
     monkeypatch.setattr(runner_module, "ATTEMPTS", 5)
     store, bid, runner, _ = setup(tmp_path, 4)
 
-    async def scenario():
-        task = asyncio.create_task(runner.run())
-        await until(lambda: store.batch("", bid)["status"] == "completed", 30)
-        task.cancel()
-
-    run(scenario())
+    run(until_ended(runner, store, bid))
     done = store.batch("", bid)
     assert (done["completed"], done["failed"]) == (3, 1) and sorted(calls) == [0, 1, 1, 1, 2, 3]
     out = store.file_content("", done["output_file_id"]).decode().splitlines()
@@ -112,12 +114,7 @@ def test_a_line_the_deployment_keeps_failing_is_answered_with_its_error_after_th
     monkeypatch.setattr(runner_module, "ATTEMPTS", 3)
     store, bid, runner, _ = setup(tmp_path, 1)
 
-    async def scenario():
-        task = asyncio.create_task(runner.run())
-        await until(lambda: store.batch("", bid)["status"] == "completed", 30)
-        task.cancel()
-
-    run(scenario())
+    run(until_ended(runner, store, bid))
     done = store.batch("", bid)
     assert calls == [0, 0, 0] and (done["completed"], done["failed"]) == (0, 1)
 
