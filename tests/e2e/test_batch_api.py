@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -128,6 +130,29 @@ def test_a_batch_whose_lines_ask_another_endpoint_is_refused(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
     assert e.value.body["code"] == "invalid_url"
+
+
+def test_bench_mixed_suite_measures_every_figure_here_and_for_a_compare_url(deployment, tmp_path):
+    """`llamadeploy bench --suite mixed` end to end, tiny counts, ``--compare`` naming the same
+    server's URL (the peer path): every figure is measured for both (the numbers are not checked)."""
+    out = tmp_path / "mixed"
+    args = ["--suite", "mixed", "--documents", "1", "--pipelines", "1", "--chat-clients", "1", "--requests", "2"]
+    args += ["--output-tokens", "8", "--answer-tokens", "24", "--compare", deployment.base_url, "--output", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "bench", deployment.base_url, *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    assert [r["base_url"] for r in runs] == [deployment.base_url] * 2
+    for run in runs:
+        assert run["chat_alone"]["requests"] == 2 and run["chat_alone"]["ttft_p95_s"] > 0
+        assert run["documents"]["answers"] == 2 and run["documents"]["failed"] == 0
+        assert run["documents"]["documents_per_min"] > 0 and run["documents"]["parsed_share"] is not None
+    assert "chat TTFT p95, beside the documents" in proc.stdout and "documents per minute" in proc.stdout
 
 
 # ---- per-key visibility (the keyed deployment) ------------------------------------------------
