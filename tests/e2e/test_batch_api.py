@@ -57,9 +57,10 @@ def read_lines(client: OpenAI, fid: str | None) -> list[dict]:
 
 def test_service_tier_is_echoed_as_openai_does_and_priority_is_accepted(client):
     ask = [{"role": "user", "content": "Say hi."}]
-    flex = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=4, service_tier="flex")
-    auto = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=4, service_tier="auto")
-    plain = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=4, extra_body={"priority": -5})
+    greedy = {"model": MODEL, "messages": ask, "max_tokens": 4, "temperature": 0}
+    flex = client.chat.completions.create(**greedy, service_tier="flex")
+    auto = client.chat.completions.create(**greedy, service_tier="auto")
+    plain = client.chat.completions.create(**greedy, extra_body={"priority": -5})
     assert (flex.service_tier, auto.service_tier, plain.service_tier) == ("flex", "default", None)
     assert flex.choices[0].message.content == plain.choices[0].message.content  # the tier changes when, not what
     chunks = list(
@@ -158,6 +159,7 @@ def test_bench_mixed_suite_measures_every_figure_here_and_for_a_compare_url(depl
 # ---- per-key visibility (the keyed deployment) ------------------------------------------------
 
 
+@pytest.mark.timeout(600)  # this module may be the first to start the session's keyed deployment
 def test_files_and_batches_are_visible_only_to_the_key_that_made_them(secured):
     mine = OpenAI(base_url=secured.base_url, api_key=ENV_KEYS[0], max_retries=0, timeout=60)
     other = OpenAI(base_url=secured.base_url, api_key=ENV_KEYS[1], max_retries=0, timeout=60)
