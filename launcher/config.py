@@ -12,7 +12,7 @@ import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -284,6 +284,9 @@ def _union_key(err: dict, model: type[BaseModel]) -> tuple | None:
         return None
     loc, section = tuple(err["loc"]), model
     for n, part in enumerate(loc):
+        if isinstance(part, int) and get_origin(section) is list:  # an item: the union is the list's item type
+            section = get_args(section)[0]
+            continue
         fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
         if str(part) not in fields:
             return loc[:n] if n and isinstance(part, str) and not fields else None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router.errors import ApiError
+from router.tiers import INTERACTIVE, Urgency
 from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
@@ -160,9 +161,11 @@ async def stream_tokens(
     max_migrations: int = 0,
     on_migration: Callable[[str], None] | None = None,
     model: str | None = None,
+    urgency: Urgency = INTERACTIVE,
 ) -> AsyncIterator[Tokens]:
     """The request's events, across retries and migrations (see the module docstring), on
-    ``model``'s replicas (a served name; None: any worker).
+    ``model``'s replicas (a served name; None: any worker), each attempt carrying ``urgency``
+    (its ``priority`` and ``flex``: :mod:`router.tiers`).
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
@@ -187,7 +190,7 @@ async def stream_tokens(
             pool.events.migrated(moving[0], worker.worker_id, len(got.ids), moving[1].message)
         try:
             async with aclosing(
-                _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)
+                _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens, urgency)
             ) as events:
                 async for event in events:
                     yield event
@@ -224,6 +227,7 @@ async def _attempt(
     got: _Progress,
     buffered: bool,
     on_tokens: Callable[[int, Tokens], None] | None,
+    urgency: Urgency = INTERACTIVE,
 ) -> AsyncIterator[Tokens]:
     """One attempt on ``worker``, resuming after ``got.ids``: yields events until the finish;
     raises :class:`_Lost` when the worker goes, :class:`UpstreamError` when it fails the request."""
@@ -247,6 +251,8 @@ async def _attempt(
                 params=params,
                 http_request_id=request_tag,
                 output_token_ids=list(got.ids),
+                priority=urgency.priority,
+                flex=urgency.flex,
             ),
         )
         while True:

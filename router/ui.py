@@ -28,6 +28,7 @@ from aiohttp import web
 
 from router import admin, docs_site
 from router.auth import OPEN_PATHS, token_matches
+from router.batch import api as batch_api
 from router.errors import ApiError
 from router.state import API
 from router.workers import WorkerPool
@@ -99,8 +100,9 @@ async def activity(request: web.Request) -> web.Response:
     """The status page's feed: ``history`` (:meth:`router.activity.Activity.history`), ``events``
     (newest first, :meth:`router.events.EventLog.recent`), ``prefix_cache`` per worker id
     (``hit_tokens``, ``queried_tokens``, ``preemptions`` since its process started), ``model`` (the
-    one a request without ``model`` goes to), ``models`` (every served name, in deploy.yaml's order) and
-    ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured)."""
+    one a request without ``model`` goes to), ``models`` (every served name, in deploy.yaml's order),
+    ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured) and
+    ``batches`` (the caller's batches and their progress, :func:`router.batch.api.mine`)."""
     api = request.app[API]
     metrics = api.metrics
     return web.json_response(
@@ -111,6 +113,7 @@ async def activity(request: web.Request) -> web.Response:
             "events": api.pool.events.recent(EVENTS_SHOWN),
             "prefix_cache": prefix_counters(api.pool),
             "admin_controls": bool(api.cfg.router.admin_token),
+            "batches": batch_api.mine(request),
         }
     )
 

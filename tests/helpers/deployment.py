@@ -71,7 +71,13 @@ class Deployment:
             # quantization none: float weights, the converted checkpoint, whose answers the tests assert
             # (tests/e2e/test_multimodel.py serves the GGUF file as stored)
             "model": {"name": MODEL, "max_model_len": 2048, "dtype": "float32", "quantization": "none"},
-            "router": {"port": self.port, "admin_port": self.admin_port, "request_timeout_s": 120},
+            # state_dir: the Batch API's database in the test's folder, not the user's ~/.local/state
+            "router": {
+                "port": self.port,
+                "admin_port": self.admin_port,
+                "request_timeout_s": 120,
+                "state_dir": str(self.tmp / "state"),
+            },
             "workers": {"devices": "cpu", "replicas": 2, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10},
             "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30},
         }
