@@ -102,3 +102,23 @@ def test_enforce_eager_runs_every_step_eagerly(loaded, prompts):
     run.engine.runner.capture = capture.build(run.engine.runner.model, run.cache, 8, True)
     assert answers(run, prompts[:2], max_tokens=4) and run.engine.stats().captured_steps == 0
     assert run.engine.stats().eager_decode_steps > 0
+
+
+def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
+    """The forward the CUDA graphs capture (static shapes: whole-width tables, padded rows), run
+    eagerly on CPU: the same logits as the eager step for the real rows."""
+    from worker.step import graphs
+
+    run = Run(loaded)
+    runner, (a, b) = run.engine.runner, prompts[:2]
+    ta, tb = list(range(0, 8)), list(range(10, 18))
+    ids, pos = torch.tensor(a + b), torch.tensor([*range(len(a)), *range(len(b))])
+    runner.forward(ids, pos, [], [(ta, 0, len(a)), (tb, 0, len(b))], torch.tensor([len(a) - 1]))
+    eager = runner.forward(
+        torch.tensor([42, 7]), torch.tensor([len(a), len(b)]), [(ta, len(a) + 1), (tb, len(b) + 1)], [], torch.arange(2)
+    )
+    rows = [(ta, len(a), 42), (tb, len(b), 7)]
+    packed = torch.tensor(graphs.packed_inputs(graphs.pad_rows(rows, 4), 128, run.cache.block_size))
+    got = graphs.static_forward(runner.model, run.cache, packed, 4)
+    torch.testing.assert_close(got[:2], eager, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got[2], got[0])  # a padded row repeats row 0

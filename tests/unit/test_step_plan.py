@@ -30,3 +30,17 @@ def test_slots_and_padded_tables():
     assert plan.slot_of([7, 3], 17, 16) == 49
     # each row keeps only the blocks holding its tokens, padded with block 0 to the widest
     assert plan.padded_tables([[5, 6, 9], [2]], [17, 3], 16) == [[5, 6], [2, 0]]
+
+
+def test_cuda_graph_inputs_pad_with_row_zero_and_pack_in_one_list():
+    from worker.step import graphs
+
+    rows = [([3, 4], 17, 11), ([9], 2, 12)]
+    padded = graphs.pad_rows(rows, 4)
+    assert padded == [*rows, rows[0], rows[0]]  # a padded row rewrites row 0's own slot, nobody else's
+    with pytest.raises(ValueError):
+        graphs.pad_rows(rows, 1)
+    flat = graphs.packed_inputs(rows, 3, 16)
+    assert flat == [11, 12, 17, 2, 4 * 16 + 1, 9 * 16 + 2, 18, 3, 3, 4, 0, 9, 0, 0]
+    with pytest.raises(ValueError):
+        graphs.packed_inputs(rows, 1, 16)

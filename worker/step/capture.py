@@ -21,8 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class StepCapture:
-    """Serves decode-only steps through ``fused`` (a :class:`worker.step.decode.FusedDecode`, None:
-    every step eager) for batch sizes up to the last of ``sizes``."""
+    """Serves decode-only steps through ``fused`` (a :class:`worker.step.decode.FusedDecode` on CPU,
+    a :class:`worker.step.graphs.GraphDecode` on CUDA; None: every step eager) for batch sizes up to
+    the last of ``sizes``."""
 
     def __init__(self, fused, sizes: list[int], block_size: int):
         self.fused, self.sizes, self.block_size = fused, sizes, block_size
@@ -38,10 +39,8 @@ class StepCapture:
         if bucket is None or self.fused is None:
             self.eager_decode_steps += 1
             return None
-        from worker.step.decode import step_inputs
-
         rows = [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
-        logits = self.fused.forward(*step_inputs(rows, self.block_size))
+        logits = self.fused.forward_rows(rows)
         self.captured_steps += 1
         return logits
 
@@ -50,34 +49,52 @@ class StepCapture:
         return {"captured_steps": self.captured_steps, "eager_decode_steps": self.eager_decode_steps}
 
 
-def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None) -> StepCapture:
-    """The replica's :class:`StepCapture`: the fused CPU step for ``model`` over ``cache`` unless
-    ``enforce_eager``, the model cannot use it, or its operators cannot be built (each said in one
-    log line), with every bucket of :func:`worker.step.plan.buckets` resolved now."""
+def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None, max_model_len: int = 0) -> StepCapture:
+    """The replica's :class:`StepCapture`: the fused CPU step, or CUDA graphs of ``max_model_len``
+    tokens' tables, for ``model`` over ``cache`` unless ``enforce_eager``, the model cannot use it,
+    or it cannot be built (each said in one log line), with every bucket of
+    :func:`worker.step.plan.buckets` resolved (CPU) or captured (CUDA) now."""
+    from worker.step.decode import unsupported
+
     sizes = step_plan.buckets(max_num_seqs)
-    off = "workers.enforce_eager is set" if enforce_eager else None
-    if off is None:
-        from worker.step.decode import unsupported
-
-        off = unsupported(model, cache, group)
-    fused = None
-    if off is None:
-        from worker.step import fused as fused_ops
-        from worker.step.decode import FusedDecode
-
-        start = time.monotonic()
-        ops = fused_ops.load()
-        if ops is None:
-            off = "its operators could not be built"
-        else:
-            fused = FusedDecode(model, cache, ops)
-            for size in sizes:
-                fused.layers(size)
-            log.info(
-                "decode step captured for batch sizes %s (fused CPU operators, ready in %.1fs)",
-                sizes,
-                time.monotonic() - start,
-            )
+    off = "workers.enforce_eager is set" if enforce_eager else unsupported(model, cache, group)
+    step = None
+    if off is None and cache.layers[0].device.type == "cuda":
+        step, off = _graphs(model, cache, sizes, max_model_len)
+    elif off is None:
+        step, off = _fused(model, cache, sizes)
     if off is not None:
         log.info("decode steps run eagerly: %s", off)
-    return StepCapture(fused, sizes, cache.block_size)
+    return StepCapture(step, sizes, cache.block_size)
+
+
+def _fused(model, cache, sizes: list[int]):
+    """``(FusedDecode, None)``, or ``(None, why not)``."""
+    from worker.step import fused as fused_ops
+    from worker.step.decode import FusedDecode
+
+    start = time.monotonic()
+    ops = fused_ops.load()
+    if ops is None:
+        return None, "the fused operators could not be built"
+    step = FusedDecode(model, cache, ops)
+    for size in sizes:
+        step.layers(size)
+    log.info(
+        "decode step captured for batch sizes %s (fused CPU operators, ready in %.1fs)", sizes, time.monotonic() - start
+    )
+    return step, None
+
+
+def _graphs(model, cache, sizes: list[int], max_model_len: int):
+    """``(GraphDecode, None)`` with every bucket captured, or ``(None, why not)``."""
+    from worker.step.graphs import GraphDecode
+
+    if max_model_len < 1:
+        return None, "no max_model_len for the graphs' block tables"
+    step = GraphDecode(model, cache, sizes, -(-max_model_len // cache.block_size))
+    try:
+        step.capture()
+    except (RuntimeError, torch.OutOfMemoryError) as exc:
+        return None, f"capturing CUDA graphs failed ({exc})"
+    return step, None

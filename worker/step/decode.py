@@ -31,16 +31,16 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def unsupported(model, cache, group=None) -> str | None:
-    """Why the fused step cannot serve ``model`` over ``cache`` (None: it can): only this engine's
-    own Llama forward on one CPU rank, in a float compute dtype."""
+    """Why no captured step can serve ``model`` over ``cache`` (None: one can): only this engine's
+    own Llama forward on one rank and one device, in a float compute dtype."""
     from worker.llama import LlamaModel
 
     if not isinstance(model, LlamaModel):
         return "the model runs transformers' forward"
     if group is not None or model.reduce is not None:
         return "tensor parallel"
-    if model.device.type != "cpu" or any(t.device.type != "cpu" for t in cache.layers):
-        return "not on CPU"
+    if len({t.device for t in cache.layers} | {model.device}) > 1:
+        return "layers on several devices"
     if model.dtype not in _FLOATS or model.head_dim % 2:
         return f"dtype {model.dtype} / head_dim {model.head_dim}"
     return None
@@ -109,6 +109,10 @@ class FusedDecode:
                 x.add_(o_bias)
             x.add_(down(silu_mul(gate_up(norm(x, n2, eps, ga)), dt, da)))
         return m.head(x)
+
+    def forward_rows(self, rows: list[tuple[list[int], int, int]]) -> torch.Tensor:
+        """:meth:`forward` of decode rows ``(block_table, position, token)``."""
+        return self.forward(*step_inputs(rows, self.block_size))
 
 
 def step_inputs(decode: list[tuple[list[int], int, int]], block_size: int) -> list[torch.Tensor]:
