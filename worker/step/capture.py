@@ -1,8 +1,9 @@
 """The runner's switch between the captured decode step and the eager forward pass, and its counts.
 
-:func:`build` sets it up for a replica: the fused CPU step (:mod:`worker.step.decode`) where the
-model supports it and ``workers.enforce_eager`` is off, resolving each batch-size bucket once and
-logging what it built (or compiled) and how long it took. :meth:`StepCapture.serve` runs a step
+:func:`build` sets it up for a replica: the fused CPU step (:mod:`worker.step.decode`) or CUDA
+graphs (:mod:`worker.step.graphs`) where the model supports it and ``workers.enforce_eager`` is off,
+resolving (CPU) or capturing (CUDA) each batch-size bucket once and logging what it built (or
+compiled) and how long it took. :meth:`StepCapture.serve` runs a step
 through it when :func:`worker.step.plan.route` says it can and returns None otherwise, counting the
 decode-only steps it could not serve (``eager_decode_steps``: capture off or unavailable, more rows
 than the largest bucket) beside those it served (``captured_steps``), which the heartbeat reports.
