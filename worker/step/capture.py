@@ -96,6 +96,7 @@ def _graphs(model, cache, sizes: list[int], max_model_len: int):
     step = GraphDecode(model, cache, sizes, -(-max_model_len // cache.block_size))
     try:
         step.capture()
-    except (RuntimeError, torch.OutOfMemoryError) as exc:
-        return None, f"capturing CUDA graphs failed ({exc})"
+    except Exception as exc:  # any failure to capture leaves the worker serving eagerly
+        log.exception("capturing CUDA graphs failed")
+        return None, f"capturing CUDA graphs failed ({type(exc).__name__}: {exc})"
     return step, None

@@ -123,7 +123,7 @@ class GraphDecode:
         """Logits [n, V] (float32) of ``n`` decode rows ``(block_table, position, token)``; a view
         of the bucket's output, valid until the next replay."""
         b = step_plan.bucket_for(len(rows), self.sizes)
-        packed = torch.tensor(packed_inputs(pad_rows(rows, b), self.width, self.block_size), pin_memory=True)
-        self.inputs[b].copy_(packed, non_blocking=True)
+        # a few hundred bytes from pageable memory: a pinned buffer per step would cost more to allocate
+        self.inputs[b].copy_(torch.tensor(packed_inputs(pad_rows(rows, b), self.width, self.block_size)))
         self.graphs[b].replay()
         return self.outputs[b][: len(rows)]
