@@ -126,6 +126,12 @@ LOAD_METRICS = {
         "Prompt tokens looked up in the worker's prefix cache",
     ),
     "preemptions": ("counter", "num_preemptions", "Sequences preempted (KV blocks freed, recomputed later)"),
+    "captured_steps": ("counter", "captured_steps", "Engine steps run by the captured decode step"),
+    "eager_decode_steps": (
+        "counter",
+        "eager_decode_steps",
+        "Decode-only steps the capture could not serve, run eagerly (capture off, more rows than its buckets)",
+    ),
     "kv_blocks_free": ("gauge", "kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)"),
 }
 

@@ -1,12 +1,18 @@
 """Where a batch-1 decode step's time goes: the embedded model in process, torch.profiler, one thread.
 
-Usage: ``PYTHONPATH=. python scripts/profile_step.py [--dtype float32|bfloat16] [--quantization int8]
-[--steps 20] [--rounds 5] [--context 45] [--top 15]``. Prints the tensor operations per step (all
-levels and top level), the matmuls' share of the operations' own time and of the step's wall time,
-and the operations that took the most time. Each figure is the fastest of ``--rounds`` rounds of
-``--steps`` steps (unprofiled and profiled rounds apart): other processes only add time, so the
-fastest round is the one they disturbed least. On a shared machine only the counts are firm; the
-shares are what the runs gave (docs/benchmarks/results.md, "Time outside the matmuls").
+Usage: ``PYTHONPATH=. python scripts/profile_step.py [--dtype float32|bfloat16] [--quantization int8|auto]
+[--capture] [--steps 20] [--rounds 5] [--context 45] [--top 15]``. ``--capture`` profiles the
+captured decode step (:mod:`worker.step`) instead of the eager forward pass. Prints the tensor
+operations per step (all levels and top level), the matmuls' share of the operations' own time and
+of the step's wall time, and the operations that took the most time. Each figure is the fastest of
+``--rounds`` rounds of ``--steps`` steps (unprofiled and profiled rounds apart): other processes
+only add time, so the fastest round is the one they disturbed least.
+
+On a shared machine wall time also counts the other processes' turns on the core, so it also prints
+the figures by this thread's CPU time (``time.thread_time``): the step's, and that of the same
+linears (the layers' four, the LM head) called alone on inputs of their shapes and dtypes; the
+non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmarks/results.md quotes ("Time outside the matmuls"). The fused
+operators are not profiler events: under ``--capture`` only the CPU-time share counts them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from launcher.models import resolve_model
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.runner import ModelRunner
+from worker.step import capture as step_capture
 
 CPU = torch.device("cpu")
 BLOCK = 16
@@ -60,9 +67,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--context", type=int, default=45)
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--capture", action="store_true", help="profile the captured decode step")
     a = p.parse_args()
     torch.set_num_threads(1)
     runner = load(a.dtype, a.quantization)
+    cap = step_capture.build(runner.model, runner.cache, 1, enforce_eager=False)
+    if a.capture:
+        if cap.fused is None:
+            raise SystemExit("the captured step is not available here (see the log)")
+        runner.forward = captured_forward(cap)
     table = list(range(-(-a.context // BLOCK)))
     ids = torch.arange(a.context, dtype=torch.long)
     runner.forward(ids, ids.clone(), [], [(table, 0, a.context)], torch.tensor([a.context - 1]))
@@ -76,14 +89,51 @@ def main() -> None:
         if best is None or wall < best[1]:
             best = (prof, wall)
     report(best[0], a.steps, plain, best[1], a.top)
+    step_cpu = min(timed(runner, a.steps, a.context, time.thread_time) for _ in range(a.rounds * 4))
+    mat_cpu = min(linears_alone(runner.model, a.steps, time.thread_time) for _ in range(a.rounds * 4))
+    print(
+        f"by CPU time: step {step_cpu * 1e3:.2f} ms, its linears alone {mat_cpu * 1e3:.2f} ms, "
+        f"non-matmul share {1 - mat_cpu / step_cpu:.1%}"
+    )
 
 
-def timed(runner: ModelRunner, steps: int, context: int) -> float:
-    """Seconds per decode step over ``steps`` steps."""
-    start = time.perf_counter()
+def captured_forward(cap):
+    """``ModelRunner.forward``'s signature over the captured step (decode rows only)."""
+    from worker.step.decode import step_inputs
+
+    def forward(ids, positions, decode, prefill, logit_rows, hidden_rows=None):
+        if prefill:
+            return ModelRunner.forward(cap_runner, ids, positions, decode, prefill, logit_rows)
+        rows = [(t, n - 1, int(i)) for (t, n), i in zip(decode, ids.tolist(), strict=True)]
+        return cap.fused.forward(*step_inputs(rows, cap.block_size))
+
+    cap_runner = ModelRunner(cap.fused.model, cap.fused.cache, CPU)
+    return forward
+
+
+@torch.inference_mode()
+def linears_alone(model, steps: int, clock) -> float:
+    """Seconds per step of one batch-1 step's linears (each layer's four and the LM head), called
+    alone on zero inputs of their shapes and dtypes, by ``clock``."""
+    hidden, attn, inter = model.config.hidden_size, model.heads * model.head_dim, model.config.intermediate_size
+    calls = []
+    for layer in model.layers:
+        for fn, k in ((layer.qkv, hidden), (layer.o, attn), (layer.gate_up, hidden), (layer.down, inter)):
+            calls.append((fn, torch.zeros(1, k, dtype=model.dtype)))
+    calls.append((model.lm_head, torch.zeros(1, model.config.hidden_size, dtype=model.dtype)))
+    start = clock()
+    for _ in range(steps):
+        for fn, x in calls:
+            fn(x)
+    return (clock() - start) / steps
+
+
+def timed(runner: ModelRunner, steps: int, context: int, clock=time.perf_counter) -> float:
+    """Seconds per decode step over ``steps`` steps, by ``clock``."""
+    start = clock()
     for _ in range(steps):
         decode_step(runner, context)
-    return (time.perf_counter() - start) / steps
+    return (clock() - start) / steps
 
 
 def report(prof, steps: int, plain: float, wall: float, top: int) -> None:

@@ -100,6 +100,9 @@ main() {
   # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('all-minilm-l6-v2'))"
+  # The captured decode step's fused CPU operators, compiled once for this CPU (a worker builds them
+  # itself where this did not; without a compiler every step runs eagerly).
+  python -m worker.step.fused || echo "fused decode-step operators not built: decode steps run eagerly"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -259,6 +259,7 @@ class Engine:
             kv_blocks_total=b.num_blocks,
             kv_blocks_free=b.num_free,
             preemptions=s.preemptions,
+            **self.runner.step_counts(),
         )
 
 

@@ -30,6 +30,7 @@ from worker.contract.units import GiB
 from worker.engine import Engine
 from worker.runner import ModelRunner
 from worker.scheduler import Plan, Scheduler
+from worker.step import capture
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: 
         device,
         config.vocab_size,
         model_mod.eos_ids(model_path, config, tokenizer),
+    )
+    engine.runner.capture = capture.build(
+        shard.model, shard.cache, w.max_num_seqs, w.enforce_eager, group, cfg.model.max_model_len
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:

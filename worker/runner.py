@@ -32,9 +32,16 @@ class ModelRunner:
         self.group = group
         # An OOM in a tensor-parallel forward leaves the ranks at different collectives: not retried.
         self.oom_recoverable = group is None
+        self.capture = None  # a worker.step.capture.StepCapture: decode-only steps without Python per op
+
+    def step_counts(self) -> dict[str, int]:
+        """The captured and eager decode steps so far (:meth:`worker.step.capture.StepCapture.counts`)."""
+        return self.capture.counts() if self.capture is not None else {}
 
     def run(self, plan: Plan) -> torch.Tensor:
         """One forward pass for ``plan``. Returns float32 logits [N, V] for the sequences to sample."""
+        if self.capture is not None and (logits := self.capture.serve(plan)) is not None:
+            return logits
         ids: list[int] = []
         positions: list[int] = []
         decode = []

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 4  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed;
-# 4: Generate carries priority and flex)
+PROTOCOL_VERSION = 5  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed;
+# 4: Generate carries priority and flex; 5: EngineLoad counts captured and eager decode steps)
 
 
 class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
@@ -88,7 +88,7 @@ class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     field here, with a default (what a worker that does not report it is taken to say).
 
     ``kv_used_tokens`` counts reserved worst-case tokens; ``mem_bytes`` is RSS on CPU and torch's
-    reserved memory on GPU. Counters (``finished``, ``steps``, ``prefix_*``, ``preemptions``) run
+    reserved memory on GPU. Counters (``finished``, ``steps``, ``prefix_*``, ``preemptions``, ``*_steps``) run
     since the worker process started."""
 
     running: int = 0
@@ -105,6 +105,8 @@ class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     preemptions: int = 0
+    captured_steps: int = 0  # engine steps run by the captured decode step (worker.step)
+    eager_decode_steps: int = 0  # decode-only steps it could not serve, run eagerly (capture off, too many rows)
 
 
 class Heartbeat(Msg):

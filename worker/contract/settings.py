@@ -72,6 +72,10 @@ class WorkersConfig(Section):
     )
     workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
+    enforce_eager: bool = Field(
+        False,
+        description="run every step through the eager forward pass: no captured decode step (vLLM's flag)",
+    )
     max_waiting: int = Field(
         64, ge=0, le=100_000, description="requests queued per worker before the router answers 429"
     )

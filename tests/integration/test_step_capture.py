@@ -1,0 +1,124 @@
+"""The captured decode step (worker/step) against the eager forward pass, in process on the embedded
+model in float32: its fused operators against torch's operations, the same greedy tokens over 16
+prompts, and the steps it cannot serve (more rows than its buckets, prompt logprobs) run eagerly,
+counted, with the same answers."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from launcher.bench.dtype_match import PROMPTS
+from tests.helpers.engine_run import Run, chat_ids
+from worker.contract.protocol import Tokens
+from worker.llama import rms_norm_cpu
+from worker.step import capture, fused
+
+
+@pytest.fixture(scope="module")
+def ops():
+    module = fused.load()
+    assert module is not None, "the fused operators did not build (see the log)"
+    return module
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded) -> list[list[int]]:
+    return [chat_ids(loaded[1], q) for q in PROMPTS]
+
+
+def captured(loaded, max_num_seqs: int = 8, capture_seqs: int | None = None, **kw) -> Run:
+    run = Run(loaded, max_num_seqs=max_num_seqs, **kw)
+    run.engine.runner.capture = capture.build(run.engine.runner.model, run.cache, capture_seqs or max_num_seqs, False)
+    return run
+
+
+def answers(run: Run, prompts: list[list[int]], lengths: list[int] | None = None, **params) -> list[list[int]]:
+    for i, p in enumerate(prompts):
+        run.submit(f"r{i}", p, **params, **({"max_tokens": lengths[i]} if lengths else {}))
+    run.drain()
+    return [run.tokens(f"r{i}") for i in range(len(prompts))]
+
+
+def scored(run: Run, n: int) -> list:
+    """Each request's prompt logprobs (token ids and their top ids), as its first message carried them."""
+    firsts = [next(e for e in run.events if isinstance(e, Tokens) and e.request_id == f"r{i}") for i in range(n)]
+    return [[(lp.token_id, [t for t, _ in lp.top]) for lp in e.prompt_logprobs] for e in firsts]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_operators_match_torch(ops, dtype):
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 64, generator=g), torch.rand(64, generator=g) + 0.5
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.02}
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5, dtype), rms_norm_cpu(x, w, 1e-5).to(dtype), **tol)
+    gu = torch.randn(3, 2 * 32, generator=g).to(dtype)
+    gate, up = gu.chunk(2, -1)
+    torch.testing.assert_close(ops.silu_mul(gu, dtype, dtype), F.silu(gate) * up, **tol)
+    # RoPE + cache write, then attention over block tables, against SDPA over the same keys
+    H, KVH, D, block = 4, 2, 8, 4
+    cos, sin = torch.randn(32, D, generator=g), torch.randn(32, D, generator=g)
+    kv = torch.randn(64, 2, KVH, D, generator=g).to(dtype)
+    qkv = torch.randn(2, (H + 2 * KVH) * D, generator=g).to(dtype)
+    pos, tables, lens = torch.tensor([5, 9]), torch.tensor([[3, 1, 0], [7, 2, 5]]), torch.tensor([6, 10])
+    slots = torch.tensor([1 * block + 1, 5 * block + 1])
+    q = ops.rope_cache(qkv, cos, sin, pos, kv, slots, H, KVH, dtype)
+    qk = qkv[:, : (H + KVH) * D].view(2, H + KVH, D)
+    c, s = cos[pos].to(dtype)[:, None], sin[pos].to(dtype)[:, None]
+    rotated = qk * c + qk.roll(D // 2, -1) * s
+    torch.testing.assert_close(q, rotated[:, :H], atol=0, rtol=0)
+    torch.testing.assert_close(kv[slots, 0], rotated[:, H:], atol=0, rtol=0)
+    torch.testing.assert_close(kv[slots, 1], qkv[:, (H + KVH) * D :].view(2, KVH, D), atol=0, rtol=0)
+    out = ops.decode_attention(q, kv, tables, lens, block, D**-0.5, dtype)
+    for b in range(2):
+        ctx = [int(tables[b, j // block]) * block + j % block for j in range(int(lens[b]))]
+        k, v = kv[ctx, 0].transpose(0, 1), kv[ctx, 1].transpose(0, 1)  # [KVH, L, D]
+        ref = F.scaled_dot_product_attention(q[b].view(KVH, H // KVH, D), k, v, scale=D**-0.5)
+        torch.testing.assert_close(out[b], ref.reshape(-1), **tol)
+
+
+def test_captured_and_eager_steps_give_the_same_greedy_tokens(loaded, prompts, ops):
+    eager = answers(Run(loaded), prompts, max_tokens=16)
+    run = captured(loaded)
+    assert answers(run, prompts, max_tokens=16) == eager
+    counts = run.engine.stats()
+    assert counts.captured_steps > 0 and counts.eager_decode_steps == 0
+    alone = captured(loaded)
+    assert answers(alone, prompts[:1], max_tokens=16) == eager[:1]  # batch 1: the profiled case
+
+
+def test_steps_the_capture_cannot_serve_run_eagerly_and_are_counted(loaded, prompts, ops):
+    eager_run = Run(loaded)
+    lengths = [4, 6, 12, 12]  # 4 rows, then 3, then 2: the last steps fit the buckets
+    eager = answers(eager_run, prompts[:4], lengths, prompt_logprobs=2, ignore_eos=True)
+    run = captured(loaded, max_num_seqs=4, capture_seqs=2)  # 3 or 4 rows: more than its buckets
+    assert answers(run, prompts[:4], lengths, prompt_logprobs=2, ignore_eos=True) == eager
+    stats = run.engine.stats()
+    assert stats.eager_decode_steps > 0 and stats.captured_steps > 0  # the batch shrinks to 2 rows at the end
+    assert scored(run, 4) == scored(eager_run, 4) and all(scored(run, 4))
+
+
+def test_enforce_eager_runs_every_step_eagerly(loaded, prompts):
+    run = Run(loaded)
+    run.engine.runner.capture = capture.build(run.engine.runner.model, run.cache, 8, True)
+    assert answers(run, prompts[:2], max_tokens=4) and run.engine.stats().captured_steps == 0
+    assert run.engine.stats().eager_decode_steps > 0
+
+
+def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
+    """The forward the CUDA graphs capture (static shapes: whole-width tables, padded rows), run
+    eagerly on CPU: the same logits as the eager step for the real rows."""
+    from worker.step import graphs
+
+    run = Run(loaded)
+    runner, (a, b) = run.engine.runner, prompts[:2]
+    ta, tb = list(range(0, 8)), list(range(10, 18))
+    ids, pos = torch.tensor(a + b), torch.tensor([*range(len(a)), *range(len(b))])
+    runner.forward(ids, pos, [], [(ta, 0, len(a)), (tb, 0, len(b))], torch.tensor([len(a) - 1]))
+    eager = runner.forward(
+        torch.tensor([42, 7]), torch.tensor([len(a), len(b)]), [(ta, len(a) + 1), (tb, len(b) + 1)], [], torch.arange(2)
+    )
+    rows = [(ta, len(a), 42), (tb, len(b), 7)]
+    packed = torch.tensor(graphs.packed_inputs(graphs.pad_rows(rows, 4), 128, run.cache.block_size))
+    got = graphs.static_forward(runner.model, run.cache, packed, 4)
+    torch.testing.assert_close(got[:2], eager, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got[2], got[0])  # a padded row repeats row 0

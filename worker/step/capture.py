@@ -1,0 +1,102 @@
+"""The runner's switch between the captured decode step and the eager forward pass, and its counts.
+
+:func:`build` sets it up for a replica: the fused CPU step (:mod:`worker.step.decode`) or CUDA
+graphs (:mod:`worker.step.graphs`) where the model supports it and ``workers.enforce_eager`` is off,
+resolving (CPU) or capturing (CUDA) each batch-size bucket once and logging what it built (or
+compiled) and how long it took. :meth:`StepCapture.serve` runs a step
+through it when :func:`worker.step.plan.route` says it can and returns None otherwise, counting the
+decode-only steps it could not serve (``eager_decode_steps``: capture off or unavailable, more rows
+than the largest bucket) beside those it served (``captured_steps``), which the heartbeat reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from worker.step import plan as step_plan
+
+log = logging.getLogger(__name__)
+
+
+class StepCapture:
+    """Serves decode-only steps through ``fused`` (a :class:`worker.step.decode.FusedDecode` on CPU,
+    a :class:`worker.step.graphs.GraphDecode` on CUDA; None: every step eager) for batch sizes up to
+    the last of ``sizes``."""
+
+    def __init__(self, fused, sizes: list[int], block_size: int):
+        self.fused, self.sizes, self.block_size = fused, sizes, block_size
+        self.captured_steps = 0
+        self.eager_decode_steps = 0
+
+    def serve(self, plan) -> torch.Tensor | None:
+        """Float32 logits [B, V] of ``plan``'s decode rows by the captured step, or None: the caller
+        runs the step eagerly (a prefill chunk in it, too many rows, capture off)."""
+        bucket, why = step_plan.route(len(plan.decode), len(plan.prefill), self.sizes)
+        if why == step_plan.PREFILL:
+            return None
+        if bucket is None or self.fused is None:
+            self.eager_decode_steps += 1
+            return None
+        rows = [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
+        logits = self.fused.forward_rows(rows)
+        self.captured_steps += 1
+        return logits
+
+    def counts(self) -> dict[str, int]:
+        """The heartbeat's figures (:class:`worker.contract.protocol.EngineLoad` fields)."""
+        return {"captured_steps": self.captured_steps, "eager_decode_steps": self.eager_decode_steps}
+
+
+def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None, max_model_len: int = 0) -> StepCapture:
+    """The replica's :class:`StepCapture`: the fused CPU step, or CUDA graphs of ``max_model_len``
+    tokens' tables, for ``model`` over ``cache`` unless ``enforce_eager``, the model cannot use it,
+    or it cannot be built (each said in one log line), with every bucket of
+    :func:`worker.step.plan.buckets` resolved (CPU) or captured (CUDA) now."""
+    from worker.step.decode import unsupported
+
+    sizes = step_plan.buckets(max_num_seqs)
+    off = "workers.enforce_eager is set" if enforce_eager else unsupported(model, cache, group)
+    step = None
+    if off is None and cache.layers[0].device.type == "cuda":
+        step, off = _graphs(model, cache, sizes, max_model_len)
+    elif off is None:
+        step, off = _fused(model, cache, sizes)
+    if off is not None:
+        log.info("decode steps run eagerly: %s", off)
+    return StepCapture(step, sizes, cache.block_size)
+
+
+def _fused(model, cache, sizes: list[int]):
+    """``(FusedDecode, None)``, or ``(None, why not)``."""
+    from worker.step import fused as fused_ops
+    from worker.step.decode import FusedDecode
+
+    start = time.monotonic()
+    ops = fused_ops.load()
+    if ops is None:
+        return None, "the fused operators could not be built"
+    step = FusedDecode(model, cache, ops)
+    for size in sizes:
+        step.layers(size)
+    log.info(
+        "decode step captured for batch sizes %s (fused CPU operators, ready in %.1fs)", sizes, time.monotonic() - start
+    )
+    return step, None
+
+
+def _graphs(model, cache, sizes: list[int], max_model_len: int):
+    """``(GraphDecode, None)`` with every bucket captured, or ``(None, why not)``."""
+    from worker.step.graphs import GraphDecode
+
+    if max_model_len < 1:
+        return None, "no max_model_len for the graphs' block tables"
+    step = GraphDecode(model, cache, sizes, -(-max_model_len // cache.block_size))
+    try:
+        step.capture()
+    except Exception as exc:  # any failure to capture leaves the worker serving eagerly
+        log.exception("capturing CUDA graphs failed")
+        return None, f"capturing CUDA graphs failed ({type(exc).__name__}: {exc})"
+    return step, None

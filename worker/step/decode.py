@@ -1,0 +1,131 @@
+"""The captured decode step on CPU: a decode-only step of a :class:`worker.llama.LlamaModel` run
+through the fused operators of :mod:`worker.step.fused`, with every per-step decision made once
+per batch size.
+
+Eager, one layer of a batch-1 decode step is ~40 dispatched tensor operations (RMSNorm's six, RoPE's
+four, casts, views, SDPA's set-up for one query row, SiLU·up's) and the Python between them; on a
+small model that is a third to a half of the step, the matmuls the rest. Here a layer is eight calls:
+RMSNorm writing the linear's input dtype, the fused q/k/v linear, RoPE writing k and v into the
+cache and returning q, attention over the row's block table, o_proj added into the float32 residual,
+RMSNorm, gate/up, SiLU·up writing down_proj's input dtype, down_proj added. The linears are opaque
+calls: the kernel table's own callables (:mod:`worker.quant.linear`), the form without casts
+(``native``) where the model computes in float32, as the eager step uses them. The kernel each
+linear runs, and that form, are resolved once per batch size (:meth:`FusedDecode.layers`): the
+CPU's counterpart of capturing a CUDA graph per bucket.
+
+Each fused operator computes a row on its own, so a row's values do not depend on what else shares
+the step; RMSNorm, RoPE and SiLU·up round where the eager step rounds (its own order of operations),
+the sums of RMSNorm and attention run in another order than torch's kernels (float32 logits differ
+from the eager step's in their last bits; greedy tokens are the same:
+``tests/integration/test_step_capture.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from worker.step import plan as step_plan
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def unsupported(model, cache, group=None) -> str | None:
+    """Why no captured step can serve ``model`` over ``cache`` (None: one can): only this engine's
+    own Llama forward on one rank and one device, in a float compute dtype."""
+    from worker.llama import LlamaModel
+
+    if not isinstance(model, LlamaModel):
+        return "the model runs transformers' forward"
+    if group is not None or model.reduce is not None:
+        return "tensor parallel"
+    if len({t.device for t in cache.layers} | {model.device}) > 1:
+        return "layers on several devices"
+    if model.dtype not in _FLOATS or model.head_dim % 2:
+        return f"dtype {model.dtype} / head_dim {model.head_dim}"
+    return None
+
+
+def _native(linear, dt: torch.dtype) -> Callable[[int], tuple[torch.dtype, Callable]]:
+    """``rows -> (input dtype, fn)`` for one linear: its kernel without casts where the model is
+    float32 (as the eager step runs o, gate/up and down there), else the callable as it is."""
+    if dt != torch.float32 or not hasattr(linear, "native"):
+        return lambda rows: (dt, linear)
+
+    def pick(rows: int) -> tuple[torch.dtype, Callable]:
+        act, fn = linear.native(rows)
+        return (dt, linear) if act is None else (act, fn)
+
+    return pick
+
+
+class FusedDecode:
+    """Runs decode-only steps of ``model`` (a :class:`worker.llama.LlamaModel` on CPU) over ``cache``
+    with the fused operators ``ops`` (:func:`worker.step.fused.load`'s module)."""
+
+    def __init__(self, model, cache, ops):
+        self.model, self.cache, self.ops = model, cache, ops
+        self.block_size = cache.block_size
+        self.picks = [
+            tuple(_native(f, model.dtype) for f in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            for layer in model.layers
+        ]
+        self._layers: dict[int, list[tuple]] = {}
+
+    def layers(self, rows: int) -> list[tuple]:
+        """Per layer, what a step of ``rows`` rows runs: (attention norm, q/k/v's input dtype and fn,
+        its bias, o's, o's bias, MLP norm, gate/up's, down's, the KV cache), resolved once per size."""
+        got = self._layers.get(rows)
+        if got is None:
+            got = []
+            for layer, picks, kv in zip(self.model.layers, self.picks, self.cache.layers, strict=True):
+                (qa, qf), (oa, of), (ga, gf), (da, df) = (p(rows) for p in picks)
+                if layer.qkv_bias is not None:  # the bias is added in the compute dtype, as eagerly
+                    qa, qf = self.model.dtype, layer.qkv
+                got.append((layer.attn_norm, qa, qf, layer.qkv_bias, oa, of, layer.o_bias, layer.mlp_norm))
+                got[-1] += (ga, gf, da, df, kv)
+            self._layers[rows] = got
+        return got
+
+    @torch.inference_mode()
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor
+    ) -> torch.Tensor:
+        """One decode step. ``ids``, ``positions``, ``slots`` [B] (long): each row's token, its position
+        and the cache slot its key and value go to; ``tables`` [B, W] block ids, ``lens`` [B] context
+        lengths (position + 1). Returns float32 logits [B, V]."""
+        m, ops = self.model, self.ops
+        H, KVH, eps, dt, bs, scale = m.heads, m.kv_heads, m.eps, m.dtype, self.block_size, m.scale
+        rope, attend, norm, silu_mul = ops.rope_cache, ops.decode_attention, ops.rms_norm, ops.silu_mul
+        cos, sin = m.cos, m.sin_signed
+        x = m.embed(ids)  # [B, hidden] float32, a fresh tensor: the residual adds go in place
+        for n1, qa, qkv, qkv_bias, oa, o, o_bias, n2, ga, gate_up, da, down, kv in self.layers(ids.shape[0]):
+            t = qkv(norm(x, n1, eps, qa))
+            if qkv_bias is not None:
+                t = t + qkv_bias
+            q = rope(t, cos, sin, positions, kv, slots, H, KVH, dt)
+            x.add_(o(attend(q, kv, tables, lens, bs, scale, oa)))
+            if o_bias is not None:
+                x.add_(o_bias)
+            x.add_(down(silu_mul(gate_up(norm(x, n2, eps, ga)), dt, da)))
+        return m.head(x)
+
+    def forward_rows(self, rows: list[tuple[list[int], int, int]]) -> torch.Tensor:
+        """:meth:`forward` of decode rows ``(block_table, position, token)``."""
+        return self.forward(*step_inputs(rows, self.block_size))
+
+
+def step_inputs(decode: list[tuple[list[int], int, int]], block_size: int) -> list[torch.Tensor]:
+    """The inputs of :meth:`FusedDecode.forward` for decode rows ``(block_table, position, token)``:
+    ids, positions, slots, tables, lens (one tensor built from one list, then cut into views)."""
+    tables = step_plan.padded_tables([t for t, _, _ in decode], [p + 1 for _, p, _ in decode], block_size)
+    flat = [tok for _, _, tok in decode]
+    flat += [p for _, p, _ in decode]
+    flat += [step_plan.slot_of(t, p, block_size) for t, p, _ in decode]
+    flat += [p + 1 for _, p, _ in decode]
+    for row in tables:
+        flat += row
+    b = len(decode)
+    t = torch.tensor(flat, dtype=torch.long)
+    return [t[:b], t[b : 2 * b], t[2 * b : 3 * b], t[4 * b :].view(b, -1), t[3 * b : 4 * b]]
