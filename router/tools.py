@@ -94,12 +94,10 @@ def tool_grammar(req: ChatRequest, mode: ToolMode) -> Grammar:
             }
         )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
-    # Not canonical (sorted) JSON: the grammar writes properties in the schema's order, and "name"
-    # must come before "arguments" for a stream to announce the call before its arguments (and for
-    # a call cut by max_tokens to still name its function).
-    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
-    check_schema(schema, "tools")
-    return Grammar(kind="json_schema", source=text, strict=True)
+    # The grammar writes properties in the schema's order: "name" comes before "arguments", so a
+    # stream announces the call before its arguments (and a call cut by max_tokens still names its
+    # function), and the arguments follow the order of the function's parameters.
+    return Grammar(kind="json_schema", source=check_schema(schema, "tools"), strict=True)
 
 
 def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:

@@ -9,7 +9,7 @@ interval). Shipping the compiled grammar instead does not pay: ``CompiledGrammar
 of the small schema takes ~4 ms (27 KB of JSON; the builtin JSON grammar is 212 KB, ~3 ms), about
 what compiling costs. So the router sends the grammar's source (:class:`worker.contract.protocol.Grammar`)
 and each worker compiles it on a background thread when the request arrives, into a bounded LRU
-cache keyed by the source (the router canonicalises schemas, so equal schemas share an entry).
+cache keyed by the source (the router sends schemas as compact JSON, so equal schemas share an entry).
 The first decode step of the row waits for the compile only if it is still running then (a prefill
 usually takes longer than the compile).
 

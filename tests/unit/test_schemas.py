@@ -44,7 +44,8 @@ def bad(model, body) -> ApiError:
         ({"messages": HI, "top_k": 2**31}, "top_k"),
         ({"messages": HI, "temperature": "hot"}, "temperature"),
         ({"messages": HI, "temperature": 2.5}, "temperature"),
-        ({"messages": HI, "top_p": 0}, "top_p"),
+        ({"messages": HI, "top_p": -0.1}, "top_p"),
+        ({"messages": HI, "top_p": 1.01}, "top_p"),
         ({"messages": HI, "n": 17}, "n"),
         ({"messages": HI, "logprobs": 1}, "logprobs"),
         ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
@@ -255,3 +256,9 @@ def test_explicit_null_means_the_default_for_n_stream_and_parallel_tool_calls():
     req = parse(ChatRequest, body)
     assert (req.n, req.stream, req.parallel_tool_calls) == (1, False, True)
     assert parse(CompletionRequest, {"prompt": "hi", "n": None, "stream": None}).n == 1
+
+
+@pytest.mark.parametrize("top_p", [0, 0.0, 0.5, 1])
+def test_top_p_takes_openais_whole_range(top_p):
+    assert parse(ChatRequest, {"messages": HI, "top_p": top_p}).top_p == top_p
+    assert parse(CompletionRequest, {"prompt": "hi", "top_p": top_p}).top_p == top_p

@@ -210,7 +210,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
 
 class Grammar(msgspec.Struct, forbid_unknown_fields=True):
     """A decoding constraint, compiled by the worker (xgrammar). ``kind``: ``json_object`` (any JSON
-    object; ``source`` unused), ``json_schema`` (``source`` = the schema as canonical JSON; ``strict``:
+    object; ``source`` unused), ``json_schema`` (``source`` = the schema as JSON, keys in the client's order; ``strict``:
     no properties beyond the schema's), ``regex`` or ``ebnf`` (``source`` = the pattern/grammar)."""
 
     kind: str
