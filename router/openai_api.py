@@ -251,6 +251,18 @@ def _model_card(m, created: int) -> dict:
     }
 
 
+def response_shaper(api: Api, req: Sampling, chat: bool) -> Shaper:
+    """The answer's envelope, with a ready replica's ``system_fingerprint`` until the serving
+    worker's is known (:meth:`Shaper.served_by`)."""
+    return Shaper(
+        WorkerPool.new_request_id()[4:],
+        api.model_name,
+        chat,
+        include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
+        fingerprint=api.pool.fingerprint(model=api.pick_model),
+    )
+
+
 async def respond(
     request: web.Request,
     api: Api,
@@ -265,12 +277,7 @@ async def respond(
     seeded with :func:`choice_seed`) and answer with one JSON body or one SSE stream whose chunks
     carry each choice's ``index``. ``make_choice(k, texts, top)`` builds a choice other than the
     plain :class:`Choice` (echo)."""
-    shaper = Shaper(
-        WorkerPool.new_request_id()[4:],
-        api.model_name,
-        chat,
-        include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
-    )
+    shaper = response_shaper(api, req, chat)
     timeout = request_timeout(request, api)
     timer = request_timer(request)
     top = params[0].logprobs
@@ -284,6 +291,10 @@ async def respond(
         choices = [make_choice(k, texts, top) for k in range(count)]
     prompt_tokens = sum(len(p) for p in prompts)  # each prompt counted once, whatever n
 
+    def on_tokens(worker_id: int, tok) -> None:
+        shaper.served_by(api.pool.fingerprint(worker_id))
+        timer.on_tokens(worker_id, tok)
+
     def events(k: int):
         base, i = params[k // req.n], k % req.n
         p = base if i == 0 else msgspec.structs.replace(base, seed=choice_seed(base.seed, i))
@@ -294,7 +305,7 @@ async def respond(
             api.cfg.router.max_retries,
             request.get(REQUEST_ID, ""),
             buffered=not req.stream,
-            on_tokens=timer.on_tokens,
+            on_tokens=on_tokens,
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,

@@ -110,3 +110,40 @@ def test_n_choices_plain_streamed_and_seeded(client):
             assert ch.usage.completion_tokens == a.usage.completion_tokens
     assert [texts[i] for i in range(3)] == [c.message.content for c in a.choices]
     assert set(finishes) == {0, 1, 2}
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(client):
+    """OpenAI's range is 0 <= top_p <= 1: 0 is accepted and, at any temperature, is the greedy answer."""
+    kw = {"model": MODEL, "messages": Q, "max_tokens": 12}
+    greedy = client.chat.completions.create(temperature=0, **kw).choices[0].message.content
+    for seed in (1, 2):
+        hot = client.chat.completions.create(temperature=1.5, top_p=0, seed=seed, **kw)
+        assert hot.choices[0].message.content == greedy
+    text = client.completions.create(model=MODEL, prompt="Colours:", max_tokens=6, temperature=1.2, top_p=0.0)
+    assert (
+        text.choices[0].text
+        == client.completions.create(model=MODEL, prompt="Colours:", max_tokens=6, temperature=0).choices[0].text
+    )
+
+
+def test_system_fingerprint_is_the_serving_revisions_in_every_answer(deployment, client):
+    """A string (OpenAI's type) in every chat completion, chunk and completion; the value
+    ``GET /workers`` shows, the same on both replicas of the one revision."""
+    fingerprints = {w["system_fingerprint"] for w in deployment.workers()}
+    assert len(deployment.workers()) == 2 and len(fingerprints) == 1
+    (fp,) = fingerprints
+    assert fp.startswith("fp_") and len(fp) == 15
+    seen = set()
+    for _ in range(2):
+        seen.add(client.chat.completions.create(model=MODEL, messages=Q, max_tokens=2).system_fingerprint)
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=Q, max_tokens=2, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        seen |= {c.system_fingerprint for c in chunks}
+        seen.add(client.completions.create(model=MODEL, prompt="Colours:", max_tokens=2).system_fingerprint)
+        seen |= {
+            c.system_fingerprint for c in client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True)
+        }
+    assert seen == {fp}

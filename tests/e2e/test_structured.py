@@ -21,6 +21,11 @@ class Company(BaseModel):
     city: str = Field(max_length=20)
 
 
+class Assignee(BaseModel):
+    team: str = Field(max_length=20)
+    owner: str = Field(max_length=20)
+
+
 class Extraction(BaseModel):
     title: str = Field(max_length=40)
     keywords: list[str] = Field(max_length=3)
@@ -81,6 +86,44 @@ def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temper
 
     with ThreadPoolExecutor(len(DOCS)) as pool:
         list(pool.map(one, DOCS))  # re-raises the first failure
+
+
+class Ticket(BaseModel):
+    """Fields in an order that is not the alphabetical one (nor is ``Assignee``'s)."""
+
+    reasoning: str = Field(max_length=60)
+    priority: int
+    answer: str = Field(max_length=30)
+    assignee: Assignee
+
+
+def keys_in_order(content: str) -> tuple[list[str], list[str]]:
+    """The keys of the generated object and of its ``assignee``, in the order they were written."""
+    obj = json.loads(content)
+    return list(obj), list(obj["assignee"])
+
+
+def test_keys_follow_the_schemas_order_not_the_alphabet(client):
+    """OpenAI's structured outputs follow the schema's key order (a ``reasoning`` field placed
+    before ``answer`` is written first): chat's ``parse`` with a Pydantic model, its stream,
+    Responses' ``text.format`` and a forced tool call's arguments."""
+    order = (["reasoning", "priority", "answer", "assignee"], ["team", "owner"])
+    assert sorted(order[0]) != order[0] and sorted(order[1]) != order[1]
+    messages = [{"role": "user", "content": "The login page is down for everyone. File a support ticket as JSON."}]
+    kw = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 150}
+    reply = parse_fn(client)(response_format=Ticket, **kw).choices[0]
+    assert reply.finish_reason == "stop" and isinstance(reply.message.parsed, Ticket)
+    assert keys_in_order(reply.message.content) == order
+    with client.chat.completions.stream(response_format=Ticket, **kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert isinstance(final.message.parsed, Ticket) and keys_in_order(final.message.content) == order
+    answer = client.responses.parse(
+        model=MODEL, input=messages, text_format=Ticket, temperature=0, max_output_tokens=150
+    )
+    assert isinstance(answer.output_parsed, Ticket) and keys_in_order(answer.output_text) == order
+    tool = {"type": "function", "function": {"name": "file_ticket", "parameters": Ticket.model_json_schema()}}
+    call = client.chat.completions.create(tools=[tool], tool_choice="required", **kw).choices[0].message.tool_calls[0]
+    assert keys_in_order(call.function.arguments) == order
 
 
 def test_schema_at_response_format_schema_is_accepted(deployment):
