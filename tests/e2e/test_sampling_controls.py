@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import math
+import re
+
+import msgspec
 
 from tests.helpers.deployment import MODEL
+from worker.contract.fingerprint import kernel_choices
+from worker.contract.protocol import KernelChoice
 
 Q = [{"role": "user", "content": "Name three colours."}]
 
@@ -127,23 +132,23 @@ def test_top_p_zero_keeps_only_the_most_likely_token(client):
 
 
 def test_system_fingerprint_is_the_serving_revisions_in_every_answer(deployment, client):
-    """A string (OpenAI's type) in every chat completion, chunk and completion; the value
-    ``GET /workers`` shows, the same on both replicas of the one revision."""
-    fingerprints = {w["system_fingerprint"] for w in deployment.workers()}
-    assert len(deployment.workers()) == 2 and len(fingerprints) == 1
-    (fp,) = fingerprints
-    assert fp.startswith("fp_") and len(fp) == 15
+    """A string (OpenAI's type) in every chat completion, chunk and completion: the value
+    ``GET /workers`` shows for the worker that served it. The two replicas of the one revision
+    share it exactly when their kernel tables chose the same kernels (the only input that may
+    differ between them: each measures its own at start)."""
+    workers = deployment.workers()
+    fingerprints = {w["system_fingerprint"] for w in workers}
+    assert len(workers) == 2 and all(re.fullmatch(r"fp_[0-9a-f]{12}", f) for f in fingerprints)
+    tables = [kernel_choices([msgspec.convert(c, KernelChoice) for c in w["kernels"]]) for w in workers]
+    assert (len(fingerprints) == 1) == (tables[0] == tables[1]), tables
     seen = set()
     for _ in range(2):
         seen.add(client.chat.completions.create(model=MODEL, messages=Q, max_tokens=2).system_fingerprint)
-        chunks = list(
-            client.chat.completions.create(
-                model=MODEL, messages=Q, max_tokens=2, stream=True, stream_options={"include_usage": True}
-            )
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=Q, max_tokens=2, stream=True, stream_options={"include_usage": True}
         )
         seen |= {c.system_fingerprint for c in chunks}
         seen.add(client.completions.create(model=MODEL, prompt="Colours:", max_tokens=2).system_fingerprint)
-        seen |= {
-            c.system_fingerprint for c in client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True)
-        }
-    assert seen == {fp}
+        streamed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True)
+        seen |= {c.system_fingerprint for c in streamed}
+    assert seen and seen <= fingerprints

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import jsonschema
@@ -92,7 +93,7 @@ class Ticket(BaseModel):
     """Fields in an order that is not the alphabetical one (nor is ``Assignee``'s)."""
 
     reasoning: str = Field(max_length=60)
-    priority: int
+    priority: Literal["low", "high"]
     answer: str = Field(max_length=30)
     assignee: Assignee
 
@@ -110,7 +111,7 @@ def test_keys_follow_the_schemas_order_not_the_alphabet(client):
     order = (["reasoning", "priority", "answer", "assignee"], ["team", "owner"])
     assert sorted(order[0]) != order[0] and sorted(order[1]) != order[1]
     messages = [{"role": "user", "content": "The login page is down for everyone. File a support ticket as JSON."}]
-    kw = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 150}
+    kw = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 200}
     reply = parse_fn(client)(response_format=Ticket, **kw).choices[0]
     assert reply.finish_reason == "stop" and isinstance(reply.message.parsed, Ticket)
     assert keys_in_order(reply.message.content) == order
@@ -118,7 +119,7 @@ def test_keys_follow_the_schemas_order_not_the_alphabet(client):
         final = stream.get_final_completion().choices[0]
     assert isinstance(final.message.parsed, Ticket) and keys_in_order(final.message.content) == order
     answer = client.responses.parse(
-        model=MODEL, input=messages, text_format=Ticket, temperature=0, max_output_tokens=150
+        model=MODEL, input=messages, text_format=Ticket, temperature=0, max_output_tokens=200
     )
     assert isinstance(answer.output_parsed, Ticket) and keys_in_order(answer.output_text) == order
     tool = {"type": "function", "function": {"name": "file_ticket", "parameters": Ticket.model_json_schema()}}

@@ -189,6 +189,38 @@ def test_forced_tool_grammar_compiles_and_names_the_function(tokenizer):
     assert e.value.param == "tools"
 
 
+def test_tool_parameters_with_defs_compile_and_keep_their_order(tokenizer):
+    """A Pydantic model's schema as a function's parameters (``$ref: #/$defs/...``): the
+    definitions move to the grammar's root, where the reference resolves; the arguments are
+    written in the parameters' order. Two tools defining one name differently are a 400."""
+    import xgrammar as xgr
+
+    def tools(*params):
+        return [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(params)]
+
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/Place"}},
+        "required": ["name", "home"],
+        "$defs": {"Place": {"type": "object", "properties": {"zip": {"type": "string"}, "city": {"type": "string"}}}},
+    }
+    req = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "tools": tools(person, person)})
+    g = tool_grammar(req, tool_mode(req.model_copy(update={"tool_choice": "required"})))
+    assert json.loads(g.source)["$defs"] == person["$defs"]
+    asyncio.run(GrammarChecker(tokenizer).check(g, "tools"))
+    grammar = xgr.Grammar.from_json_schema(g.source, any_whitespace=False)
+    call = '{"name": "f0", "arguments": {"name": "A", "home": {"zip": "1", "city": "B"}}}'
+    assert xgr.testing._is_grammar_accept_string(grammar, call)
+    assert not xgr.testing._is_grammar_accept_string(
+        grammar, call.replace('"zip": "1", "city": "B"', '"city": "B", "zip": "1"')
+    )
+    other = {**person, "$defs": {"Place": {"type": "string"}}}
+    clash = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "tools": tools(person, other)})
+    with pytest.raises(ApiError) as e:
+        tool_grammar(clash, tool_mode(clash.model_copy(update={"tool_choice": "required"})))
+    assert e.value.status == 400 and e.value.param == "tools"
+
+
 def test_parse_calls_auto_forced_and_no_call():
     auto = tool_mode(chat())
     content, calls = parse_calls(
