@@ -65,7 +65,7 @@ def test_the_envelope_carries_the_serving_workers_fingerprint():
 
 
 def test_openapi_types_system_fingerprint_as_a_string_like_openai():
-    doc = build_openapi(DeployConfig().router_settings())
+    doc = build_openapi(DeployConfig(model={"max_model_len": 2048}).router_settings())
     for path, name in (
         ("/v1/chat/completions", "CreateChatCompletionResponse"),
         ("/v1/completions", "CreateCompletionResponse"),

@@ -16,6 +16,7 @@ from router.openapi import build_openapi
 from router.schemas import ChatRequest, CompletionRequest, parse
 
 HI = [{"role": "user", "content": "hi"}]
+ROUTER = DeployConfig(model={"max_model_len": 2048}).router_settings()  # what `up` gives (auto resolved)
 
 
 def bad(model, body) -> ApiError:
@@ -194,7 +195,7 @@ def test_error_types():
 
 
 def test_openapi_document_is_loadable_and_covers_the_routes():
-    doc = build_openapi(DeployConfig().router_settings())
+    doc = build_openapi(ROUTER)
     assert doc["openapi"].startswith("3.1")
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"} <= set(
         doc["paths"]
@@ -208,14 +209,18 @@ def test_openapi_document_is_loadable_and_covers_the_routes():
 
 
 def test_openapi_declares_bearer_auth_when_keys_are_set():
-    doc = build_openapi(parse_config({"router": {"api_keys": ["sk-secret-1"], "admin_token": "adm-secret"}}))
+    doc = build_openapi(
+        parse_config(
+            {"model": {"max_model_len": 2048}, "router": {"api_keys": ["sk-secret-1"], "admin_token": "adm-secret"}}
+        ).router_settings()
+    )
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "secret" not in json.dumps(doc)
 
 
 def test_openapi_request_schema_is_the_validators():
-    doc = build_openapi(DeployConfig().router_settings())
+    doc = build_openapi(ROUTER)
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["required"] == ["messages"]
     assert chat["properties"]["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
