@@ -16,11 +16,17 @@ from worker.contract.settings import LoggingConfig, ModelConfig, Section, Worker
 
 
 class RouterConfig(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    policy: PolicyName = Field("least_loaded", description="a name in router.policies.POLICIES")
+    host: str = Field("127.0.0.1", description="the public endpoint's address; 0.0.0.0 serves other machines")
+    port: int = Field(
+        8000, ge=1, le=65535, description="the public endpoint's port (the OpenAI API, the pages, /docs/)"
+    )
+    policy: PolicyName = Field(
+        "least_loaded",
+        description="round_robin: strict rotation over ready workers; least_loaded: fewest in flight, among those "
+        "the worker whose prefix cache likely holds the prompt's start, else rotation (router/policies.py)",
+    )
     admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
-    admin_port: int = Field(8001, ge=1, le=65535)
+    admin_port: int = Field(8001, ge=1, le=65535, description="the admin API's port (drain, restart, policy, apply)")
     admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
     api_keys: list[str] = Field(
         default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)"
@@ -37,7 +43,9 @@ class RouterConfig(Section):
         "to another worker, resuming after the generated tokens; 0 = off",
     )
     zmq_address: str | None = Field(
-        None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
+        None,
+        description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir; tcp://HOST:PORT turns on "
+        "CURVE with per-deployment keys",
     )
     keepalive_timeout_s: float = Field(
         75.0,
@@ -104,18 +112,20 @@ def is_loopback(host: str) -> bool:
 
 
 class LimitsConfig(Section):
-    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
-    max_prompt_tokens: int | None = Field(None, ge=1, description="defaults to max_model_len - 1")
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts get 400; default and ceiling: each model's max_model_len - 1"
+    )
     max_tokens: int = Field(4096, ge=1, description="ceiling on a request's max_tokens (the server-side cap)")
-    max_stop_strings: int = Field(16, ge=0)
-    max_stop_length: int = Field(256, ge=1)
+    max_stop_strings: int = Field(16, ge=0, description="most strings in a request's stop")
+    max_stop_length: int = Field(256, ge=1, description="longest stop string, characters")
 
 
 class DrainSettings(Section):
     """How long the router lets a drained worker, and itself on SIGTERM, finish in-flight requests
     (``supervisor.drain_timeout_s`` and ``supervisor.shutdown_grace_s``)."""
 
-    drain_timeout_s: float = Field(60.0, gt=0)
+    drain_timeout_s: float = Field(60.0, gt=0, description="how long a drain waits for in-flight requests")
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from router import admin
+from router import admin, docs_site
 from router.auth import OPEN_PATHS, token_matches
 from router.errors import ApiError
 from router.state import API
@@ -56,8 +56,9 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".s
 
 
 def is_open(path: str) -> bool:
-    """True for the paths served without an API key: health probes, the pages and their assets."""
-    return path in OPEN_PATHS or path in PAGES or path.startswith(ASSET_PREFIX)
+    """True for the paths served without an API key: health probes, the pages and their assets, and
+    the documentation site (:mod:`router.docs_site`): none of them holds data."""
+    return path in OPEN_PATHS or path in PAGES or path.startswith(ASSET_PREFIX) or docs_site.is_docs(path)
 
 
 def _file_response(path: Path) -> web.Response:
@@ -140,7 +141,8 @@ async def admin_action(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """The pages, their assets, their feed and the admin proxy, on the public app."""
+    """The pages, their assets, their feed, the admin proxy and the documentation, on the public app."""
+    docs_site.add_routes(app)
     for path in PAGES:
         app.router.add_get(path, page)
     app.router.add_get(ASSET_PREFIX + "{name}", asset)

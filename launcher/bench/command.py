@@ -38,7 +38,9 @@ SUITE = typer.Option(
     "again) · load: throughput and latency against --concurrency · embed: /v1/embeddings inputs/s and "
     "latency at concurrency 1, 8, 64 and one 512-input request",
 )
-MODEL = typer.Option(DEFAULTS.model, help="the `model` to request (default: the first of GET /models)")
+MODEL = typer.Option(
+    DEFAULTS.model, help="the `model` to request (default: the first model of GET /models that generates)"
+)
 TOKENIZER = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)")
 OUTPUT_TOKENS = typer.Option(
     DEFAULTS.output_tokens, help="output length of every short prompt (engine: 64) or of every scenario (load)"
@@ -98,7 +100,8 @@ EMBEDDING_LOAD = typer.Option(
     "/v1/embeddings clients, and print chat with load / chat alone per figure",
 )
 EMBEDDING_MODEL = typer.Option(
-    DEFAULTS.embedding_model, help="--embedding-load: the embedding model (default: the first of GET /models)"
+    DEFAULTS.embedding_model,
+    help="--embedding-load: the embedding model (default: the first `task: embed` model of GET /models)",
 )
 CHUNKS = typer.Option(
     None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"

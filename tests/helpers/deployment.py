@@ -67,7 +67,7 @@ class Deployment:
         self.port, self.admin_port = free_port(), free_port()
         base = {
             # float32: the tests compare outputs token for token across batching, chunking and prefix-cache
-            # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; README "The engine").
+            # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; docs/design/engine.md).
             # quantization none: float weights, the converted checkpoint, whose answers the tests assert
             # (tests/e2e/test_multimodel.py serves the GGUF file as stored)
             "model": {"name": MODEL, "max_model_len": 2048, "dtype": "float32", "quantization": "none"},
