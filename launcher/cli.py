@@ -94,7 +94,7 @@ def up_on_ray(cfg: DeployConfig, force: bool) -> int:
         ray_launch = prepare_ray(cfg, force)
     except ClusterError as exc:
         fail(str(exc))
-    return serve(cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address)
+    return serve(ray_launch.cfg, ray_launch.specs, ray_launch.model_path, ray_launch.backend, ray_launch.address)
 
 
 def up_here(cfg: DeployConfig, force: bool) -> int:
@@ -103,6 +103,7 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
     from launcher.plan.packing import place_models
     from launcher.plan.placement import PlacementError, discover
     from launcher.plan.plan import preflight
+    from launcher.plan.resolve import resolve_at_start
     from launcher.plan.several import preflight_models
     from worker.contract.tasks import TaskError
 
@@ -112,6 +113,7 @@ def up_here(cfg: DeployConfig, force: bool) -> int:
         specs = place_models([one.workers for one in served], inventory, [one.name for one in served])
     except PlacementError as exc:
         fail(f"workers: {exc}")
+    cfg = resolve_at_start(cfg, inventory, specs)
     check = preflight if len(served) == 1 else preflight_models
     if problem := check(cfg, inventory, specs):
         if not force:

@@ -73,6 +73,7 @@ class WorkerInfo(EngineLoad, kw_only=True, forbid_unknown_fields=False):
     kernels: list[KernelChoice] = msgspec.field(
         default_factory=list
     )  # the kernel table it measured at start (its Ready)
+    system_fingerprint: str = ""  # what its answers carry as system_fingerprint (its Ready)
     revision: int = 0  # the deployment's configuration revision its process was started with
 
 

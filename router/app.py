@@ -18,7 +18,7 @@ from aiohttp import web
 from router import admin, admin_protocol, openai_api, rollout, ui
 from router.auth import auth_middleware
 from router.batch import api as batch_api
-from router.connections import ConnectionGuard, connection_cap
+from router.connections import ConnectionGuard, connection_cap, keep_alive_header
 from router.embeddings.api import create_embeddings
 from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
@@ -126,6 +126,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app[CONNECTIONS] = guard
     app.on_response_prepare.append(echo_request_id)
     app.on_response_prepare.append(guard.on_response_prepare)
+    app.on_response_prepare.append(keep_alive_header(api.cfg.router.keepalive_timeout_s))  # after the guard
 
     async def pool_ctx(app: web.Application):
         await app[API].pool.start()
@@ -165,6 +166,7 @@ def create_admin_app(api: Api) -> web.Application:
     app[rollout.TOKENS] = rollout.AdminTokens(api.cfg.router.admin_token)
     app[METRICS] = metrics_of(api)
     app.on_response_prepare.append(echo_request_id)
+    app.on_response_prepare.append(keep_alive_header(api.cfg.router.keepalive_timeout_s))
     app.router.add_get("/admin/workers", workers)
     app.router.add_get("/admin/batches", batch_api.summary)
     app.router.add_get("/metrics", metrics_handler)

@@ -12,11 +12,17 @@ once the router stops accepting requests.
   on SIGTERM, or SIGTERM to the router itself), every response carries ``Connection: close`` and
   its connection is closed after it, so a pooled client (Reactor Netty, the JDK client, Apache
   HttpClient) never sends its next request onto a socket that is about to close.
+* Every response whose connection stays open says for how long it may idle:
+  ``Keep-Alive: timeout=N``, N a little below ``router.keepalive_timeout_s`` (the idle time after
+  which aiohttp closes it), as nginx and Apache httpd send, so a pooled client (the JDK's
+  HttpClient, Apache HttpClient, Node's undici) drops an idle socket before the server closes it
+  instead of sending its next request onto it and seeing a reset.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import resource
 
 from aiohttp import hdrs, web
@@ -99,3 +105,24 @@ class ConnectionGuard:
         if not self.accepting() or self.over_cap(request):
             response.headers[hdrs.CONNECTION] = "close"
             response.force_close()
+
+
+def keep_alive_seconds(idle_timeout_s: float) -> int:
+    """The ``timeout`` a ``Keep-Alive`` header announces for a server that closes idle connections
+    after ``idle_timeout_s``: 10 % (at least 1 s) less, so a request sent at the announced limit
+    still arrives before the close; at least 1."""
+    return max(1, math.floor(idle_timeout_s - max(1.0, idle_timeout_s / 10)))
+
+
+def keep_alive_header(idle_timeout_s: float):
+    """An ``on_response_prepare`` hook (append it after any hook that may close the connection)
+    adding ``Keep-Alive: timeout=N`` (:func:`keep_alive_seconds`) to every response whose
+    connection stays open."""
+    value = f"timeout={keep_alive_seconds(idle_timeout_s)}"
+
+    async def on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        keep = response.keep_alive if response.keep_alive is not None else request.keep_alive
+        if keep and response.headers.get(hdrs.CONNECTION, "").lower() != "close":
+            response.headers[hdrs.KEEP_ALIVE] = value
+
+    return on_response_prepare

@@ -254,13 +254,15 @@ def _model_card(m, created: int) -> dict:
 
 
 def _envelope(request: web.Request, api: Api, req: Sampling, chat: bool) -> tuple[Shaper, Urgency]:
-    """The answer's envelope, echoing the ``service_tier`` used when one was asked, and the urgency
-    its generations carry (:mod:`router.tiers`)."""
+    """The answer's envelope, echoing the ``service_tier`` used when one was asked, with a ready
+    replica's ``system_fingerprint`` until the serving worker's is known (:meth:`Shaper.served_by`),
+    and the urgency its generations carry (:mod:`router.tiers`)."""
     shaper = Shaper(
         WorkerPool.new_request_id()[4:],
         api.model_name,
         chat,
         include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
+        fingerprint=api.pool.fingerprint(model=api.pick_model),
     )
     urgency = urgency_of(request, req.service_tier, req.priority)
     if urgency.echoed is not None:
@@ -296,6 +298,10 @@ async def respond(
         choices = [make_choice(k, texts, top) for k in range(count)]
     prompt_tokens = sum(len(p) for p in prompts)  # each prompt counted once, whatever n
 
+    def on_tokens(worker_id: int, tok) -> None:
+        shaper.served_by(api.pool.fingerprint(worker_id))
+        timer.on_tokens(worker_id, tok)
+
     def events(k: int):
         base, i = params[k // req.n], k % req.n
         p = base if i == 0 else msgspec.structs.replace(base, seed=choice_seed(base.seed, i))
@@ -306,7 +312,7 @@ async def respond(
             api.cfg.router.max_retries,
             request.get(REQUEST_ID, ""),
             buffered=not req.stream,
-            on_tokens=timer.on_tokens,
+            on_tokens=on_tokens,
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,

@@ -47,6 +47,28 @@ REQUEST_ID_HEADER = {
 JSON_OBJECT = {"type": "object"}
 
 
+def _completion_object(kinds: list[str]) -> dict:
+    """The envelope of a (chat) completion (its stream chunks share it), typed as in OpenAI's document
+    (``system_fingerprint`` a string: :mod:`worker.contract.fingerprint`); choices and usage loosely."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", "system_fingerprint"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": kinds},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "system_fingerprint": {
+                "type": "string",
+                "description": "the backend configuration that produced the tokens (model files, dtype, "
+                "quantization, kernel table, engine version); the same on every replica of one revision",
+            },
+            "choices": {"type": "array", "items": JSON_OBJECT},
+            "usage": {"anyOf": [JSON_OBJECT, {"type": "null"}]},
+        },
+    }
+
+
 def _version() -> str:
     try:
         return metadata.version("llamadeploy")
@@ -98,6 +120,7 @@ def _post(
     summary: str,
     body_schema: str,
     answer: str = "The completion; with `stream: true`, Server-Sent Events ending in `data: [DONE]`",
+    answer_schema: str | None = None,
 ) -> dict:
     return {
         "post": {
@@ -111,7 +134,11 @@ def _post(
                 "200": {
                     "description": answer,
                     "content": {
-                        "application/json": {"schema": JSON_OBJECT},
+                        "application/json": {
+                            "schema": {"$ref": f"#/components/schemas/{answer_schema}"}
+                            if answer_schema
+                            else JSON_OBJECT
+                        },
                         "text/event-stream": {"schema": {"type": "string"}},
                     },
                 },
@@ -130,6 +157,21 @@ def _model_schemas(*models: tuple[type[BaseModel], str]) -> dict:
     return out
 
 
+def _components() -> dict:
+    """The request bodies (from the validators), the completion envelopes and the error object."""
+    return {
+        **_model_schemas(
+            (ChatRequest, "ChatCompletionRequest"),
+            (CompletionRequest, "CompletionRequest"),
+            (ResponsesRequest, "ResponsesRequest"),
+            (EmbeddingRequest, "EmbeddingRequest"),
+        ),
+        "CreateChatCompletionResponse": _completion_object(["chat.completion"]),
+        "CreateCompletionResponse": _completion_object(["text_completion"]),
+        "Error": ERROR,
+    }
+
+
 def build_openapi(cfg: RouterSettings) -> dict:
     """The document for a router running ``cfg`` (its limits and whether API keys are required)."""
     lim = cfg.limits
@@ -145,8 +187,12 @@ def build_openapi(cfg: RouterSettings) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "llamadeploy router", "version": _version(), "description": description},
         "paths": {
-            "/v1/chat/completions": _post("Create a chat completion", "ChatCompletionRequest"),
-            "/v1/completions": _post("Create a text completion", "CompletionRequest"),
+            "/v1/chat/completions": _post(
+                "Create a chat completion", "ChatCompletionRequest", answer_schema="CreateChatCompletionResponse"
+            ),
+            "/v1/completions": _post(
+                "Create a text completion", "CompletionRequest", answer_schema="CreateCompletionResponse"
+            ),
             "/v1/responses": _post(
                 "Create a model response (stateless: nothing is stored)",
                 "ResponsesRequest",
@@ -172,17 +218,7 @@ def build_openapi(cfg: RouterSettings) -> dict:
             "/metrics": _get("Prometheus metrics", "text/plain", {"type": "string"}),
             "/openapi.json": _get("This document"),
         },
-        "components": {
-            "schemas": {
-                **_model_schemas(
-                    (ChatRequest, "ChatCompletionRequest"),
-                    (CompletionRequest, "CompletionRequest"),
-                    (ResponsesRequest, "ResponsesRequest"),
-                    (EmbeddingRequest, "EmbeddingRequest"),
-                ),
-                "Error": ERROR,
-            }
-        },
+        "components": {"schemas": _components()},
     }
     if cfg.router.api_keys:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -149,7 +149,9 @@ class Sampling(Body):
     model: Text | None = None
     max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="nucleus sampling; 0 keeps only the most likely token"
+    )
     top_k: StrictInt | None = Field(None, ge=0, le=2**31 - 1)
     seed: StrictInt | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: Text | list[Text] | None = None

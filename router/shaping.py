@@ -156,17 +156,24 @@ class Choice:
 
 
 class Shaper:
-    """The envelope of every response object: ``id``, ``object``, ``created``, ``model``."""
+    """The envelope of every response object: ``id``, ``object``, ``created``, ``model``,
+    ``system_fingerprint`` (:mod:`worker.contract.fingerprint`: a ready replica's until
+    :meth:`served_by` names the one whose tokens the answer carries)."""
 
-    def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool = False):
+    def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool = False, fingerprint: str = ""):
         self.chat = chat
         self.include_usage = include_usage
         self.base = {
             "id": ("chatcmpl-" if chat else "cmpl-") + request_id,
             "created": int(time.time()),
             "model": model,
-            "system_fingerprint": None,
+            "system_fingerprint": fingerprint,
         }
+
+    def served_by(self, fingerprint: str) -> None:
+        """The fingerprint of the worker that produced the tokens (from then on, in every chunk)."""
+        if fingerprint:
+            self.base["system_fingerprint"] = fingerprint
 
     @property
     def chunk_object(self) -> str:

@@ -2,7 +2,7 @@
 :class:`worker.contract.protocol.Grammar`, checked and compiled here before any worker sees it.
 
 A schema is refused with a 400 (``param: "response_format"``, or ``"tools"`` for a function's
-``parameters``) when it is over ``MAX_SCHEMA_BYTES`` of canonical JSON, nested deeper than
+``parameters``) when it is over ``MAX_SCHEMA_BYTES`` of compact JSON, nested deeper than
 ``MAX_DEPTH``, not a schema (``"properties": {"foo": "bar"}``), has a count keyword over
 ``MAX_COUNT`` (``minItems: 100000000`` would force a value no ``max_tokens`` can hold), a
 ``pattern`` that is not a valid regular expression (``foo**``), or when xgrammar cannot compile it
@@ -10,6 +10,11 @@ within ``COMPILE_TIMEOUT_S``. The compile runs on a small thread pool, off the e
 releases the GIL while compiling); grammars that compiled are remembered (bounded LRU), so a
 repeated schema costs a dictionary lookup. The worker compiles the same source again for its own
 vocabulary (:mod:`worker.grammar`): the check here bounds what that costs.
+
+The grammar is compiled from the schema with its keys in the order the client sent them: xgrammar
+writes an object's properties in the order of ``properties``, and OpenAI's structured outputs follow
+the schema's order (a ``reasoning`` field placed before ``answer`` is generated first). Both caches
+are keyed by that text, so two schemas that differ only in key order never share a grammar.
 """
 
 from __future__ import annotations
@@ -61,17 +66,19 @@ SCHEMA_ONES = (
 )
 
 
-def canonical(schema: Any) -> str:
-    """The schema as canonical JSON (sorted keys, no spaces): the cache key on both sides."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def compact(schema: Any) -> str:
+    """The schema as compact JSON (no spaces) with its keys in the client's order: the grammar's
+    source and the cache key on both sides (sorting the keys would reorder the generated object)."""
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 def check_schema(schema: Any, param: str = "response_format") -> str:
-    """Structural checks of a JSON schema; returns its canonical JSON. Raises a 400 :class:`ApiError`."""
+    """Structural checks of a JSON schema; returns it as :func:`compact` JSON, keys in the client's
+    order. Raises a 400 :class:`ApiError`."""
     if not isinstance(schema, (dict, bool)):
         raise _bad(param, "the JSON schema must be an object")
     try:
-        text = canonical(schema)
+        text = compact(schema)
     except (RecursionError, ValueError):
         raise _bad(param, f"the JSON schema is nested deeper than {MAX_DEPTH} levels") from None
     if len(text.encode()) > MAX_SCHEMA_BYTES:

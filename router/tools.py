@@ -25,6 +25,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from router.errors import ApiError
 from router.schemas import ChatRequest, NamedToolChoice
 from router.structured import check_schema
 from worker.contract.protocol import Grammar
@@ -79,12 +80,13 @@ def tool_mode(req: ChatRequest) -> ToolMode | None:
 def tool_grammar(req: ChatRequest, mode: ToolMode) -> Grammar:
     """The grammar of one forced call: an object with the function's ``name`` then its ``arguments``
     (an ``anyOf`` over the tools for ``required``). The parameter schemas are checked (400 ``tools``)."""
-    options = []
+    options, defs = [], {}
     for t in req.tools:
         if mode.choice not in ("required", t.function.name):
             continue
         params = t.function.parameters if t.function.parameters is not None else {"type": "object"}
         check_schema(params, "tools")
+        params = _hoist_definitions(params, defs)
         options.append(
             {
                 "type": "object",
@@ -93,13 +95,27 @@ def tool_grammar(req: ChatRequest, mode: ToolMode) -> Grammar:
                 "additionalProperties": False,
             }
         )
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    # Not canonical (sorted) JSON: the grammar writes properties in the schema's order, and "name"
-    # must come before "arguments" for a stream to announce the call before its arguments (and for
-    # a call cut by max_tokens to still name its function).
-    text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
-    check_schema(schema, "tools")
-    return Grammar(kind="json_schema", source=text, strict=True)
+    schema = {**(options[0] if len(options) == 1 else {"anyOf": options}), **defs}
+    # The grammar writes properties in the schema's order: "name" comes before "arguments", so a
+    # stream announces the call before its arguments (and a call cut by max_tokens still names its
+    # function), and the arguments follow the order of the function's parameters.
+    return Grammar(kind="json_schema", source=check_schema(schema, "tools"), strict=True)
+
+
+def _hoist_definitions(params: dict, defs: dict) -> dict:
+    """``params`` without its ``$defs`` / ``definitions``, which move into ``defs`` (the call
+    grammar's root): a ``$ref`` such as ``#/$defs/Address`` (Pydantic, Spring AI) resolves against
+    the root of the schema compiled, where the parameters are nested. Raises a 400 when two tools
+    define one name differently."""
+    if not isinstance(params, dict):
+        return params
+    for key in ("$defs", "definitions"):
+        for name, sub in (params.get(key) or {}).items():
+            if defs.setdefault(key, {}).setdefault(name, sub) != sub:
+                raise ApiError(
+                    400, f"tools: two functions define {key}/{name} differently", param="tools", code="invalid_schema"
+                )
+    return {k: v for k, v in params.items() if k not in ("$defs", "definitions")}
 
 
 def chat_messages(req: ChatRequest, native: bool) -> tuple[list[dict], dict]:

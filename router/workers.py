@@ -131,6 +131,7 @@ class Worker:
     gpu_uuids: list[str] = field(default_factory=list)  # from its Ready
     weight_bytes: int = 0  # from its Ready
     kernels: list = field(default_factory=list)  # from its Ready: KernelChoice rows
+    fingerprint: str = ""  # from its Ready: its system_fingerprint (worker.contract.fingerprint)
     progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
     progress_cpu_s: float | None = None  # its process's CPU seconds (EngineLoad.cpu_s) at progress_at
 
@@ -196,6 +197,7 @@ class Worker:
             gpu_uuids=list(self.gpu_uuids),
             weight_bytes=self.weight_bytes,
             kernels=list(self.kernels),
+            system_fingerprint=self.fingerprint,
             revision=self.revision,
         )
 
@@ -269,6 +271,13 @@ class WorkerPool:
 
     def ready_workers(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.state == State.READY]
+
+    def fingerprint(self, worker_id: int | None = None, model: str | None = None) -> str:
+        """The ``system_fingerprint`` of worker ``worker_id`` when it is known, else that of a ready
+        replica of ``model`` (None: any); "" when there is none (replicas of one revision share one)."""
+        if worker_id is not None and (w := self.workers.get(worker_id)) is not None and w.fingerprint:
+            return w.fingerprint
+        return next((w.fingerprint for w in self.ready_workers() if model is None or w.model == model), "")
 
     def pick(
         self,
@@ -583,7 +592,7 @@ class WorkerPool:
         """The worker's model is loaded and warm: it takes requests (``ready``)."""
         w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
         w.gpu_uuids = list(msg.gpu_uuids)
-        w.weight_bytes, w.kernels = msg.weight_bytes, list(msg.kernels)
+        w.weight_bytes, w.kernels, w.fingerprint = msg.weight_bytes, list(msg.kernels), msg.fingerprint
         self.affinity.configure(w.worker_id, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
         if w.state == State.STARTING:
             self._set(w, State.READY)

@@ -81,7 +81,7 @@ class Engine:
                 f"prompt of {len(ids) + len(output)} tokens leaves no room in max_model_len {self.max_model_len}",
             )
         p = gen.params
-        if not (0.0 <= p.temperature <= 2.0 and 0.0 < p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
+        if not (0.0 <= p.temperature <= 2.0 and 0.0 <= p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
             return self._fail(rid, 400, "sampling parameters out of range")
         if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_TOP_LOGPROBS:
             return self._fail(rid, 400, f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")

@@ -6,7 +6,7 @@ takes milliseconds to tens of milliseconds, and releases the GIL). Shipping the 
 instead does not pay: deserializing it (``CompiledGrammar.deserialize_json``) costs about what
 compiling does (the measurements are in the docs' benchmark results). So the router sends the grammar's source (:class:`worker.contract.protocol.Grammar`)
 and each worker compiles it on a background thread when the request arrives, into a bounded LRU
-cache keyed by the source (the router canonicalises schemas, so equal schemas share an entry).
+cache keyed by the source (the router sends schemas as compact JSON, so equal schemas share an entry).
 The first decode step of the row waits for the compile only if it is still running then (a prefill
 usually takes longer than the compile).
 

@@ -23,6 +23,7 @@ import threading
 import time
 
 from worker.contract.env import SLOT_DEVICE_ENV
+from worker.contract.fingerprint import system_fingerprint
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
 from worker.contract.protocol import (
@@ -218,6 +219,7 @@ def load(
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
     linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
+    kernels = linears.report() if linears else []
     ready = Ready(
         worker_id=link.worker_id,
         load_seconds=time.monotonic() - started,
@@ -226,8 +228,12 @@ def load(
         gpu_uuids=[g["uuid"] for g in gpus],
         block_size=engine.scheduler.blocks.block_size,
         weight_bytes=linears.weight_bytes if linears else 0,
-        kernels=linears.report() if linears else [],
+        kernels=kernels,
+        fingerprint=system_fingerprint(
+            model_path, cfg.model, str(engine.runner.model.dtype), device_kind, world, kernels
+        ),
     )
+    log.info("system_fingerprint %s", ready.fingerprint)
     return engine, ready, group
 
 

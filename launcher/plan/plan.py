@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from launcher.config import DeployConfig
+from launcher.plan.context import AUTO, fitted_length, native_context, with_length
 from launcher.plan.embed import (
     EmbedFit,
     EmbedSizing,
@@ -211,6 +212,8 @@ def make_plan(
     sequence, or CPU workers needing more RAM than is available are ``errors``; stored GGUF types
     ``auto`` cannot serve are a warning (the worker's load refuses them).
     """
+    if cfg.model.max_model_len == AUTO:
+        return _auto_plan(cfg, inv, shape, dtype, specs)
     errors: list[str] = []
     gpus: list[GpuInfo] = []
     try:
@@ -243,6 +246,20 @@ def make_plan(
     plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
     return plan
+
+
+def _auto_plan(
+    cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str | None, specs: list[WorkerSpec] | None
+) -> Plan:
+    """:func:`make_plan` of ``model.max_model_len: auto`` (:mod:`launcher.plan.context`): planned at
+    the model's own length, and again at the reduced one when a worker's KV budget holds less."""
+    native = native_context(shape)
+    trial = make_plan(with_length(cfg, native, 0), inv, shape, dtype, specs)
+    if isinstance(trial.sizing, EmbedSizing):
+        return trial
+    held = min((f.kv_room // trial.sizing.kv_per_token for f in trial.fits), default=native)
+    length = fitted_length(native, held, shape.name)
+    return trial if length == native else make_plan(with_length(cfg, length, 0), inv, shape, dtype, specs)
 
 
 def _embed_plan(

@@ -37,7 +37,8 @@ def read_shape(name: str, model: ModelConfig | None = None) -> ModelShape:
     folder = config_folder(shape)
     if resolve_task(model, folder) != "embed":
         return shape
-    return replace(shape, embed=_embed_spec(folder, shape, model.max_model_len))
+    longest = model.max_model_len if model.max_model_len != "auto" else 1_048_576  # auto: the model's own
+    return replace(shape, embed=_embed_spec(folder, shape, longest))
 
 
 def config_folder(shape: ModelShape) -> Path | None:

@@ -33,6 +33,7 @@ class RayLaunch:
     model_path: Path
     address: str  # the router's ZeroMQ endpoint, tcp://
     backend: object  # launcher.ray.backend.RayBackend
+    cfg: DeployConfig  # the deployment's, max_model_len resolved (launcher.plan.context)
 
 
 def cluster_layout(cfg: DeployConfig) -> tuple[Inventory, list[RaySpec], bool]:
@@ -126,10 +127,12 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
     """Everything ``up`` does before starting the router, for a Ray cluster. Raises ClusterError."""
     from launcher.models import ModelNotFound, resolve_model
     from launcher.plan.plan import preflight
+    from launcher.plan.resolve import resolve_at_start
     from launcher.ray.backend import RayBackend
 
     inventory, specs, known = cluster_layout(cfg)
     check_room(specs)
+    cfg = resolve_at_start(cfg, inventory if known else None, specs)
     if not known:
         log.warning("the memory plan is skipped: %s", UNKNOWN_MEMORY)
     elif problem := preflight(cfg, inventory, specs):
@@ -144,4 +147,4 @@ def prepare_ray(cfg: DeployConfig, force: bool) -> RayLaunch:
     log.info(
         "Ray: workers reach the router at %s (CURVE); the model at %s must exist on every node", address, model_path
     )
-    return RayLaunch(specs, model_path, address, RayBackend(cfg, specs))
+    return RayLaunch(specs, model_path, address, RayBackend(cfg, specs), cfg)

@@ -93,7 +93,9 @@ def _target_config(sup, req: ApplyRequest) -> DeployConfig:
         )
     if problem := tp_refusal(cfg):
         raise Refused(problem)
-    return cfg
+    from launcher.plan.resolve import resolve_for_apply
+
+    return resolve_for_apply(cfg, sup.revisions.current.config)
 
 
 def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | None, rollback: bool) -> RolloutPlan:

@@ -56,9 +56,20 @@ async def create_response(request: web.Request, body: dict | None = None) -> web
         tools = tool_mode(chat)
         grammar = await request_grammar(api, chat, tools)
         prompt = await tokenize_chat(api, chat)
-        params = sampling_params(api, chat, len(prompt), chat.max_completion_tokens)
+        params = sampling_params(api, chat, len(prompt), output_bound(api, chat.max_completion_tokens, len(prompt)))
     params.grammar = grammar
     return await respond(request, api, req, chat, tools, prompt, params)
+
+
+def output_bound(api: Api, asked: int | None, prompt_len: int) -> int | None:
+    """``max_output_tokens`` as OpenAI documents it: an upper bound on the tokens generated, so
+    it is cut to the context left after the prompt (and to ``limits.max_tokens``) rather than
+    refused; the answer then ends ``incomplete`` (``max_output_tokens``) where the context does.
+    Chat's and completions' ``max_tokens`` keep their 400 (``context_length_exceeded``), as OpenAI's
+    and vLLM's do. A prompt that leaves no room is still refused by the length checks."""
+    if asked is None:
+        return None
+    return max(1, min(asked, api.cfg.limits.max_tokens, api.max_model_len - prompt_len))
 
 
 async def respond(

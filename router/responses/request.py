@@ -43,7 +43,9 @@ class ResponsesRequest(Body):
     stream: StrictBool | None = None
     store: StrictBool | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="nucleus sampling; 0 keeps only the most likely token"
+    )
     max_output_tokens: StrictInt | None = Field(None, ge=1)
     tools: list[Any] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None

@@ -294,3 +294,27 @@ def test_the_sdk_sees_a_bad_request_naming_previous_response_id(client):
     with pytest.raises(BadRequestError) as info:
         client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_123")
     assert info.value.param == "previous_response_id"
+
+
+def test_max_output_tokens_is_an_upper_bound_cut_to_the_context_left(deployment, client):
+    """openai-java's function-calling example sends ``max_output_tokens: 2048``: with a context of
+    2048 that is no 400, and the answer stops where the context ends at the latest (``incomplete``
+    for ``max_output_tokens`` when it gets there; tests/unit/test_responses.py pins the cut).
+    Chat's ``max_tokens`` keeps OpenAI's 400 for what cannot fit."""
+    context = deployment.config["model"]["max_model_len"]
+    ask = "\n\nIgnore the apples above. Continue this list, one number after another: 1, 2, 3, 4, 5, 6,"
+    probe = client.responses.create(model=MODEL, input="apple " * 100 + ask, max_output_tokens=1)
+    words = 100 + (context - 3) - probe.usage.input_tokens  # " apple" is one token: ~3 tokens left
+    text = "apple " * words + ask
+    answer = client.responses.create(model=MODEL, input=text, max_output_tokens=context, temperature=0)
+    left = context - answer.usage.input_tokens
+    assert 0 < left <= 8, answer.usage
+    assert answer.usage.output_tokens <= left and answer.max_output_tokens == context
+    if answer.usage.output_tokens == left:  # cut where the context ends (the model may stop first)
+        assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    streamed = stream(deployment, {"model": MODEL, "input": text, "max_output_tokens": context, "temperature": 0})
+    assert streamed[-1]["type"] in ("response.completed", "response.incomplete")
+    assert streamed[-1]["response"]["usage"]["output_tokens"] <= left
+    with pytest.raises(BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=context)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "max_tokens"

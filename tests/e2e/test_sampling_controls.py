@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import math
+import re
+
+import msgspec
 
 from tests.helpers.deployment import MODEL
+from worker.contract.fingerprint import kernel_choices
+from worker.contract.protocol import KernelChoice
 
 Q = [{"role": "user", "content": "Name three colours."}]
 
@@ -110,3 +115,40 @@ def test_n_choices_plain_streamed_and_seeded(client):
             assert ch.usage.completion_tokens == a.usage.completion_tokens
     assert [texts[i] for i in range(3)] == [c.message.content for c in a.choices]
     assert set(finishes) == {0, 1, 2}
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(client):
+    """OpenAI's range is 0 <= top_p <= 1: 0 is accepted and, at any temperature, is the greedy answer."""
+    kw = {"model": MODEL, "messages": Q, "max_tokens": 12}
+    greedy = client.chat.completions.create(temperature=0, **kw).choices[0].message.content
+    for seed in (1, 2):
+        hot = client.chat.completions.create(temperature=1.5, top_p=0, seed=seed, **kw)
+        assert hot.choices[0].message.content == greedy
+    text = client.completions.create(model=MODEL, prompt="Colours:", max_tokens=6, temperature=1.2, top_p=0.0)
+    assert (
+        text.choices[0].text
+        == client.completions.create(model=MODEL, prompt="Colours:", max_tokens=6, temperature=0).choices[0].text
+    )
+
+
+def test_system_fingerprint_is_the_serving_revisions_in_every_answer(deployment, client):
+    """A string (OpenAI's type) in every chat completion, chunk and completion: the value
+    ``GET /workers`` shows for the worker that served it. The two replicas of the one revision
+    share it exactly when their kernel tables chose the same kernels (the only input that may
+    differ between them: each measures its own at start)."""
+    workers = deployment.workers()
+    fingerprints = {w["system_fingerprint"] for w in workers}
+    assert len(workers) == 2 and all(re.fullmatch(r"fp_[0-9a-f]{12}", f) for f in fingerprints)
+    tables = [kernel_choices([msgspec.convert(c, KernelChoice) for c in w["kernels"]]) for w in workers]
+    assert (len(fingerprints) == 1) == (tables[0] == tables[1]), tables
+    seen = set()
+    for _ in range(2):
+        seen.add(client.chat.completions.create(model=MODEL, messages=Q, max_tokens=2).system_fingerprint)
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=Q, max_tokens=2, stream=True, stream_options={"include_usage": True}
+        )
+        seen |= {c.system_fingerprint for c in chunks}
+        seen.add(client.completions.create(model=MODEL, prompt="Colours:", max_tokens=2).system_fingerprint)
+        streamed = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True)
+        seen |= {c.system_fingerprint for c in streamed}
+    assert seen and seen <= fingerprints

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import jsonschema
@@ -19,6 +20,11 @@ from tests.helpers.deployment import MODEL
 class Company(BaseModel):
     name: str = Field(max_length=30)
     city: str = Field(max_length=20)
+
+
+class Assignee(BaseModel):
+    team: str = Field(max_length=12)
+    owner: str = Field(max_length=12)
 
 
 class Extraction(BaseModel):
@@ -81,6 +87,45 @@ def test_sdk_parse_returns_an_object_and_stream_equals_non_stream(client, temper
 
     with ThreadPoolExecutor(len(DOCS)) as pool:
         list(pool.map(one, DOCS))  # re-raises the first failure
+
+
+class Ticket(BaseModel):
+    """Fields in an order that is not the alphabetical one (nor is ``Assignee``'s)."""
+
+    reasoning: str = Field(max_length=40)
+    priority: Literal["low", "high"]
+    answer: str = Field(max_length=20)
+    assignee: Assignee
+
+
+def keys_in_order(content: str) -> tuple[list[str], list[str]]:
+    """The keys of the generated object and of its ``assignee``, in the order they were written."""
+    obj = json.loads(content)
+    return list(obj), list(obj["assignee"])
+
+
+@pytest.mark.timeout(600)  # five constrained generations, on a shared CPU
+def test_keys_follow_the_schemas_order_not_the_alphabet(client):
+    """OpenAI's structured outputs follow the schema's key order (a ``reasoning`` field placed
+    before ``answer`` is written first): chat's ``parse`` with a Pydantic model, its stream,
+    Responses' ``text.format`` and a forced tool call's arguments."""
+    order = (["reasoning", "priority", "answer", "assignee"], ["team", "owner"])
+    assert sorted(order[0]) != order[0] and sorted(order[1]) != order[1]
+    messages = [{"role": "user", "content": "The login page is down for everyone. File a support ticket as JSON."}]
+    kw = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 200}
+    reply = parse_fn(client)(response_format=Ticket, **kw).choices[0]
+    assert reply.finish_reason == "stop" and isinstance(reply.message.parsed, Ticket)
+    assert keys_in_order(reply.message.content) == order
+    with client.chat.completions.stream(response_format=Ticket, **kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert isinstance(final.message.parsed, Ticket) and keys_in_order(final.message.content) == order
+    answer = client.responses.parse(
+        model=MODEL, input=messages, text_format=Ticket, temperature=0, max_output_tokens=200
+    )
+    assert isinstance(answer.output_parsed, Ticket) and keys_in_order(answer.output_text) == order
+    tool = {"type": "function", "function": {"name": "file_ticket", "parameters": Ticket.model_json_schema()}}
+    call = client.chat.completions.create(tools=[tool], tool_choice="required", **kw).choices[0].message.tool_calls[0]
+    assert keys_in_order(call.function.arguments) == order
 
 
 def test_schema_at_response_format_schema_is_accepted(deployment):

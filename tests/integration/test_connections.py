@@ -8,6 +8,7 @@ import json
 from collections.abc import Awaitable, Callable
 
 from launcher.config import parse_config
+from router.connections import keep_alive_seconds
 from router.main import start_servers, stop_servers
 from router.state import Api
 from router.workers import WorkerPool
@@ -85,6 +86,30 @@ def test_idle_keepalive_connection_is_closed_after_the_configured_timeout(tmp_pa
 
     assert parse_config({}).router.keepalive_timeout_s == 75
     serve(tmp_path, test, keepalive_timeout_s=0.2)
+
+
+def test_keep_alive_header_announces_a_timeout_below_the_real_one(tmp_path):
+    """``Keep-Alive: timeout=N`` on every kept-alive response (public app, admin app, errors too),
+    N below ``keepalive_timeout_s``; a request sent after N idle seconds is still served on that
+    connection; a response that closes its connection does not carry it."""
+
+    async def test(api: Api, runners) -> None:
+        conn = await Conn.open(api.cfg.router.port)
+        for path in ("/health/live", "/v1/models", "/no/such/path"):
+            status, headers, _ = await conn.request("GET", path)
+            assert headers["keep-alive"] == "timeout=2", (path, status, headers)
+        admin = await Conn.open(api.cfg.router.admin_port)
+        assert (await admin.request("GET", "/admin/workers"))[1]["keep-alive"] == "timeout=2"
+        await asyncio.sleep(2)  # idle for the announced timeout: the server has not closed it yet
+        status, headers, _ = await conn.request("GET", "/health/live")
+        assert status == 200 and headers["keep-alive"] == "timeout=2"
+        status, _, _ = await admin.request("POST", "/admin/shutdown?grace=0")
+        status, headers, _ = await conn.request("GET", "/health/live")
+        assert headers["connection"].lower() == "close" and "keep-alive" not in headers
+        admin.close()
+
+    assert keep_alive_seconds(75) == 67 and keep_alive_seconds(5) == 4 and keep_alive_seconds(0.2) == 1
+    serve(tmp_path, test, keepalive_timeout_s=3.5)
 
 
 def test_connections_past_the_cap_get_503_and_are_closed(tmp_path):

@@ -59,7 +59,10 @@ def test_beside_a_chat_model_the_embedding_models_plan_has_no_kv_cache(tmp_path,
     cfg = DeployConfig.model_validate(
         {
             "workers": {"devices": "cpu", "replicas": 1},
-            "models": [{"name": "smollm2-135m-instruct"}, {"name": minilm_folder(tmp_path), "served_name": "mini"}],
+            "models": [
+                {"name": "smollm2-135m-instruct", "max_model_len": 2048},  # 8 full-length sequences in 1 GiB
+                {"name": minilm_folder(tmp_path), "served_name": "mini"},
+            ],
         }
     )
     rows = {r.name: r for r in models_checks(cfg, CPU)}

@@ -198,5 +198,5 @@ def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):
     embed = served_model(ModelConfig(name="e"), str(folder), tokenizer=None)
     assert (embed.task, embed.embed_spec.pooling, embed.config.max_model_len) == ("embed", "mean", 384)
     write(tmp_path / "llama", "config.json", {"model_type": "llama"})
-    chat = served_model(ModelConfig(name="c"), str(tmp_path / "llama"), tokenizer=None)
+    chat = served_model(ModelConfig(name="c", max_model_len=2048), str(tmp_path / "llama"), tokenizer=None)
     assert (chat.task, chat.embed_spec, chat.config.max_model_len) == ("generate", None, 2048)

@@ -307,3 +307,19 @@ def test_a_forced_call_grammar_writes_the_name_before_the_arguments():
     rules = str(xgr.Grammar.from_json_schema(tool_grammar(chat, tool_mode(chat)).source, any_whitespace=False))
     root = next(line for line in rules.splitlines() if line.startswith("root ::="))
     assert root.startswith('root ::= (("{" "\\"name\\""'), root
+
+
+def test_max_output_tokens_is_cut_to_the_context_left_and_the_servers_ceiling():
+    """Responses' ``max_output_tokens`` is an upper bound (OpenAI): cut, never refused; None stays
+    None (the chat path's default applies)."""
+    from types import SimpleNamespace
+
+    from router.responses.api import output_bound
+
+    api = SimpleNamespace(cfg=SimpleNamespace(limits=SimpleNamespace(max_tokens=4096)), max_model_len=2048)
+    assert output_bound(api, 2048, 223) == 2048 - 223
+    assert output_bound(api, 100, 223) == 100
+    assert output_bound(api, 8192, 10) == 2038
+    assert output_bound(api, None, 223) is None
+    api.max_model_len = 8192
+    assert output_bound(api, 8000, 10) == 4096  # limits.max_tokens

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from worker.contract.protocol import LOGPROB_FLOOR, Grammar, SamplingParams
-from worker.sampling import BAD_TOKEN, RowSampler, SamplingError, position_seed, sample_batch, sample_batch_ex
+from worker.sampling import (
+    BAD_TOKEN,
+    RowSampler,
+    SamplingError,
+    _top_k_top_p,
+    position_seed,
+    sample_batch,
+    sample_batch_ex,
+)
 
 CPU = torch.device("cpu")
 V = 64
@@ -45,6 +53,17 @@ def test_top_k_one_and_tiny_top_p_pick_the_argmax():
     for _ in range(20):
         assert RowSampler(1.0, 1.0, 1, None, CPU).sample(logits) == 1
         assert RowSampler(1.0, 0.01, 0, None, CPU).sample(logits) == 1
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token():
+    """OpenAI's range is 0 <= top_p <= 1; 0 is greedy whatever the temperature, on the cut (top-256)
+    path, the full-sort path, and with no division by zero (finite probabilities)."""
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    for seed in range(20):
+        assert RowSampler(1.5, 0.0, 0, seed, CPU).sample(logits) == int(logits.argmax())
+    masked = _top_k_top_p(logits.unsqueeze(0), torch.tensor([0]), torch.tensor([0.0]))
+    probs = torch.softmax(masked, dim=-1)
+    assert torch.isfinite(probs).all() and probs[0, int(logits.argmax())] == 1.0
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():

@@ -16,6 +16,7 @@ from router.openapi import build_openapi
 from router.schemas import ChatRequest, CompletionRequest, parse
 
 HI = [{"role": "user", "content": "hi"}]
+ROUTER = DeployConfig(model={"max_model_len": 2048}).router_settings()  # what `up` gives (auto resolved)
 
 
 def bad(model, body) -> ApiError:
@@ -44,7 +45,8 @@ def bad(model, body) -> ApiError:
         ({"messages": HI, "top_k": 2**31}, "top_k"),
         ({"messages": HI, "temperature": "hot"}, "temperature"),
         ({"messages": HI, "temperature": 2.5}, "temperature"),
-        ({"messages": HI, "top_p": 0}, "top_p"),
+        ({"messages": HI, "top_p": -0.1}, "top_p"),
+        ({"messages": HI, "top_p": 1.01}, "top_p"),
         ({"messages": HI, "n": 17}, "n"),
         ({"messages": HI, "logprobs": 1}, "logprobs"),
         ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
@@ -193,7 +195,7 @@ def test_error_types():
 
 
 def test_openapi_document_is_loadable_and_covers_the_routes():
-    doc = build_openapi(DeployConfig().router_settings())
+    doc = build_openapi(ROUTER)
     assert doc["openapi"].startswith("3.1")
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json"} <= set(
         doc["paths"]
@@ -207,14 +209,18 @@ def test_openapi_document_is_loadable_and_covers_the_routes():
 
 
 def test_openapi_declares_bearer_auth_when_keys_are_set():
-    doc = build_openapi(parse_config({"router": {"api_keys": ["sk-secret-1"], "admin_token": "adm-secret"}}))
+    doc = build_openapi(
+        parse_config(
+            {"model": {"max_model_len": 2048}, "router": {"api_keys": ["sk-secret-1"], "admin_token": "adm-secret"}}
+        ).router_settings()
+    )
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "secret" not in json.dumps(doc)
 
 
 def test_openapi_request_schema_is_the_validators():
-    doc = build_openapi(DeployConfig().router_settings())
+    doc = build_openapi(ROUTER)
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["required"] == ["messages"]
     assert chat["properties"]["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
@@ -255,3 +261,9 @@ def test_explicit_null_means_the_default_for_n_stream_and_parallel_tool_calls():
     req = parse(ChatRequest, body)
     assert (req.n, req.stream, req.parallel_tool_calls) == (1, False, True)
     assert parse(CompletionRequest, {"prompt": "hi", "n": None, "stream": None}).n == 1
+
+
+@pytest.mark.parametrize("top_p", [0, 0.0, 0.5, 1])
+def test_top_p_takes_openais_whole_range(top_p):
+    assert parse(ChatRequest, {"messages": HI, "top_p": top_p}).top_p == top_p
+    assert parse(CompletionRequest, {"prompt": "hi", "top_p": top_p}).top_p == top_p

@@ -46,10 +46,37 @@ def test_hostile_schemas_are_400_response_format(schema):
     assert e.value.status == 400 and e.value.param == "response_format"
 
 
-def test_size_limit_is_on_canonical_json():
+def test_size_limit_is_on_compact_json_in_the_clients_key_order():
     ok = {"type": "object", "properties": {"a": {"type": "string", "description": "x" * (MAX_SCHEMA_BYTES // 2)}}}
     assert json.loads(check_schema(ok)) == ok
-    assert check_schema({"b": 1, "a": {"type": "string"}}) == '{"a":{"type":"string"},"b":1}'
+    assert check_schema({"b": 1, "a": {"type": "string"}}) == '{"b":1,"a":{"type":"string"}}'
+
+
+def test_the_grammar_writes_properties_in_the_schemas_order(tokenizer):
+    """Two schemas that differ only in key order compile to two grammars, each accepting its own
+    order and refusing the other (xgrammar follows ``properties``' order)."""
+    import xgrammar as xgr
+
+    name_age = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    age_name = {"type": "object", "properties": {"age": {"type": "integer"}, "name": {"type": "string"}}}
+    for schema in (name_age, age_name):
+        schema["required"], schema["additionalProperties"] = ["name", "age"], False
+    first, second = check_schema(name_age), check_schema(age_name)
+    assert first != second and json.loads(first) == json.loads(second)
+    for source, good, wrong in (
+        (first, '{"name": "A", "age": 3}', '{"age": 3, "name": "A"}'),
+        (second, '{"age": 3, "name": "A"}', '{"name": "A", "age": 3}'),
+    ):
+        grammar = xgr.Grammar.from_json_schema(source, any_whitespace=False)
+        assert xgr.testing._is_grammar_accept_string(grammar, good)
+        assert not xgr.testing._is_grammar_accept_string(grammar, wrong)
+    checker = GrammarChecker(tokenizer)
+
+    async def go():
+        for source in (first, second):
+            assert await checker.check(Grammar(kind="json_schema", source=source), "response_format") > 0
+
+    asyncio.run(go())
 
 
 def test_compile_check_refuses_what_xgrammar_cannot_compile_and_caches(tokenizer):
@@ -160,6 +187,38 @@ def test_forced_tool_grammar_compiles_and_names_the_function(tokenizer):
     with pytest.raises(ApiError) as e:
         tool_grammar(bad, tool_mode(bad))
     assert e.value.param == "tools"
+
+
+def test_tool_parameters_with_defs_compile_and_keep_their_order(tokenizer):
+    """A Pydantic model's schema as a function's parameters (``$ref: #/$defs/...``): the
+    definitions move to the grammar's root, where the reference resolves; the arguments are
+    written in the parameters' order. Two tools defining one name differently are a 400."""
+    import xgrammar as xgr
+
+    def tools(*params):
+        return [{"type": "function", "function": {"name": f"f{i}", "parameters": p}} for i, p in enumerate(params)]
+
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "home": {"$ref": "#/$defs/Place"}},
+        "required": ["name", "home"],
+        "$defs": {"Place": {"type": "object", "properties": {"zip": {"type": "string"}, "city": {"type": "string"}}}},
+    }
+    req = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "tools": tools(person, person)})
+    g = tool_grammar(req, tool_mode(req.model_copy(update={"tool_choice": "required"})))
+    assert json.loads(g.source)["$defs"] == person["$defs"]
+    asyncio.run(GrammarChecker(tokenizer).check(g, "tools"))
+    grammar = xgr.Grammar.from_json_schema(g.source, any_whitespace=False)
+    call = '{"name": "f0", "arguments": {"name": "A", "home": {"zip": "1", "city": "B"}}}'
+    assert xgr.testing._is_grammar_accept_string(grammar, call)
+    assert not xgr.testing._is_grammar_accept_string(
+        grammar, call.replace('"zip": "1", "city": "B"', '"city": "B", "zip": "1"')
+    )
+    other = {**person, "$defs": {"Place": {"type": "string"}}}
+    clash = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "tools": tools(person, other)})
+    with pytest.raises(ApiError) as e:
+        tool_grammar(clash, tool_mode(clash.model_copy(update={"tool_choice": "required"})))
+    assert e.value.status == 400 and e.value.param == "tools"
 
 
 def test_parse_calls_auto_forced_and_no_call():

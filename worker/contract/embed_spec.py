@@ -82,9 +82,12 @@ def read_pooling(model_dir: Path, modules: list) -> Pooling | None:
     return mode
 
 
-def read_spec(model_dir: Path | str, max_model_len: int) -> EmbedSpec:
+def read_spec(model_dir: Path | str, max_model_len: int | str) -> EmbedSpec:
     """The :class:`EmbedSpec` of the model in ``model_dir``; ``max_model_len`` (``model.max_model_len``)
-    caps the tokens per input. Raises :class:`EmbedSpecError` for a pooling it cannot serve."""
+    caps the tokens per input (``auto``: the model's own limit). Raises :class:`EmbedSpecError` for a
+    pooling it cannot serve."""
+    if max_model_len == "auto":  # an embedding model keeps no KV cache: nothing reduces its own length
+        max_model_len = 1_048_576
     folder = Path(model_dir)
     config = read_json(folder / "config.json")
     encoder = config.get("model_type") in ENCODER_TYPES

@@ -15,7 +15,8 @@ from __future__ import annotations
 import msgspec
 
 PROTOCOL_VERSION = 5  # bumped on every change of a message's fields (2: Heartbeat carries EngineLoad; 3: Embed;
-# 4: Generate carries priority and flex; 5: EngineLoad counts captured and eager decode steps)
+# 4: Generate carries priority and flex; 5: EngineLoad counts captured and eager decode steps, Ready carries the
+# system fingerprint)
 
 
 class Msg(msgspec.Struct, tag=True, forbid_unknown_fields=True, array_like=False):
@@ -69,7 +70,8 @@ class Ready(Msg):
     """Model loaded and warm-up generation done; ``load_seconds`` is wall time since start,
     ``kv_budget_tokens`` the KV-cache budget in tokens, ``weight_bytes`` the bytes of every weight
     tensor it holds (quantized forms and any second form of a weight included; the KV cache apart),
-    ``kernels`` the kernel table it chose."""
+    ``kernels`` the kernel table it chose, ``fingerprint`` its ``system_fingerprint``
+    (:mod:`worker.contract.fingerprint`; "" for an embedding model)."""
 
     worker_id: int
     load_seconds: float
@@ -79,6 +81,7 @@ class Ready(Msg):
     block_size: int = 0  # tokens per KV block of its prefix cache (0: none); the router's cache-aware routing
     weight_bytes: int = 0
     kernels: list[KernelChoice] = []
+    fingerprint: str = ""
 
 
 class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -212,7 +215,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True):
 
 class Grammar(msgspec.Struct, forbid_unknown_fields=True):
     """A decoding constraint, compiled by the worker (xgrammar). ``kind``: ``json_object`` (any JSON
-    object; ``source`` unused), ``json_schema`` (``source`` = the schema as canonical JSON; ``strict``:
+    object; ``source`` unused), ``json_schema`` (``source`` = the schema as JSON, keys in the client's order; ``strict``:
     no properties beyond the schema's), ``regex`` or ``ebnf`` (``source`` = the pattern/grammar)."""
 
     kind: str

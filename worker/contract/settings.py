@@ -41,7 +41,11 @@ class ModelConfig(Section):
         "stored, a float checkpoint unquantized; none = float weights (a GGUF file dequantized); int8 / int4 = "
         "quantize the float weights at load, per group (embeddings, norms and the LM head stay float)",
     )
-    max_model_len: int = Field(2048, ge=16, le=1_048_576, description="prompt + completion tokens per request")
+    max_model_len: Annotated[int, Field(ge=16, le=1_048_576)] | Literal["auto"] = Field(
+        "auto",
+        description="prompt + completion tokens per request; auto: the model's own context length "
+        "(max_position_embeddings), reduced to what the KV cache holds for one sequence (launcher.plan.context)",
+    )
     random_init: bool = Field(
         False,
         description="for benchmarking only: build the model from config.json with "
