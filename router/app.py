@@ -78,11 +78,16 @@ def error_middleware():
 
 
 async def health(request: web.Request) -> web.Response:
-    ready = request.app[API].pool.ready_workers()
-    status = 200 if ready and request.app[API].pool.accepting else 503
-    return web.json_response(
-        {"status": "ok" if status == 200 else "unavailable", "ready_workers": len(ready)}, status=status
-    )
+    """``/health``, ``/health/ready``: 200 when every served model has a ready replica (``?model=NAME``:
+    when that one has; 404 for a name not served) and the router accepts requests, else 503.
+    ``models`` gives each model's state (:meth:`router.state.Api.model_states`)."""
+    api = request.app[API]
+    states = api.model_states()
+    name = request.query.get("model")
+    asked = [api.named(name).name] if name is not None else list(states)
+    ok = api.pool.accepting and all(states[m] == "ready" for m in asked)
+    body = {"status": "ok" if ok else "unavailable", "ready_workers": len(api.pool.ready_workers()), "models": states}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def live(request: web.Request) -> web.Response:

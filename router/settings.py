@@ -11,6 +11,7 @@ import ipaddress
 
 from pydantic import Field, field_validator, model_validator
 
+from router.hold import DEFAULT_HOLD_S
 from router.policies import PolicyName
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
 
@@ -35,6 +36,12 @@ class RouterConfig(Section):
         le=100,
         description="moves of a request whose worker is lost mid-generation "
         "to another worker, resuming after the generated tokens; 0 = off",
+    )
+    hold_s: float = Field(
+        DEFAULT_HOLD_S,
+        ge=0,
+        description="a request that finds no ready replica of its model waits up to this long while one is "
+        "expected (restarting, loading, being replaced), then gets 503; 0 = answer 503 at once",
     )
     zmq_address: str | None = Field(
         None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
@@ -142,6 +149,11 @@ class RouterSettings(Section):
         """The workers section a worker of ``model`` (a served name) runs under: the one place the
         router looks a per-model key up (heartbeat and stall timeouts...)."""
         return self.model_workers.get(model, self.workers)
+
+    def hold_limits(self, model: str | None) -> tuple[float, int]:
+        """(``router.hold_s``, the model's ``workers.max_waiting``): how long and how many requests
+        the router holds for a replica of ``model`` (None: the only one; :mod:`router.hold`)."""
+        return self.router.hold_s, self.workers_for(model or "").max_waiting
 
     def model_timeouts(self) -> dict[str, tuple[float, float]]:
         """Served name -> (heartbeat, stall) timeouts in seconds of each model with its own workers

@@ -33,6 +33,7 @@ LIVE_KEYS = frozenset(
         "router.request_timeout_s",
         "router.max_retries",
         "router.max_migrations",
+        "router.hold_s",
         "logging.level",
         "workers.startup_timeout_s",  # the supervisor's
         "workers.heartbeat_timeout_s",  # the router's watchdog
