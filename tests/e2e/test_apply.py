@@ -121,7 +121,7 @@ def test_rolling_change_under_load_drops_nothing_and_a_second_apply_gets_409(d):
     assert seen and seen[0].startswith("1 ") and "409" in seen[0] and "in progress" in seen[0], seen
     workers = d.workers()
     assert all(w["max_num_seqs"] == 3 and w["state"] == "ready" for w in workers), workers
-    assert all(pids(d)[wid] != pid for wid, pid in before.items())
+    assert not set(pids(d).values()) & set(before.values())  # every process replaced (a surge's new slot has a new id)
     assert revisions(d) == {rev + 1}
 
 
