@@ -67,12 +67,12 @@ def up(
     for *_, problem in port_problems(cfg):
         if problem:
             fail(problem)
+    if cfg.cluster.backend == "ray":
+        from launcher.plan.layouts import tp_refusal
 
-    from launcher.plan.layouts import tp_refusal
-
-    for k in range(len(cfg.served())):  # each model under its own workers section
-        if problem := tp_refusal(cfg.for_model(k)):
-            fail(problem)
+        for k in range(len(cfg.served())):  # each model under its own workers section
+            if problem := tp_refusal(cfg.for_model(k)):
+                fail(problem)
     sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
 
@@ -99,26 +99,22 @@ def up_on_ray(cfg: DeployConfig, force: bool) -> int:
 
 def up_here(cfg: DeployConfig, force: bool) -> int:
     """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
-    find the model and serve; exit 2 on a placement, plan or model problem."""
-    from launcher.plan.packing import place_models
-    from launcher.plan.placement import PlacementError, discover
-    from launcher.plan.plan import preflight
-    from launcher.plan.several import preflight_models
+    find the model and serve; exit 2 on a tensor-parallel, placement, plan or model problem
+    (:func:`launcher.plan.admit.admit`, the check ``apply`` runs too)."""
+    from launcher.plan.admit import NotAdmitted, admit
+    from launcher.plan.placement import discover
     from worker.contract.tasks import TaskError
 
-    inventory = discover()
-    served = cfg.served()
     try:
-        specs = place_models([one.workers for one in served], inventory, [one.name for one in served])
-    except PlacementError as exc:
-        fail(f"workers: {exc}")
-    check = preflight if len(served) == 1 else preflight_models
-    if problem := check(cfg, inventory, specs):
+        admission = admit(cfg, discover())
+    except NotAdmitted as exc:
+        fail(str(exc))
+    if problem := admission.memory_problem:
         if not force:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
-    paths = per_model(served, _model_path, TaskError)
-    return serve(cfg, specs, paths[0] if len(paths) == 1 else paths)
+    paths = per_model(cfg.served(), _model_path, TaskError)
+    return serve(cfg, admission.specs, paths[0] if len(paths) == 1 else paths)
 
 
 def _model_path(one) -> Path:
@@ -262,8 +258,9 @@ def status(
     if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
     if rollout := client.try_call("GET", "/admin/rollout"):
-        last = rollout["progress"][-1] if rollout["progress"] else ""
-        out.print(f"last apply: revision {rollout['revision']} {rollout['state']}: {last}", highlight=False)
+        from launcher.rollout.command import describe
+
+        out.print(describe(rollout), highlight=False)
 
 
 STATE_COLORS = {
