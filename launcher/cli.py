@@ -416,8 +416,11 @@ def plan(
 ) -> None:
     """Do the memory arithmetic (weights + KV cache + overhead vs each GPU) and recommend a layout.
 
-    Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
+    When the configured layout does not fit but another does (tensor parallel, a layer split, a
+    lighter model.quantization), that layout's plan and the deploy.yaml keys to set it. Exit code 0
+    when the deployment, or the layout recommended, fits; 1 when nothing does; 2 on bad input.
     """
+    from launcher.plan.advice import advise
     from launcher.plan.plan import make_plan
     from launcher.plan.report import render
     from launcher.plan.sizing import QUANTIZATIONS
@@ -448,8 +451,14 @@ def plan(
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
     result = make_plan(cfg, inventory, shapes[0], specs=specs)
-    report_console().print(render(result, cfg))
-    raise typer.Exit(0 if result.ok else 1)
+    advice = advise(cfg, inventory, shapes[0], result) if specs is None else None
+    if advice is None:
+        report_console().print(render(result, cfg))
+        raise typer.Exit(0 if result.ok else 1)
+    out = report_console()
+    out.print(f"The configured layout does not fit ({result.errors[0]}); this one does:", highlight=False)
+    out.print(render(advice.plan, advice.config))
+    out.print(f"Set in deploy.yaml:\n{advice.yaml()}", highlight=False)
 
 
 def _planned_shape(one):
