@@ -420,9 +420,6 @@ def plan(
     lighter model.quantization), that layout's plan and the deploy.yaml keys to set it. Exit code 0
     when the deployment, or the layout recommended, fits; 1 when nothing does; 2 on bad input.
     """
-    from launcher.plan.advice import advise
-    from launcher.plan.plan import make_plan
-    from launcher.plan.report import render
     from launcher.plan.sizing import QUANTIZATIONS
     from worker.contract.shapes import ShapeError
     from worker.contract.tasks import TaskError
@@ -450,15 +447,26 @@ def plan(
     shapes = per_model(cfg.served(), _planned_shape, ShapeError, TaskError)
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
-    result = make_plan(cfg, inventory, shapes[0], specs=specs)
-    advice = advise(cfg, inventory, shapes[0], result) if specs is None else None
+    raise typer.Exit(_plan_one(cfg, inventory, shapes[0], specs))
+
+
+def _plan_one(cfg: DeployConfig, inventory, shape, specs) -> int:
+    """Print one model's plan, or the recommended layout's where the configured one does not fit
+    (:func:`launcher.plan.advice.advise`); ``plan``'s exit code."""
+    from launcher.plan.advice import advise
+    from launcher.plan.plan import make_plan
+    from launcher.plan.report import render
+
+    result = make_plan(cfg, inventory, shape, specs=specs)
+    advice = advise(cfg, inventory, shape, result) if specs is None else None
     if advice is None:
         report_console().print(render(result, cfg))
-        raise typer.Exit(0 if result.ok else 1)
+        return 0 if result.ok else 1
     out = report_console()
     out.print(f"The configured layout does not fit ({result.errors[0]}); this one does:", highlight=False)
     out.print(render(advice.plan, advice.config))
     out.print(f"Set in deploy.yaml:\n{advice.yaml()}", highlight=False)
+    return 0
 
 
 def _planned_shape(one):

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router.errors import ApiError
-from router.workers import NoWorker, Overloaded, State, Worker, WorkerLost, WorkerPool
+from router.workers import NoWorker, Overloaded, Worker, WorkerLost, WorkerPool
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ class _Lost(Exception):
         self.reason, self.message = reason, message
 
 
-RETRY_WAIT_S = 60.0  # how long a retry waits for a worker to come back when none is ready
-COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves by itself
 SHUTTING_DOWN = 503  # a worker's Failed code when it leaves with the request in flight
 
 
@@ -65,10 +63,11 @@ async def _choose(
     priority: int = 0,
 ) -> Worker:
     """The worker for this attempt, one of ``model``'s replicas (None: any). A first attempt that
-    finds none ready is held (:func:`_hold`) while one is expected. A retry prefers a worker not
-    tried yet; when none is ready at all (one replica, just killed) it waits, up to
-    ``RETRY_WAIT_S`` and within the request's own timeout, for a restarting one to rejoin. Raises
-    ``UpstreamError`` (502) when none can."""
+    finds none ready is held (:func:`_hold`) while one is expected. A retry (or a migration)
+    prefers a worker not tried yet; when none is ready at all (one replica, just killed) it waits
+    while one is expected, up to ``router.hold_s`` and within the request's own timeout, for a
+    restarting one to rejoin (one with no room yet: until it has room). Raises ``UpstreamError``
+    (502) when none can."""
     try:
         return pool.pick(exclude=tried, admitting=not tried, prompt=prompt, model=model)
     except NoWorker:
@@ -76,15 +75,16 @@ async def _choose(
             if not pool.accepting or pool.hold.hold_s(model) <= 0 or not pool.expects(model):
                 raise
             return await _hold(pool, prompt, model, priority)
-    deadline = time.monotonic() + RETRY_WAIT_S
+    deadline = time.monotonic() + pool.hold.hold_s(model)
     while True:
         try:
             return pool.pick(admitting=False, prompt=prompt, model=model)  # a worker tried may be back (restarted)
-        except NoWorker:
+        except (NoWorker, Overloaded) as exc:
             left = deadline - time.monotonic()
-            mine = [w for w in pool.workers.values() if model is None or w.model == model]
-            if left <= 0 or not any(w.state in COMING_BACK for w in mine):
+            if isinstance(exc, NoWorker) and (left <= 0 or not pool.expects(model)):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
+            if left <= 0:
+                raise
         await pool.wait_change(left)  # a worker's state changed: it may be ready now
 
 
