@@ -23,6 +23,7 @@ from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
 from router.responses.api import create_response
+from router.settings import deployment_id
 from router.state import API, REQUEST_ID, Api
 from router.workers import State
 from worker.contract.logs import REQUEST_ID as LOG_REQUEST_ID
@@ -91,7 +92,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def live(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Alive, and which deployment this router serves (:func:`router.settings.deployment_id`)."""
+    api = request.app[API]
+    return web.json_response({"status": "ok", "deployment": deployment_id(api.cfg.router, list(api.models))})
 
 
 async def workers(request: web.Request) -> web.Response:
@@ -169,6 +172,7 @@ def create_admin_app(api: Api) -> web.Application:
     app[METRICS] = metrics_of(api)
     app.on_response_prepare.append(echo_request_id)
     app.router.add_get("/admin/workers", workers)
+    app.router.add_get("/health/live", live)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     rollout.add_routes(app)

@@ -97,6 +97,16 @@ class RouterConfig(Section):
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
+def deployment_id(router: RouterConfig, served: list[str]) -> str:
+    """A deployment's id: its listening addresses and served model names, hashed (12 hex digits).
+    The router answers it on ``/health/live``; ``doctor`` computes it from deploy.yaml to tell a
+    port held by this same deployment from one held by something else."""
+    import hashlib
+
+    key = [router.host, router.port, router.admin_host, router.admin_port, sorted(served)]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+
+
 def connect_host(host: str) -> str:
     """The address a client on this machine uses for a server bound to ``host`` (loopback for a
     wildcard bind such as 0.0.0.0)."""
