@@ -115,11 +115,13 @@ def _admitted_count(sup, cfg: DeployConfig, inventory: Inventory) -> int:
 
 
 def _as_if_stopped(sup, inventory: Inventory) -> Inventory:
-    """``inventory`` with the RAM this deployment's CPU workers hold counted as available (what
-    ``up`` of the new file would see)."""
+    """``inventory`` as ``up`` of the new file would see it with this deployment stopped: the RAM
+    its CPU workers hold counted as available, the GPUs its slots use as free."""
     table = sup.read_table() or {}
     held = sum(info.mem_bytes for info in table.values() if info.device.startswith("cpu"))
-    return replace(inventory, ram_available_bytes=inventory.ram_available_bytes + held)
+    ours = {g for slot in sup.slots.values() for g in slot.spec.gpus}
+    gpus = [replace(g, free_bytes=g.total_bytes) if g.index in ours else g for g in inventory.gpus]
+    return replace(inventory, gpus=gpus, ram_available_bytes=inventory.ram_available_bytes + held)
 
 
 def _room_for_starts(sup, plan: RolloutPlan, inventory: Inventory) -> None:

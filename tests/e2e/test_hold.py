@@ -78,7 +78,7 @@ def replaced_under_load(d: Deployment, replace) -> dict:
     """Run ``replace()`` (which returns once the worker is replaced) under 4 streaming clients and a
     non-streaming loop; assert nothing failed; return the worker table's only row afterwards."""
     count0, total0 = held(d)
-    with SteadyLoad(d.base_url, MODEL, clients=4, max_tokens=8) as clients, RequestLoop(d) as loop:
+    with SteadyLoad(d.base_url, MODEL, clients=4, max_tokens=8, timeout=400) as clients, RequestLoop(d) as loop:
         clients.wait_completed(4, timeout=400)  # on a loaded 2-core box one stream may take a minute
         replace()
         wait_for(lambda: d.workers()[0]["state"] == "ready", 400, "the replacement ready")

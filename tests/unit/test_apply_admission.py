@@ -109,3 +109,15 @@ def test_an_admitted_change_is_planned(tmp_path, monkeypatch):
     cfg = changed(sup, workers={"max_num_seqs": 3})
     assert begin_apply(sup, ApplyRequest(id="a", config=request_config(cfg), dry_run=True)) is None
     assert posted[-1].state == "planned" and any("replace worker 0 (surge" in line for line in posted[-1].plan)
+
+
+def test_the_gpus_this_deployment_uses_count_as_free_for_the_check(tmp_path):
+    from launcher.plan.placement import GpuInfo
+    from launcher.rollout.begin import _as_if_stopped
+
+    sup = running(tmp_path)
+    slot = sup.slots[0]
+    slot.spec = replace(slot.spec, device="cuda", gpus=(1,))
+    busy = [GpuInfo(i, "GPU", f"GPU-{i}", 80 * GIB, 8 * GIB) for i in range(2)]
+    seen = _as_if_stopped(sup, Inventory(gpus=busy, cpus=[0, 1], ram_available_bytes=GIB))
+    assert [g.free_bytes for g in seen.gpus] == [8 * GIB, 80 * GIB]  # GPU 0 is someone else's
