@@ -5,8 +5,8 @@
 ``up``'s one check (:func:`launcher.plan.admit.admit`: the file's own rules, the tensor-parallel
 split, the placement, the memory plan with the KV-cache budget, the model found and fit for its
 task) and the room a scale-up needs beside the running replicas, before ``--dry-run`` answers:
-a dry run gives the verdict the real run reaches. Keys that cannot change on a running deployment refuse the whole apply, one line each;
-``--dry-run`` reports the plan only. A change of router and supervisor settings alone is applied
+a dry run gives the verdict the real run reaches. Keys that cannot change on a running
+deployment refuse the whole apply, one line each; ``--dry-run`` reports the plan only. A change of router and supervisor settings alone is applied
 at once (a new revision, no process restarted); anything else starts a
 :class:`~launcher.rollout.executor.Rollout`.
 """
