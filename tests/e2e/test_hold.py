@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -97,17 +98,22 @@ def replaced_under_load(d: Deployment, replace) -> dict:
 
 def test_kill9_of_the_only_worker_holds_requests_until_it_is_back(solo):
     (before,) = solo.workers()
+    arrivals = ThreadPoolExecutor(3)
+    late: list = []
 
     def kill():
         os.kill(before["pid"], signal.SIGKILL)
-        # while it reloads the model is "loading": not ready, yet requests wait rather than fail
+        # while it reloads the model is "loading": not ready, yet new requests wait rather than fail
         wait_for(lambda: httpx.get(f"{solo.url}/health/ready").status_code == 503, 30, "/health/ready 503")
         models = httpx.get(f"{solo.base_url}/models", timeout=10).json()["data"]
+        late.extend(arrivals.submit(solo.chat, f"Say {n}.", max_tokens=2, timeout=400) for n in range(3))
         assert [m["state"] for m in models] in (["loading"], ["ready"]), models
 
     after = replaced_under_load(solo, kill)
+    assert [f.result().status_code for f in late] == [200] * 3, [f.result().text for f in late]
+    arrivals.shutdown()
     assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
-    assert held(solo)[0] > 0  # some request did arrive while no replica was ready
+    assert held(solo)[0] >= 3  # the requests that arrived while no replica was ready were held
     assert httpx.get(f"{solo.url}/health/ready?model={MODEL}").status_code == 200
     assert httpx.get(f"{solo.url}/health/ready?model=nope").status_code == 404
 
