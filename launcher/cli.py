@@ -237,7 +237,7 @@ def status(
     admin_url: str | None = ADMIN_URL,
     as_json: bool = typer.Option(False, "--json", help="print the raw JSON"),
 ) -> None:
-    """Show every worker: device, pid, state, load, restarts, uptime, memory."""
+    """Show every worker: device, pid, state, load, restarts, uptime, memory; and the batch jobs."""
     import json
 
     import msgspec
@@ -257,6 +257,12 @@ def status(
             out.print(f"worker {w.id} {w.state.value}: {w.exit_reason}", highlight=False)
     if not info.accepting:
         out.print("the router is shutting down: new requests get 503", highlight=False)
+    for b in (client.try_call("GET", "/admin/batches") or {}).get("batches", []):
+        done = b["completed"] + b["failed"]
+        out.print(
+            f"batch {b['id']} {b['status']}: {done} of {b['total']} done, {b['failed']} failed ({b['endpoint']})",
+            highlight=False,
+        )
     if rollout := client.try_call("GET", "/admin/rollout"):
         from launcher.rollout.command import describe
 

@@ -13,7 +13,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -30,9 +30,11 @@ class SupervisorConfig(DrainSettings):
     max_restarts: int = Field(
         5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed"
     )
-    restart_window_s: float = Field(300.0, gt=0)
+    restart_window_s: float = Field(300.0, gt=0, description="the window max_restarts counts crashes in")
     router_standby: bool = Field(
-        True, description="keep a loaded standby router that takes over at once when the router dies"
+        True,
+        description="keep a loaded standby router that takes over at once when the router dies (costs one "
+        "router's memory; off: a restart loads from scratch, some seconds)",
     )
 
 
@@ -49,17 +51,24 @@ class ClusterConfig(Section):
     router_host: str = Field(
         "auto",
         description="the address the router's ZeroMQ socket binds and workers on other nodes connect to; "
-        "auto = this machine's address on the Ray cluster",
+        "auto = this machine's address on the Ray cluster; one the nodes cannot reach (0.0.0.0, loopback with "
+        "nodes elsewhere) is refused",
     )
     zmq_port: int = Field(8002, ge=1, le=65535, description="the router's ZeroMQ port with ray (open it to the nodes)")
     gpu_memory_gib: float | None = Field(
-        None, gt=0, description="memory per GPU where a node's NVML cannot be read (plan and up size with it)"
+        None,
+        gt=0,
+        description="memory per GPU where a node's NVML cannot be read; without it up skips the memory plan and "
+        "plan refuses",
     )
     cpus_per_worker: int = Field(
         1, ge=1, le=1024, description="CPU cores Ray reserves per worker (a CPU replica computes on them)"
     )
     placement_timeout_s: float = Field(
-        60.0, gt=0, description="a worker's Ray placement must be granted within this, else it is failed"
+        60.0,
+        gt=0,
+        description="a worker's Ray placement must be granted within this, else the slot is failed; its actor must "
+        "start within it, else that start counts as a crash",
     )
 
 
@@ -232,7 +241,7 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
             if isinstance(part, int):
                 continue  # an item of a list: its section is the list's item type
             field = section.model_fields.get(str(part)) if isinstance(section, type) else None
-            section = _section_type(field.annotation) if field is not None else None
+            section = section_type(field.annotation) if field is not None else None
         known = list(section.model_fields) if isinstance(section, type) and issubclass(section, BaseModel) else []
         guess = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         hint = f" (did you mean '{guess[0]}'?)" if guess else (f" (known keys: {', '.join(known)})" if known else "")
@@ -245,12 +254,12 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
     return f"{where}{msg} (got {got!r})"
 
 
-def _section_type(annotation: Any) -> Any:
+def section_type(annotation: Any) -> Any:
     """The section class inside ``annotation``: itself, or the model in ``list[M] | None``."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        if (found := _section_type(arg)) is not None:
+        if (found := section_type(arg)) is not None:
             return found
     return None
 
@@ -297,7 +306,7 @@ def quoted_numbers(data: Any, section: Any, loc: tuple = ()) -> list[str]:
         if field is None:
             continue
         where = (*loc, key)
-        inner = _section_type(field.annotation)
+        inner = section_type(field.annotation)
         if isinstance(value, str) and _is_number(value) and _takes_number_not(field.annotation, value):
             lines.append(f"{key_path(where)}: a number is needed, not the string {value!r} (remove the quotes)")
         elif isinstance(value, list) and inner is not None:
@@ -335,6 +344,9 @@ def _union_key(err: dict, model: type[BaseModel]) -> tuple | None:
         return None
     loc, section = tuple(err["loc"]), model
     for n, part in enumerate(loc):
+        if isinstance(part, int) and get_origin(section) is list:  # an item: the union is the list's item type
+            section = get_args(section)[0]
+            continue
         fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
         if str(part) not in fields:
             return loc[:n] if n and isinstance(part, str) and not fields else None

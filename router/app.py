@@ -17,6 +17,7 @@ from aiohttp import web
 
 from router import admin, admin_protocol, openai_api, rollout, ui
 from router.auth import auth_middleware
+from router.batch import api as batch_api
 from router.connections import ConnectionGuard, connection_cap
 from router.embeddings.api import create_embeddings
 from router.errors import ApiError
@@ -124,7 +125,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
             metrics_middleware,
             error_middleware(),
             guard.middleware,
-            auth_middleware(lambda r: r.app[API].cfg.router.api_keys, is_open=ui.is_open),
+            auth_middleware(lambda r: r.app[API].cfg.router.key_secrets(), is_open=ui.is_open),
         ],
         client_max_size=api.cfg.limits.max_body_bytes,
     )
@@ -144,6 +145,7 @@ def create_app(api: Api, file_limit: int | None = None) -> web.Application:
     app.router.add_post("/v1/completions", openai_api.completions)
     app.router.add_post("/v1/responses", create_response)
     app.router.add_post("/v1/embeddings", create_embeddings)
+    batch_api.add_routes(app)  # /v1/files, /v1/batches and the batch runner
     app.router.add_get("/v1/models", openai_api.models)
     app.router.add_get("/v1/models/{model:.+}", openai_api.model)  # a served name may be "org/name"
     app.router.add_get("/health", health)
@@ -173,6 +175,7 @@ def create_admin_app(api: Api) -> web.Application:
     app.on_response_prepare.append(echo_request_id)
     app.router.add_get("/admin/workers", workers)
     app.router.add_get("/health/live", live)
+    app.router.add_get("/admin/batches", batch_api.summary)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)
     rollout.add_routes(app)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from router.errors import ApiError
+from router.tiers import INTERACTIVE, Urgency
 from router.workers import NoWorker, Overloaded, Worker, WorkerLost, WorkerPool
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
@@ -206,11 +207,12 @@ async def stream_tokens(
     max_migrations: int = 0,
     on_migration: Callable[[str], None] | None = None,
     model: str | None = None,
-    priority: int = 0,
+    urgency: Urgency = INTERACTIVE,
 ) -> AsyncIterator[Tokens]:
     """The request's events, across retries and migrations (see the module docstring), on
-    ``model``'s replicas (a served name; None: any worker). ``priority`` (vLLM's: lower first)
-    orders the request among those held for a replica (:mod:`router.hold`).
+    ``model``'s replicas (a served name; None: any worker), each attempt carrying ``urgency``
+    (its ``priority`` and ``flex``: :mod:`router.tiers`); its ``priority`` (vLLM's: lower first)
+    also orders the request among those held for a replica (:mod:`router.hold`).
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
@@ -220,7 +222,7 @@ async def stream_tokens(
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
     while True:
-        worker = await _choose(pool, tried, last_loss, prompt, model, priority)
+        worker = await _choose(pool, tried, last_loss, prompt, model, urgency.priority)
         if moving is not None:
             log.warning(
                 "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
@@ -235,7 +237,7 @@ async def stream_tokens(
             pool.events.migrated(moving[0], worker.worker_id, len(got.ids), moving[1].message)
         try:
             async with aclosing(
-                _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens)
+                _attempt(pool, worker, prompt, params, request_tag, got, buffered, on_tokens, urgency)
             ) as events:
                 async for event in events:
                     yield event
@@ -272,6 +274,7 @@ async def _attempt(
     got: _Progress,
     buffered: bool,
     on_tokens: Callable[[int, Tokens], None] | None,
+    urgency: Urgency = INTERACTIVE,
 ) -> AsyncIterator[Tokens]:
     """One attempt on ``worker``, resuming after ``got.ids``: yields events until the finish;
     raises :class:`_Lost` when the worker goes, :class:`UpstreamError` when it fails the request."""
@@ -295,6 +298,8 @@ async def _attempt(
                 params=params,
                 http_request_id=request_tag,
                 output_token_ids=list(got.ids),
+                priority=urgency.priority,
+                flex=urgency.flex,
             ),
         )
         while True:

@@ -25,6 +25,7 @@ from router.shaping import Choice, Shaper, total_usage
 from router.sse import merge_events, respond_stream
 from router.state import API, REQUEST_ID, Api
 from router.structured import check_schema
+from router.tiers import Urgency, urgency_of
 from router.tools import ToolMode, chat_messages, tool_grammar, tool_mode
 from router.workers import WorkerPool
 from worker.contract.protocol import Grammar, SamplingParams
@@ -187,8 +188,9 @@ async def tokenize_prompt(api: Api, prompt: str | list[int]) -> list[int]:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: api.tokenizer(prompt)["input_ids"])
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req = parse(ChatRequest, await read_json(request))
+async def chat_completions(request: web.Request, body: dict | None = None) -> web.StreamResponse:
+    """``body``: the request's JSON already read (a batch line, :mod:`router.batch.lines`); None: read it."""
+    req = parse(ChatRequest, await read_json(request) if body is None else body)
     api = request.app[API].for_request(req.model, "/v1/chat/completions")
     tools = tool_mode(req)
     grammar = await request_grammar(api, req, tools)
@@ -198,10 +200,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await respond(request, api, req, [prompt], [params], chat=True, tools=tools)
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
+async def completions(request: web.Request, body: dict | None = None) -> web.StreamResponse:
     """Each prompt gets ``n`` choices (indices prompt × n + i, as OpenAI numbers them); ``echo``
-    and ``max_tokens: 0`` as :mod:`router.echo` says."""
-    req = parse(CompletionRequest, await read_json(request))
+    and ``max_tokens: 0`` as :mod:`router.echo` says. ``body`` as for :func:`chat_completions`."""
+    req = parse(CompletionRequest, await read_json(request) if body is None else body)
     api = request.app[API].for_request(req.model, "/v1/completions")
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "max_tokens: 0 is only allowed with echo: true (the prompt alone)", param="max_tokens")
@@ -255,6 +257,21 @@ def _model_card(m, created: int, state: str) -> dict:
     }
 
 
+def _envelope(request: web.Request, api: Api, req: Sampling, chat: bool) -> tuple[Shaper, Urgency]:
+    """The answer's envelope, echoing the ``service_tier`` used when one was asked, and the urgency
+    its generations carry (:mod:`router.tiers`)."""
+    shaper = Shaper(
+        WorkerPool.new_request_id()[4:],
+        api.model_name,
+        chat,
+        include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
+    )
+    urgency = urgency_of(request, req.service_tier, req.priority)
+    if urgency.echoed is not None:
+        shaper.base["service_tier"] = urgency.echoed
+    return shaper, urgency
+
+
 async def respond(
     request: web.Request,
     api: Api,
@@ -269,12 +286,7 @@ async def respond(
     seeded with :func:`choice_seed`) and answer with one JSON body or one SSE stream whose chunks
     carry each choice's ``index``. ``make_choice(k, texts, top)`` builds a choice other than the
     plain :class:`Choice` (echo)."""
-    shaper = Shaper(
-        WorkerPool.new_request_id()[4:],
-        api.model_name,
-        chat,
-        include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
-    )
+    shaper, urgency = _envelope(request, api, req, chat)
     timeout = request_timeout(request, api)
     timer = request_timer(request)
     top = params[0].logprobs
@@ -302,6 +314,7 @@ async def respond(
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,
+            urgency=urgency,
         )
 
     merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges

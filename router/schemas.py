@@ -29,6 +29,8 @@ from router.errors import ApiError
 
 Number = Annotated[float, Field(strict=False)]
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1  # vLLM's request priority
+ServiceTier = Literal["auto", "default", "flex", "priority"]  # OpenAI's service_tier (router.tiers)
 FIELD = re.compile(r"[a-z_]+")  # a field name in an error location (union members look like "list[int]")
 TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
 
@@ -168,6 +170,8 @@ class Sampling(Body):
     min_tokens: StrictInt | None = Field(None, ge=0)
     user: Text | None = None
     ignore_eos: StrictBool = False
+    service_tier: ServiceTier | None = None
+    priority: StrictInt = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="vLLM's: lower is served first")
 
     @field_validator(
         "temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", mode="before"

@@ -8,24 +8,61 @@ times the supervisor gives it.
 from __future__ import annotations
 
 import ipaddress
+import os
+from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
+from router.auth import token_matches
 from router.hold import DEFAULT_HOLD_S
 from router.policies import PolicyName
+from router.schemas import ServiceTier
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
 
 
-class RouterConfig(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    policy: PolicyName = Field("least_loaded", description="a name in router.policies.POLICIES")
-    admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
-    admin_port: int = Field(8001, ge=1, le=65535)
-    admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
-    api_keys: list[str] = Field(
-        default_factory=list, description="bearer keys for /v1/*; env LLAMADEPLOY_API_KEYS (comma-separated)"
+class ApiKey(Section):
+    """An API key with settings of its own: ``service_tier`` is the tier of its requests that name
+    none (``flex``: a batch-only key whose requests may wait)."""
+
+    key: str = Field(..., min_length=1)
+    service_tier: ServiceTier = "auto"
+
+
+class BatchConfig(Section):
+    """The Batch API's bounds (:mod:`router.batch`). OpenAI's: 200 MB and 50,000 requests a file."""
+
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1024, description="an uploaded file's size limit")
+    max_lines: int = Field(50_000, ge=1, description="requests in one batch input file")
+    running: int = Field(8, ge=1, le=1024, description="batch lines in flight at once (all batches together)")
+    retention_days: float = Field(
+        30.0, gt=0, description="files and finished batches are deleted this long after they were created"
     )
+
+
+class RouterConfig(Section):
+    host: str = Field("127.0.0.1", description="the public endpoint's address; 0.0.0.0 serves other machines")
+    port: int = Field(
+        8000, ge=1, le=65535, description="the public endpoint's port (the OpenAI API, the pages, /docs/)"
+    )
+    policy: PolicyName = Field(
+        "least_loaded",
+        description="round_robin: strict rotation over ready workers; least_loaded: fewest in flight, among those "
+        "the worker whose prefix cache likely holds the prompt's start, else rotation (router/policies.py)",
+    )
+    admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
+    admin_port: int = Field(8001, ge=1, le=65535, description="the admin API's port (drain, restart, policy, apply)")
+    admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")
+    api_keys: list[str | ApiKey] = Field(
+        default_factory=list,
+        description="bearer keys for /v1/*, each a string or {key, service_tier}; "
+        "env LLAMADEPLOY_API_KEYS (comma-separated)",
+    )
+    state_dir: str | None = Field(
+        None,
+        description="where batches and their files are kept across restarts; "
+        "default $XDG_STATE_HOME/llamadeploy/<port> (~/.local/state/...)",
+    )
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     request_timeout_s: float = Field(300.0, gt=0, description="an accepted request ends within this, or gets 504")
     max_retries: int = Field(
         1, ge=0, le=5, description="retries on another worker when one is lost before any token was sent"
@@ -44,7 +81,9 @@ class RouterConfig(Section):
         "expected (restarting, loading, being replaced), then gets 503; 0 = answer 503 at once",
     )
     zmq_address: str | None = Field(
-        None, description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir"
+        None,
+        description="ZeroMQ endpoint workers connect to; default ipc:// in the run dir; tcp://HOST:PORT turns on "
+        "CURVE with per-deployment keys",
     )
     keepalive_timeout_s: float = Field(
         75.0,
@@ -60,10 +99,30 @@ class RouterConfig(Section):
 
     @field_validator("api_keys")
     @classmethod
-    def _no_empty_key(cls, v: list[str]) -> list[str]:
-        if any(not k.strip() for k in v):
+    def _no_empty_key(cls, v: list[str | ApiKey]) -> list[str | ApiKey]:
+        if any(not (k if isinstance(k, str) else k.key).strip() for k in v):
             raise ValueError("API keys must not be empty")
         return v
+
+    def key_secrets(self) -> list[str]:
+        """Every API key's secret (what the auth middleware compares a bearer token with)."""
+        return [k if isinstance(k, str) else k.key for k in self.api_keys]
+
+    def key_tier(self, token: str) -> str | None:
+        """The ``service_tier`` configured for the key ``token`` (None: a plain key, or no such key);
+        compared in constant time like the keys themselves."""
+        tier = None
+        for k in self.api_keys:
+            if isinstance(k, ApiKey) and token_matches(token, [k.key]):
+                tier = k.service_tier
+        return tier
+
+    def state_path(self) -> Path:
+        """The folder that keeps what outlives the deployment's processes (the Batch API's database)."""
+        if self.state_dir:
+            return Path(self.state_dir).expanduser()
+        base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+        return Path(base) / "llamadeploy" / str(self.port)
 
     @field_validator("zmq_address")
     @classmethod
@@ -121,18 +180,20 @@ def is_loopback(host: str) -> bool:
 
 
 class LimitsConfig(Section):
-    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
-    max_prompt_tokens: int | None = Field(None, ge=1, description="defaults to max_model_len - 1")
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="longer prompts get 400; default and ceiling: each model's max_model_len - 1"
+    )
     max_tokens: int = Field(4096, ge=1, description="ceiling on a request's max_tokens (the server-side cap)")
-    max_stop_strings: int = Field(16, ge=0)
-    max_stop_length: int = Field(256, ge=1)
+    max_stop_strings: int = Field(16, ge=0, description="most strings in a request's stop")
+    max_stop_length: int = Field(256, ge=1, description="longest stop string, characters")
 
 
 class DrainSettings(Section):
     """How long the router lets a drained worker, and itself on SIGTERM, finish in-flight requests
     (``supervisor.drain_timeout_s`` and ``supervisor.shutdown_grace_s``)."""
 
-    drain_timeout_s: float = Field(60.0, gt=0)
+    drain_timeout_s: float = Field(60.0, gt=0, description="how long a drain waits for in-flight requests")
     shutdown_grace_s: float = Field(30.0, ge=0, description="on SIGTERM, in-flight requests get this long to finish")
 
 

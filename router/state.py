@@ -78,6 +78,7 @@ class Api:
     pool: WorkerPool
     tokenizer: Any = None
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
+    batches: Any = None  # router.batch.api.Batches (the Batch API's store and runner), made by the app factory
     models: dict[str, ServedModel] = field(default_factory=dict)
     model: ServedModel | None = None
     # Unix seconds the deployment started (the supervisor's start, the same for every router it

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from router import admin
+from router import admin, docs_site
 from router.auth import OPEN_PATHS, token_matches
+from router.batch import api as batch_api
 from router.errors import ApiError
 from router.state import API
 from router.workers import WorkerPool
@@ -56,8 +57,9 @@ TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".s
 
 
 def is_open(path: str) -> bool:
-    """True for the paths served without an API key: health probes, the pages and their assets."""
-    return path in OPEN_PATHS or path in PAGES or path.startswith(ASSET_PREFIX)
+    """True for the paths served without an API key: health probes, the pages and their assets, and
+    the documentation site (:mod:`router.docs_site`): none of them holds data."""
+    return path in OPEN_PATHS or path in PAGES or path.startswith(ASSET_PREFIX) or docs_site.is_docs(path)
 
 
 def _file_response(path: Path) -> web.Response:
@@ -100,6 +102,7 @@ async def activity(request: web.Request) -> web.Response:
     (``hit_tokens``, ``queried_tokens``, ``preemptions`` since its process started), ``model`` (the
     one a request without ``model`` goes to), ``models`` (every served name, in deploy.yaml's order),
     ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured),
+    ``batches`` (the caller's batches and their progress, :func:`router.batch.api.mine`),
     ``model_states`` (name -> ``ready``/``loading``/``unavailable``), ``held`` and ``held_oldest_s``
     (requests held for a replica per model, and the longest wait so far in seconds; ``""``: the
     one-model queue; :mod:`router.hold`)."""
@@ -116,6 +119,7 @@ async def activity(request: web.Request) -> web.Response:
             "model_states": api.model_states(),
             "held": api.pool.hold.by_model(),
             "held_oldest_s": api.pool.hold.oldest_s(),
+            "batches": batch_api.mine(request),
         }
     )
 
@@ -146,7 +150,8 @@ async def admin_action(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    """The pages, their assets, their feed and the admin proxy, on the public app."""
+    """The pages, their assets, their feed, the admin proxy and the documentation, on the public app."""
+    docs_site.add_routes(app)
     for path in PAGES:
         app.router.add_get(path, page)
     app.router.add_get(ASSET_PREFIX + "{name}", asset)

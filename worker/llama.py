@@ -7,7 +7,7 @@ prefill chunk alike, is one row of a ``[T, hidden]`` matrix, so each projection 
 step; q/k/v and gate/up are fused into one weight each; keys and values go straight into the block
 cache (:mod:`worker.attention`). A step costs ~15 tensor operations per layer where transformers'
 modules cost ~40 — on a CPU, where a small model's decode step is bound by per-operation dispatch
-more than by reading the weights, that is most of the step (README "The engine").
+more than by reading the weights, that is most of the step (docs/design/engine.md).
 
 Weights are read from the model folder's safetensors files by their transformers names
 (``model.layers.N.self_attn.q_proj.weight`` ...), straight onto the target device.
@@ -194,7 +194,7 @@ class LlamaModel:
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``F.rms_norm(x, (hidden,), weight, eps)`` for float32 ``x`` [T, hidden] on a CPU, written out:
     torch's CPU composite's operations in its order (bit for bit its values), six calls from Python
-    instead of one that dispatches fourteen; faster inside a decode step (README "The engine")."""
+    instead of one that dispatches fourteen; faster inside a decode step (docs/design/engine.md)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)) * weight
 
 

@@ -394,7 +394,7 @@ def _sample_rows(z: torch.Tensor, ks: list[int], ps: list[float], gens: list[tor
     """Sample one token per row of tempered logits ``z`` [R, V] under top-k ``ks`` (0 = off) and
     top-p ``ps`` (1 = off). Returns ids [R].
 
-    A full-vocabulary sort costs ~20 ms for 8 x 49,152 on one CPU core, so on CPU a cut row looks
+    A full-vocabulary sort is slow on one CPU core (tens of ms for a batch), so on CPU a cut row looks
     among its ``max(CUT, top_k)`` best tokens: exact whenever those hold the row's whole top-k set
     and at least ``top_p`` of its probability (the usual case); the other rows take the full sort.
     Which path a row takes depends on its own logits only (seeded rows stay batch-independent).

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the deployment's OpenAI base URL")
     ap.add_argument("--admin-url", default="http://127.0.0.1:8001", help="its admin API")
     ap.add_argument("--admin-token", default=None, help="router.admin_token, when set")
-    ap.add_argument("--model", default=None, help="default: the first of GET /models")
+    ap.add_argument("--model", default=None, help="default: the first model of GET /models that generates")
     ap.add_argument("--repeats", type=int, default=4, help="times each document is sent (≥ 2)")
     args = ap.parse_args(argv)
     if args.repeats < 2:

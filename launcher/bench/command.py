@@ -36,9 +36,12 @@ SUITE = typer.Option(
     DEFAULTS.suite,
     help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
     "again) · load: throughput and latency against --concurrency · embed: /v1/embeddings inputs/s and "
-    "latency at concurrency 1, 8, 64 and one 512-input request",
+    "latency at concurrency 1, 8, 64 and one 512-input request · mixed: documents asked structured questions "
+    "beside chat clients (chat TTFT alone and beside, longest pause, documents/min, answers that parse)",
 )
-MODEL = typer.Option(DEFAULTS.model, help="the `model` to request (default: the first of GET /models)")
+MODEL = typer.Option(
+    DEFAULTS.model, help="the `model` to request (default: the first model of GET /models that generates)"
+)
 TOKENIZER = typer.Option(None, help="tokenizer folder or model name (default: --model, resolved)")
 OUTPUT_TOKENS = typer.Option(
     DEFAULTS.output_tokens, help="output length of every short prompt (engine: 64) or of every scenario (load)"
@@ -67,7 +70,13 @@ RESPONSE_FORMAT = typer.Option(
 CEILING = typer.Option(
     DEFAULTS.ceiling, "--ceiling", help="also run one static padded batch in process and print the ratio"
 )
-COMPARE = typer.Option([], help="an earlier run's JSON (same suite) to compare against")
+COMPARE = typer.Option(
+    [], help="an earlier run's JSON (same suite) to compare against; mixed: also a peer's /v1 URL, run after ours"
+)
+PIPELINES = typer.Option(DEFAULTS.pipelines, min=1, help="mixed: document pipelines")
+DOCUMENTS = typer.Option(DEFAULTS.documents, min=1, help="mixed: documents in all")
+CHAT_CLIENTS = typer.Option(DEFAULTS.chat_clients, min=1, help="mixed: closed-loop chat clients")
+ANSWER_TOKENS = typer.Option(DEFAULTS.answer_tokens, min=1, help="mixed: max_tokens of each structured answer")
 REPLAY = typer.Option(
     None, "--from", help="print and plot an earlier run's JSON again (with --compare) instead of running"
 )
@@ -98,7 +107,8 @@ EMBEDDING_LOAD = typer.Option(
     "/v1/embeddings clients, and print chat with load / chat alone per figure",
 )
 EMBEDDING_MODEL = typer.Option(
-    DEFAULTS.embedding_model, help="--embedding-load: the embedding model (default: the first of GET /models)"
+    DEFAULTS.embedding_model,
+    help="--embedding-load: the embedding model (default: the first `task: embed` model of GET /models)",
 )
 CHUNKS = typer.Option(
     None, "--chunks", min=1, help="--perplexity: at most this many windows (llama-perplexity's --chunks)"
@@ -139,10 +149,12 @@ def bench_command(
     chunks: int | None = CHUNKS,
     embedding_load: int | None = EMBEDDING_LOAD,
     embedding_model: str | None = EMBEDDING_MODEL,
+    pipelines: int = PIPELINES,
+    documents: int = DOCUMENTS,
+    chat_clients: int = CHAT_CLIENTS,
+    answer_tokens: int = ANSWER_TOKENS,
 ) -> None:
-    """Benchmark an OpenAI-compatible server: the engine table, or throughput against concurrency;
-    with --layouts, deploy the model as data parallel, tensor parallel and layer split in turn;
-    with --perplexity FILE, measure the served model's perplexity over a text."""
+    """Benchmark a server (--suite), deploy layouts in turn (--layouts) or measure perplexity (--perplexity FILE)."""
     opts = bench_options(dict(locals()))  # every option by name, before anything else is bound here
     require_bench_extra()
     if perplexity is not None:

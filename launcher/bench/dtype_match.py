@@ -3,7 +3,7 @@
 ``python -m launcher.bench.dtype_match [--model M] [--tokens N]`` runs each prompt alone through
 the real engine in process (CPU), once per dtype, and prints per prompt the tokens both produced
 before they first differ, then two rates: the share of prompts whose whole output is identical and
-the share of tokens generated before the first divergence (the README's "token-match rate").
+the share of tokens generated before the first divergence (the "token-match rate" in docs/benchmarks/results.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The engine suite: the engine's headline figures (README, Benchmarks), measured in one run against one server.
+"""The engine suite: the engine's headline figures (docs/benchmarks/), measured in one run against one server.
 
 In order: two warm-up requests (not measured); ``c1``: ``prompts`` short prompts one after another;
 ``closed_loop``: ``clients`` clients back to back; ``burst``: ``prompts`` short prompts sent at

@@ -117,6 +117,8 @@ def run_one(run: LayoutRun, base: dict, work: Path, output_tokens: int, timeout_
     path.write_text(yaml.safe_dump(cfg))
     log_path = path.with_suffix(".log")
     api_key = (cfg.get("router", {}).get("api_keys") or [None])[0]
+    if isinstance(api_key, dict):  # a key with settings of its own ({key, service_tier})
+        api_key = api_key.get("key")
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.cli", "up", str(path)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUITES = ("engine", "load", "embed")
+SUITES = ("engine", "load", "embed", "mixed")
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,11 @@ class BenchOptions:
     Chat beside embeddings (``suite="engine"`` with ``embedding_load``, :mod:`launcher.bench.beside`):
     the engine suite's c1 and closed loop alone, then beside ``embedding_load`` closed-loop
     embedding clients of ``embedding_model`` (None: the first embedding model of ``GET /models``).
+
+    The mixed suite (``suite="mixed"``, :mod:`launcher.bench.mixed_suite`): ``pipelines`` pipelines
+    ask two structured questions (``answer_tokens`` at most) of each of ``documents`` documents
+    beside ``chat_clients`` closed-loop chat clients (``output_tokens`` streamed, default 48), after
+    the chat clients alone (``requests`` requests, default 4 per client); ``compare`` may hold peer URLs.
     """
 
     base_url: str = "http://127.0.0.1:8000/v1"
@@ -65,6 +70,11 @@ class BenchOptions:
     # chat beside embeddings (engine suite)
     embedding_load: int | None = None
     embedding_model: str | None = None
+    # documents beside chat (mixed suite)
+    pipelines: int = 2
+    documents: int = 10
+    chat_clients: int = 4
+    answer_tokens: int = 160
 
     @property
     def short_output_tokens(self) -> int:

@@ -17,7 +17,7 @@ def console() -> Console:
 
 
 def show(value: float | None, unit: str) -> str:
-    """A figure as the README's tables write it: tok/s to 0.1, times in ms below 1 s, ratios to 0.01."""
+    """A figure as the benchmark results' tables write it: tok/s to 0.1, times in ms below 1 s, ratios to 0.01."""
     if value is None:
         return "-"
     if unit == "tok/s":

@@ -61,6 +61,10 @@ def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
     suite = json.loads(opts.replay.read_text()).get("suite", "load") if opts.replay is not None else opts.suite
     if suite in ("embed", "beside"):
         return run_embeddings_bench(opts, suite)
+    if suite == "mixed":
+        from launcher.bench.mixed_suite import run_mixed_bench
+
+        return run_mixed_bench(opts)
     if opts.replay is not None:
         result = json.loads(opts.replay.read_text())
         others = read_others(opts, result.get("suite", "load"))

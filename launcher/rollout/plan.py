@@ -24,7 +24,7 @@ from typing import Any, Literal
 from launcher.config import DeployConfig
 
 # Keys the router or the supervisor apply at once: no process restarts.
-LIVE_PREFIXES = ("limits.", "supervisor.")
+LIVE_PREFIXES = ("limits.", "supervisor.", "router.batch.")
 LIVE_KEYS = frozenset(
     {
         "router.policy",
@@ -51,6 +51,7 @@ FIXED_KEYS = frozenset(
         "router.zmq_address",
         "router.keepalive_timeout_s",
         "router.max_connections",
+        "router.state_dir",  # the Batch API's database, opened when the router starts
         "limits.max_body_bytes",  # the public app's body limit, set when it is built
         "logging.format",
         # the slots' placement: a replacement keeps its slot's devices (re-placing is `up`'s)

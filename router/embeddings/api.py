@@ -88,9 +88,9 @@ def shape(raw: list[bytes], dimensions: int | None, encoding: str) -> list:
     return out
 
 
-async def create_embeddings(request: web.Request) -> web.Response:
-    """``POST /v1/embeddings`` (module docstring)."""
-    req = parse(EmbeddingRequest, await read_json(request))
+async def create_embeddings(request: web.Request, body: dict | None = None) -> web.Response:
+    """``POST /v1/embeddings`` (module docstring); ``body``: the JSON already read (a batch line), None: read it."""
+    req = parse(EmbeddingRequest, await read_json(request) if body is None else body)
     refuse_stream(req)
     api = request.app[API].for_request(req.model, "/v1/embeddings", EMBED)  # 404 / 400 wrong_endpoint
     if req.input is None:

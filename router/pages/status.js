@@ -255,6 +255,29 @@ function renderEvents(activity) {
   );
 }
 
+function renderBatches(activity) {
+  const batches = (activity && activity.batches) || [];
+  if (!batches.length) {
+    $("batches").replaceChildren(el("li", { class: "muted", text: "No batches." }));
+    return;
+  }
+  $("batches").replaceChildren(
+    ...batches.map((b) =>
+      el(
+        "li",
+        { class: "event batch", "data-batch": b.id, "data-status": b.status },
+        el("time", { text: clock(b.created_at), datetime: new Date(b.created_at * 1000).toISOString() }),
+        el("span", { class: "event-worker", text: b.id }),
+        el("span", { class: "event-kind", text: b.status }),
+        el("span", {
+          class: "event-detail",
+          text: `${b.completed + b.failed} of ${b.total} done (${percent(b.completed + b.failed, b.total)}%, ${b.failed} failed) · ${b.endpoint}`,
+        }),
+      ),
+    ),
+  );
+}
+
 // ---- polling ----------------------------------------------------------------------------------
 
 async function poll() {
@@ -275,6 +298,7 @@ async function poll() {
     renderCharts(activity);
     renderTable(table, activity);
     renderEvents(activity);
+    renderBatches(activity);
     $("live").textContent = "live";
     $("live").className = "live ok";
   } catch (error) {

@@ -26,6 +26,7 @@ from router.responses.stream import stream_response
 from router.schemas import ChatRequest, parse
 from router.shaping import Choice
 from router.state import API, REQUEST_ID, Api
+from router.tiers import urgency_of
 from router.tools import ToolMode, tool_mode
 from worker.contract.protocol import SamplingParams
 
@@ -45,8 +46,9 @@ def responses_names():
         raise
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    req = parse(ResponsesRequest, await read_json(request))
+async def create_response(request: web.Request, body: dict | None = None) -> web.StreamResponse:
+    """``body``: the request's JSON already read (a batch line, :mod:`router.batch.lines`); None: read it."""
+    req = parse(ResponsesRequest, await read_json(request) if body is None else body)
     refuse_stateful(req)
     api = request.app[API].for_request(req.model, "/v1/responses")
     chat = to_chat(req)
@@ -70,6 +72,9 @@ async def respond(
 ) -> web.StreamResponse:
     """Generate one answer and send it as a ``response`` object or a Responses event stream."""
     shaper = ResponseShaper(req, chat, api.model_name)
+    urgency = urgency_of(request, req.service_tier, req.priority)
+    if urgency.echoed is not None:
+        shaper.settings["service_tier"] = urgency.echoed
     timeout = request_timeout(request, api)
     timer = request_timer(request)
     top = params.logprobs
@@ -88,6 +93,7 @@ async def respond(
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,
+            urgency=urgency,
         )
     )
     if chat.stream:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from router.errors import ApiError
-from router.schemas import Body, ChatRequest, Text
+from router.schemas import PRIORITY_MAX, PRIORITY_MIN, Body, ChatRequest, ServiceTier, Text
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text"})
@@ -54,6 +54,8 @@ class ResponsesRequest(Body):
     top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     include: list[Text] | None = None
     background: StrictBool | None = None
+    service_tier: ServiceTier | None = None
+    priority: StrictInt = Field(0, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="vLLM's: lower is served first")
     previous_response_id: Any = Field(None, description="not supported: this server stores nothing")
     conversation: Any = Field(None, description="not supported: this server stores nothing")
     prompt: Any = Field(None, description="not supported: stored prompts")

@@ -15,20 +15,12 @@ import signal
 import httpx
 import pytest
 
-from tests.helpers.browser import Browser, chromium_paths
+from tests.helpers.browser import Browser
 from tests.helpers.deployment import Deployment, wait_for
 from tests.helpers.keyed import ADMIN_TOKEN, ENV_KEYS
 
 QUESTION = "What is the capital of France?"  # the README's
 API_KEY = ENV_KEYS[0]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium_paths()  # skip before starting anything when there is no browser
-    b = Browser()
-    yield b
-    b.quit()
 
 
 @pytest.fixture(scope="module")

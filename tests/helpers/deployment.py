@@ -67,11 +67,17 @@ class Deployment:
         self.port, self.admin_port = free_port(), free_port()
         base = {
             # float32: the tests compare outputs token for token across batching, chunking and prefix-cache
-            # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; README "The engine").
+            # hits, which holds in float32 (bfloat16 rounds differently per matmul shape; docs/design/engine.md).
             # quantization none: float weights, the converted checkpoint, whose answers the tests assert
             # (tests/e2e/test_multimodel.py serves the GGUF file as stored)
             "model": {"name": MODEL, "max_model_len": 2048, "dtype": "float32", "quantization": "none"},
-            "router": {"port": self.port, "admin_port": self.admin_port, "request_timeout_s": 120},
+            # state_dir: the Batch API's database in the test's folder, not the user's ~/.local/state
+            "router": {
+                "port": self.port,
+                "admin_port": self.admin_port,
+                "request_timeout_s": 120,
+                "state_dir": str(self.tmp / "state"),
+            },
             "workers": {"devices": "cpu", "replicas": 2, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10},
             "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30},
         }

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from tests.helpers.browser import Browser, chromium_paths
 from tests.helpers.deployment import MODEL, Deployment, free_port
 from tests.helpers.keyed import SecuredDeployment
 
@@ -88,3 +89,13 @@ def tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Browser:
+    """One headless Chromium per module (the pages' and the docs' browser tests); skips before
+    starting anything when there is no browser."""
+    chromium_paths()
+    b = Browser()
+    yield b
+    b.quit()

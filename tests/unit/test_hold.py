@@ -10,6 +10,7 @@ import pytest
 from router.admin_protocol import Exited
 from router.generation import stream_tokens
 from router.hold import HoldQueue
+from router.tiers import Urgency
 from router.workers import NoWorker
 from tests.helpers.router_pool import PARAMS, RecordingPool, collect, run, say, step
 
@@ -24,7 +25,7 @@ def one_worker_restarting(hold_s: float = 30.0, max_waiting: int = 8) -> Recordi
 
 
 def request(pool: RecordingPool, priority: int = 0, model: str | None = None, prompt=(1, 2)) -> asyncio.Task:
-    gen = stream_tokens(pool, list(prompt), PARAMS, max_retries=1, model=model, priority=priority)
+    gen = stream_tokens(pool, list(prompt), PARAMS, max_retries=1, model=model, urgency=Urgency(priority=priority))
     return asyncio.create_task(collect(gen))
 
 

@@ -1,8 +1,8 @@
 """A GGUF file's tensor table (name → GGML type) read from its header alone, in milliseconds.
 
-``gguf.GGUFReader`` builds every metadata value first (SmolLM2's 49,152-token vocabulary takes it
-9 s on a 2-core box); planning needs only the tensors' types, so this walks the header and skips
-the metadata values by their sizes. The layout is GGUF v2/v3's (ggml's ``docs/gguf.md``), little
+``gguf.GGUFReader`` builds every metadata value first (seconds for a large vocabulary; the figure
+is in the docs' benchmark results); planning needs only the tensors' types, so this walks the
+header and skips the metadata values by their sizes. The layout is GGUF v2/v3's (ggml's ``docs/gguf.md``), little
 endian: magic ``GGUF``, version u32, tensor count u64, metadata count u64; each metadata entry a
 string key, a value type u32 and the value; then per tensor a string name, a dimension count u32,
 the dimensions u64 each, the type u32 and the data offset u64. Strings are a u64 length and bytes.

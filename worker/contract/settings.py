@@ -21,14 +21,20 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name: str = Field(
-        DEFAULT_MODEL, description="alias of the embedded default, an HF id, a local HF folder, or a .gguf path"
+        DEFAULT_MODEL,
+        description="the embedded default (smollm2-135m-instruct, or all-minilm-l6-v2 for embeddings), an HF id "
+        "already in the local HF cache, a local HF folder, or a .gguf file",
     )
     served_name: str | None = Field(None, description="the `model` clients send; defaults to `name`")
     task: Literal["auto", "generate", "embed"] = Field(
         "auto",
         description="generate (chat/completions) or embed (/v1/embeddings); auto: embed for an encoder (BERT family) or a sentence-transformers folder, else generate",
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="auto = bfloat16 on GPUs of compute capability >= 8.0, float16 below; on CPU bfloat16 with "
+        "avx512_bf16 or AMX, else float32 (worker/contract/dtypes.py)",
+    )
     quantization: Literal["auto", "none", "int8", "int4"] = Field(
         "auto",
         description="weight-only quantization of the linear layers: auto = a GGUF file's quantized tensors as "
@@ -48,8 +54,12 @@ class ModelConfig(Section):
 
 
 class WorkersConfig(Section):
-    devices: Literal["auto", "cpu"] | list[int] = Field("auto", description="auto | cpu | physical GPU indices")
-    replicas: Literal["auto"] | int = Field("auto", description="auto = one per GPU (one on CPU)")
+    devices: Literal["auto", "cpu"] | list[int] = Field(
+        "auto", description="auto (every GPU, else CPU) | cpu | physical GPU indices as nvidia-smi numbers them"
+    )
+    replicas: Literal["auto"] | int = Field(
+        "auto", description="auto = one per GPU (one on CPU); on CPU a number splits the cores into disjoint sets"
+    )
     gpus_per_replica: int = Field(
         1, ge=1, le=64, description="GPUs per replica; >1 splits layers across them (not tensor parallel)"
     )
@@ -57,7 +67,8 @@ class WorkersConfig(Section):
         1,
         ge=1,
         le=64,
-        description="ranks per replica, one per GPU (or CPU core set), each holding 1/N of every layer",
+        description="ranks per replica, one per GPU (or CPU core set), each holding 1/N of every layer; heads, KV "
+        "heads and the MLP width must divide by N; exclusive with gpus_per_replica > 1; local backend only",
     )
     workers_per_gpu: int = Field(1, ge=1, le=16, description="small replicas sharing one GPU")
     max_num_seqs: int = Field(8, ge=1, le=1024, description="sequences decoded together in one batch")
@@ -66,15 +77,23 @@ class WorkersConfig(Section):
     )
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
-        description="prompt tokens prefilled per engine step while others decode (auto: measured at start on "
-        "CPU, 2048 on GPU)",
+        description="prompt tokens prefilled per engine step while others decode (chunked prefill); auto: on CPU "
+        "measured at start (the largest chunk that keeps a step within 2x a decode step), 2048 on GPU; a step with "
+        "nothing to decode takes four such chunks (at most 512) on CPU, 8192 on GPU; a number sets both",
     )
     max_queue_wait_s: float = Field(
         120.0, gt=0, description="a queued request waits at most this for KV memory, then gets 503 with Retry-After"
     )
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
-    heartbeat_s: float = Field(1.0, gt=0, le=60)
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="KV-cache budget per CPU worker, GiB, allocated at start (per rank with tensor parallel)"
+    )
+    gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1.0,
+        description="share of a GPU's memory a worker may use: weights, activations, KV cache and a 1 GiB allowance",
+    )
+    heartbeat_s: float = Field(1.0, gt=0, le=60, description="how often a worker reports its load to the router")
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")
     stall_timeout_s: float = Field(
         30.0,
@@ -116,7 +135,7 @@ class WorkersConfig(Section):
 
 
 class LoggingConfig(Section):
-    format: Literal["text", "json"] = "text"
+    format: Literal["text", "json"] = Field("text", description="json: one JSON object per line, every process")
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 

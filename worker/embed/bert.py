@@ -4,7 +4,7 @@ transformers' ``BertModel`` runs a padded batch through ~20 modules a layer: thr
 a float mask built per call, dropout and view calls. Here the batch's tokens are packed into one
 ``[T, hidden]`` matrix (no pad rows in the matmuls), q/k/v are one fused weight, and each linear
 runs the kernel :class:`worker.quant.linear.Linears` measured fastest on this machine for its shape
-and row count (on an AVX2 EPYC: oneDNN's prepacked kernel at one sentence, 1.2-1.4x MKL's sgemm).
+and row count (which kernel wins differs between CPUs, so it is measured, not assumed).
 Only attention sees the batch padded: q/k/v are scattered to ``[batch, longest, ...]`` for
 ``scaled_dot_product_attention`` with a key-padding mask and gathered back.
 

@@ -58,7 +58,7 @@ class Embedder:
     def _pack(self, model) -> None:
         """Build the packed encoder. On CPU its kernels are measured on one thread by that thread's
         CPU clock: on a busy CPU a wall-clock timing on several threads measures OpenMP barriers
-        waiting for a descheduled thread (20 ms for a 0.1 ms product at load 4 on 2 cores), not the
+        waiting for a descheduled thread (orders of magnitude longer than the product), not the
         kernel; the thread plan (:mod:`worker.embed.threads`) then picks the threads per batch."""
         cpu = self.device.type == "cpu"
         before = torch.get_num_threads()

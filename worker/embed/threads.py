@@ -3,8 +3,8 @@
 A one-sentence batch (tens of tokens) is a handful of small matrix products: whether splitting
 them over cores pays depends on the machine and on what else runs there. On a quiet CPU two
 threads read the weights faster; on a box whose cores are busy elsewhere a 2-thread pass waits at
-every barrier for a descheduled thread (MiniLM-L6, 12 tokens, AMD EPYC at load ~8: 51 ms with 1
-thread, 790 ms with 2). So nothing here assumes either: at start, :func:`measure` times a few
+every barrier for a descheduled thread, and can take many times one thread's time (measured in the
+docs' benchmark results). So nothing here assumes either: at start, :func:`measure` times a few
 padded batches (:data:`PROBES`) on one thread and on all the worker's cores — interleaved, the
 best of :data:`REPEATS` (other processes only ever add time, so the best is the steadiest figure)
 — within :data:`BUDGET_S` seconds, and a batch runs on all cores only where that was at least

@@ -1,9 +1,8 @@
 """The kernel of each linear layer, chosen by measurement on the machine the worker starts on.
 
-No kernel is fastest on every CPU and every row count (on one Xeon MKL's sgemm beats oneDNN's
-prepacked kernel for one or two rows; on an AVX2 EPYC oneDNN reads the weights twice as fast at any
-row count, and int8 weight-only beats both for one row but loses from 32), so nothing here assumes a
-vendor's speed. For each distinct weight (shape and format) of the model and each row-count
+No kernel is fastest on every CPU and every row count (which of MKL's sgemm, oneDNN's prepacked
+kernel and int8 weight-only wins depends on the CPU and on the rows; the docs' benchmark results
+hold what was measured where), so nothing here assumes a vendor's speed. For each distinct weight (shape and format) of the model and each row-count
 *bucket* a step can produce (1, 2, 4, … up to the scheduler's largest step, capped at
 :data:`MAX_TUNED_ROWS`), every eligible candidate (:func:`worker.quant.kernels.check`) is timed —
 :data:`WARMUP` calls, then the best of :data:`REPEATS` (other processes on the machine only ever
@@ -16,8 +15,7 @@ the table says it pays: the *primary* kernel is the one that wins the most bucke
 holding other tensors replaces it in a bucket only when it is at least :data:`MIN_GAIN` faster
 there, and at all only when the time it saves over the buckets it runs is at least
 :data:`MIN_GAIN` of the primary's time summed over every bucket per copy of the weight it adds
-(a float32 model on an AVX2 EPYC kept a plain copy of o, q/k/v and down beside the prepacked one
-for 30% less time at one row, 3-5% of their table: 200 MiB more for SmolLM2-135M). Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
+(a copy that saves little over the whole table costs its memory for nothing). Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
 unless ``allow_copies``: quantization is for memory.
 
 The timer is injectable, so the choice logic is unit-tested with a fake clock.

@@ -9,9 +9,9 @@ product is a sum over the K / group groups of ``_weight_int8pack_mm`` calls: exa
 once per call. With bfloat16 activations each product is rounded to bfloat16 on its own and the sum
 is float32, so the output is not on bfloat16's grid (logits near 25 would move in steps of 0.125
 and tie): a bfloat16 error per product, as llama.cpp's 8-bit activations have, and no coarse steps.
-On this project's 2-core AVX2 EPYC (one thread, shared machine) a 49152 x 576 LM head takes ~5.6 ms
-for one row and ~25 ms for eight with bfloat16 activations, against ~23 ms and ~240 ms with float32
-ones.
+Why it exists: on a CPU without native bfloat16, torch's int8 op with float32 activations (the only
+other way to keep float32 logits) is several times slower, which made the LM head most of a
+quantized decode step (the docs' benchmark results have the figures).
 
 The weight is re-laid out once at build, [K / group, N, group] (the same bytes in another order).
 The kernel's ``gather`` reads embedding rows from that layout, so a tied embedding table and LM head

@@ -3,12 +3,11 @@ served from a GGUF ``Q4_0``/``Q4_1``/``Q4_K`` table (or any 4-bit weight in grou
 op takes) in a float32 model.
 
 torch's ``_weight_int4pack_mm_for_cpu`` with float32 activations is slow on a CPU without native
-bfloat16 (a 49152 x 576 head: ~140 ms for one row on this project's AVX2 EPYC, one thread, shared
-machine), and with bfloat16 ones (~8 ms) its output is rounded to bfloat16, whose steps near a
-logit of 25 are 0.125. Here the weight is cut along K into chunks of
-:data:`~worker.quant.grouped_int8.SPLIT` columns (whole groups), each packed on its own; a call is
-one bfloat16 product per chunk summed in float32 (~16-21 ms there): a bfloat16 error per product,
-no coarse steps, the same bytes as one pack.
+bfloat16, and with bfloat16 ones its output is rounded to bfloat16, whose steps near a logit of 25
+are 0.125. Here the weight is cut along K into chunks of :data:`~worker.quant.grouped_int8.SPLIT`
+columns (whole groups), each packed on its own; a call is one bfloat16 product per chunk summed in
+float32: a bfloat16 error per product, no coarse steps, the same bytes as one pack (the docs'
+benchmark results have the timings of the three).
 """
 
 from __future__ import annotations
