@@ -67,12 +67,12 @@ def up(
     for *_, problem in port_problems(cfg):
         if problem:
             fail(problem)
+    if cfg.cluster.backend == "ray":
+        from launcher.plan.layouts import tp_refusal
 
-    from launcher.plan.layouts import tp_refusal
-
-    for k in range(len(cfg.served())):  # each model under its own workers section
-        if problem := tp_refusal(cfg.for_model(k)):
-            fail(problem)
+        for k in range(len(cfg.served())):  # each model under its own workers section
+            if problem := tp_refusal(cfg.for_model(k)):
+                fail(problem)
     sys.exit(up_on_ray(cfg, force) if cfg.cluster.backend == "ray" else up_here(cfg, force))
 
 
@@ -99,28 +99,23 @@ def up_on_ray(cfg: DeployConfig, force: bool) -> int:
 
 def up_here(cfg: DeployConfig, force: bool) -> int:
     """Place the slots on this machine's devices, check the memory plan (``force``: warn only),
-    find the model and serve; exit 2 on a placement, plan or model problem."""
-    from launcher.plan.packing import place_models
-    from launcher.plan.placement import PlacementError, discover
-    from launcher.plan.plan import preflight
-    from launcher.plan.resolve import resolve_at_start
-    from launcher.plan.several import preflight_models
+    find the model and serve; exit 2 on a tensor-parallel, placement, plan or model problem
+    (:func:`launcher.plan.admit.admit`, the check ``apply`` runs too)."""
+    from launcher.plan.admit import NotAdmitted, admit
+    from launcher.plan.placement import discover
     from worker.contract.tasks import TaskError
 
-    inventory = discover()
-    served = cfg.served()
     try:
-        specs = place_models([one.workers for one in served], inventory, [one.name for one in served])
-    except PlacementError as exc:
-        fail(f"workers: {exc}")
-    cfg = resolve_at_start(cfg, inventory, specs)
-    check = preflight if len(served) == 1 else preflight_models
-    if problem := check(cfg, inventory, specs):
+        admission = admit(cfg, discover())
+    except NotAdmitted as exc:
+        fail(str(exc))
+    cfg = admission.config
+    if problem := admission.memory_problem:
         if not force:
             fail(problem + "\n  (or pass --force to start anyway)")
         log.warning("starting despite the memory plan (--force): %s", problem)
-    paths = per_model(served, _model_path, TaskError)
-    return serve(cfg, specs, paths[0] if len(paths) == 1 else paths)
+    paths = per_model(cfg.served(), _model_path, TaskError)
+    return serve(cfg, admission.specs, paths[0] if len(paths) == 1 else paths)
 
 
 def _model_path(one) -> Path:
@@ -270,8 +265,9 @@ def status(
             highlight=False,
         )
     if rollout := client.try_call("GET", "/admin/rollout"):
-        last = rollout["progress"][-1] if rollout["progress"] else ""
-        out.print(f"last apply: revision {rollout['revision']} {rollout['state']}: {last}", highlight=False)
+        from launcher.rollout.command import describe
+
+        out.print(describe(rollout), highlight=False)
 
 
 STATE_COLORS = {
@@ -427,10 +423,10 @@ def plan(
 ) -> None:
     """Do the memory arithmetic (weights + KV cache + overhead vs each GPU) and recommend a layout.
 
-    Exit code 0 when the deployment fits, 1 when it does not, 2 on bad input.
+    When the configured layout does not fit but another does (tensor parallel, a layer split, a
+    lighter model.quantization), that layout's plan and the deploy.yaml keys to set it. Exit code 0
+    when the deployment, or the layout recommended, fits; 1 when nothing does; 2 on bad input.
     """
-    from launcher.plan.plan import make_plan
-    from launcher.plan.report import render
     from launcher.plan.sizing import QUANTIZATIONS
     from worker.contract.shapes import ShapeError
     from worker.contract.tasks import TaskError
@@ -458,9 +454,26 @@ def plan(
     shapes = per_model(cfg.served(), _planned_shape, ShapeError, TaskError)
     if len(shapes) > 1:
         raise typer.Exit(_plan_several(cfg, inventory, shapes))
-    result = make_plan(cfg, inventory, shapes[0], specs=specs)
-    report_console().print(render(result, cfg))
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(_plan_one(cfg, inventory, shapes[0], specs))
+
+
+def _plan_one(cfg: DeployConfig, inventory, shape, specs) -> int:
+    """Print one model's plan, or the recommended layout's where the configured one does not fit
+    (:func:`launcher.plan.advice.advise`); ``plan``'s exit code."""
+    from launcher.plan.advice import advise
+    from launcher.plan.plan import make_plan
+    from launcher.plan.report import render
+
+    result = make_plan(cfg, inventory, shape, specs=specs)
+    advice = advise(cfg, inventory, shape, result) if specs is None else None
+    if advice is None:
+        report_console().print(render(result, cfg))
+        return 0 if result.ok else 1
+    out = report_console()
+    out.print(f"The configured layout does not fit ({result.errors[0]}); this one does:", highlight=False)
+    out.print(render(advice.plan, advice.config))
+    out.print(f"Set in deploy.yaml:\n{advice.yaml()}", highlight=False)
+    return 0
 
 
 def _planned_shape(one):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,16 +265,75 @@ def section_type(annotation: Any) -> Any:
 
 
 def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
-    """Validate a parsed YAML document. Raises :class:`ConfigError`."""
+    """Validate a parsed YAML document. ``model: NAME`` (a string, as Ollama users write it) is
+    ``model: {name: NAME}``, and so is a ``models:`` entry given as a string. Raises
+    :class:`ConfigError`, also for a number written as a string (``replicas: "2"``), which
+    pydantic would otherwise take."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model, router, workers, ...)")
+    data = _named_models(data)
+    lines = quoted_numbers(data, DeployConfig)
     try:
-        return DeployConfig.model_validate(data)
+        cfg = DeployConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [_describe(e, DeployConfig) for e in _merge_union_errors(exc.errors(), DeployConfig)]
-        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+        lines += [_describe(e, DeployConfig) for e in _merge_union_errors(exc.errors(), DeployConfig)]
+    if not lines:
+        return cfg
+    raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+
+
+def _named_models(data: dict) -> dict:
+    """``model: NAME`` as ``model: {name: NAME}``; each ``models:`` entry given as a string likewise."""
+    out = dict(data)
+    if isinstance(out.get("model"), str):
+        out["model"] = {"name": out["model"]}
+    if isinstance(out.get("models"), list):
+        out["models"] = [{"name": e} if isinstance(e, str) else e for e in out["models"]]
+    return out
+
+
+def quoted_numbers(data: Any, section: Any, loc: tuple = ()) -> list[str]:
+    """One line per number written as a string (``replicas: "2"``) where ``section`` (a config
+    class) takes a number and no string but the words it names (``auto``): refused like any other
+    wrong type, where pydantic's lax mode would convert it."""
+    if not (isinstance(data, dict) and isinstance(section, type) and issubclass(section, BaseModel)):
+        return []
+    lines = []
+    for key, value in data.items():
+        field = section.model_fields.get(str(key))
+        if field is None:
+            continue
+        where = (*loc, key)
+        inner = section_type(field.annotation)
+        if isinstance(value, str) and _is_number(value) and _takes_number_not(field.annotation, value):
+            lines.append(f"{key_path(where)}: a number is needed, not the string {value!r} (remove the quotes)")
+        elif isinstance(value, list) and inner is not None:
+            lines += [line for n, item in enumerate(value) for line in quoted_numbers(item, inner, (*where, n))]
+        elif inner is not None:
+            lines += quoted_numbers(value, inner, where)
+    return lines
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _takes_number_not(annotation: Any, text: str) -> bool:
+    """``annotation`` takes an int or a float, no free string, and ``text`` is none of its words."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    kinds = list(members) or [annotation]
+    words = [w for k in kinds if typing.get_origin(k) is Literal for w in typing.get_args(k)]
+    numeric = any(
+        k in (int, float) or (typing.get_origin(k) is typing.Annotated and typing.get_args(k)[0] in (int, float))
+        for k in kinds
+    )
+    return numeric and str not in kinds and text not in words
 
 
 def _union_key(err: dict, model: type[BaseModel]) -> tuple | None:
@@ -328,6 +388,19 @@ def _said(msg: str, where: list[str], first: bool) -> str:
     return f"{'items' if len(where) > 1 else 'item'} {', '.join(where)}: {msg[:1].lower()}{msg[1:]}"
 
 
+def read_yaml(p: Path) -> Any:
+    """The YAML document in file ``p`` ({} when empty). Raises :class:`ConfigError` for a folder,
+    a missing file or invalid YAML."""
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory; give the deploy.yaml file itself (such as {p / 'deploy.yaml'})")
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such file (copy deploy.yaml from the repository as a start)")
+    try:
+        return yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+
+
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:
     """Read ``path`` (or defaults when ``None``), apply env and CLI ``overrides``, validate.
 
@@ -337,13 +410,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     data: dict[str, Any] = {}
     source = str(path) if path else "defaults"
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"{p}: no such file (copy deploy.yaml from the repository as a start)")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        data = read_yaml(Path(path))
     if not isinstance(data, dict):
         return parse_config(data, source)
     if "models" in data and data["models"] is None:  # a bare `models:` would otherwise serve the default model

@@ -126,7 +126,7 @@ async def exited(request: web.Request) -> web.Response:
 async def shutdown(request: web.Request) -> web.Response:
     """Refuse new requests (503) and wait up to ``grace`` seconds for in-flight ones to finish."""
     api = request.app[API]
-    api.pool.accepting = False
+    api.pool.stop_accepting()
     grace = _float(request, "grace", api.cfg.supervisor.shutdown_grace_s)
     done = await api.pool.wait_idle(list(api.pool.workers.values()), grace)
     return web.json_response({"idle": done, "in_flight": sum(w.in_flight for w in api.pool.workers.values())})

@@ -24,6 +24,7 @@ from router.errors import ApiError
 from router.metrics import METRICS, Metrics, metrics_handler, metrics_middleware
 from router.openapi import openapi_handler
 from router.responses.api import create_response
+from router.settings import deployment_id
 from router.state import API, REQUEST_ID, Api
 from router.workers import State
 from worker.contract.logs import REQUEST_ID as LOG_REQUEST_ID
@@ -79,15 +80,22 @@ def error_middleware():
 
 
 async def health(request: web.Request) -> web.Response:
-    ready = request.app[API].pool.ready_workers()
-    status = 200 if ready and request.app[API].pool.accepting else 503
-    return web.json_response(
-        {"status": "ok" if status == 200 else "unavailable", "ready_workers": len(ready)}, status=status
-    )
+    """``/health``, ``/health/ready``: 200 when every served model has a ready replica (``?model=NAME``:
+    when that one has; 404 for a name not served) and the router accepts requests, else 503.
+    ``models`` gives each model's state (:meth:`router.state.Api.model_states`)."""
+    api = request.app[API]
+    states = api.model_states()
+    name = request.query.get("model")
+    asked = [api.named(name).name] if name is not None else list(states)
+    ok = api.pool.accepting and all(states[m] == "ready" for m in asked)
+    body = {"status": "ok" if ok else "unavailable", "ready_workers": len(api.pool.ready_workers()), "models": states}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def live(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    """Alive, and which deployment this router serves (:func:`router.settings.deployment_id`)."""
+    api = request.app[API]
+    return web.json_response({"status": "ok", "deployment": deployment_id(api.cfg.router, list(api.models))})
 
 
 async def workers(request: web.Request) -> web.Response:
@@ -168,6 +176,7 @@ def create_admin_app(api: Api) -> web.Application:
     app.on_response_prepare.append(echo_request_id)
     app.on_response_prepare.append(keep_alive_header(api.cfg.router.keepalive_timeout_s))
     app.router.add_get("/admin/workers", workers)
+    app.router.add_get("/health/live", live)
     app.router.add_get("/admin/batches", batch_api.summary)
     app.router.add_get("/metrics", metrics_handler)
     admin.add_routes(app)

@@ -15,7 +15,8 @@ worker serving it is lost (process gone, silent, stalled, or leaving while shutt
   nothing, when no migration is left), up to ``max_retries`` times.
 * Otherwise the loss surfaces as :class:`UpstreamError` (502): an error event once a stream started.
 
-Both wait for a restarting worker when none is ready (:func:`_choose`). With ``buffered=True`` (a
+A new request that finds no ready worker is held until one is (:mod:`router.hold`); a retry or a
+migration waits for a restarting worker when none is ready (:func:`_choose`). With ``buffered=True`` (a
 non-streaming request: the client sees nothing until the end) the deltas of every attempt are
 merged into one final event. Whatever way the caller stops iterating (finish, error, timeout,
 client gone), the request is cancelled on the worker and released from the pool's accounting.
@@ -33,7 +34,7 @@ import msgspec
 
 from router.errors import ApiError
 from router.tiers import INTERACTIVE, Urgency
-from router.workers import NoWorker, State, Worker, WorkerLost, WorkerPool
+from router.workers import NoWorker, Overloaded, Worker, WorkerLost, WorkerPool
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
 log = logging.getLogger(__name__)
@@ -51,33 +52,78 @@ class _Lost(Exception):
         self.reason, self.message = reason, message
 
 
-RETRY_WAIT_S = 60.0  # how long a retry waits for a worker to come back when none is ready
-COMING_BACK = (State.STARTING, State.DEAD)  # states a supervised worker leaves by itself
 SHUTTING_DOWN = 503  # a worker's Failed code when it leaves with the request in flight
 
 
 async def _choose(
-    pool: WorkerPool, tried: set[int], last_loss: str, prompt: list[int], model: str | None = None
+    pool: WorkerPool,
+    tried: set[int],
+    last_loss: str,
+    prompt: list[int] | None,
+    model: str | None = None,
+    priority: int = 0,
 ) -> Worker:
-    """The worker for this attempt, one of ``model``'s replicas (None: any). A retry prefers a worker
-    not tried yet; when none is ready at all (one replica, just killed) it waits, up to
-    ``RETRY_WAIT_S`` and within the request's own timeout, for a restarting one to rejoin. Raises
-    ``UpstreamError`` (502) when none can."""
+    """The worker for this attempt, one of ``model``'s replicas (None: any). A first attempt that
+    finds none ready is held (:func:`_hold`) while one is expected. A retry (or a migration)
+    prefers a worker not tried yet; when none is ready at all (one replica, just killed) it waits
+    while one is expected, up to ``router.hold_s`` and within the request's own timeout, for a
+    restarting one to rejoin (one with no room yet: until it has room). Raises ``UpstreamError``
+    (502) when none can."""
     try:
         return pool.pick(exclude=tried, admitting=not tried, prompt=prompt, model=model)
     except NoWorker:
         if not tried:
-            raise
-    deadline = time.monotonic() + RETRY_WAIT_S
+            if not pool.accepting or pool.hold.hold_s(model) <= 0 or not pool.expects(model):
+                raise
+            return await _hold(pool, prompt, model, priority)
+    deadline = time.monotonic() + pool.hold.hold_s(model)
     while True:
         try:
             return pool.pick(admitting=False, prompt=prompt, model=model)  # a worker tried may be back (restarted)
-        except NoWorker:
+        except (NoWorker, Overloaded) as exc:
             left = deadline - time.monotonic()
-            mine = [w for w in pool.workers.values() if model is None or w.model == model]
-            if left <= 0 or not any(w.state in COMING_BACK for w in mine):
+            if isinstance(exc, NoWorker) and (left <= 0 or not pool.expects(model)):
                 raise UpstreamError(502, f"{last_loss}; no worker came back to retry on", code="worker_lost") from None
+            if left <= 0:
+                raise
         await pool.wait_change(left)  # a worker's state changed: it may be ready now
+
+
+async def _hold(pool: WorkerPool, prompt: list[int] | None, model: str | None, priority: int) -> Worker:
+    """Wait in ``model``'s hold queue (:mod:`router.hold`) for a ready replica with room; return it
+    once this request is first in line. Raises ``NoWorker`` (503, ``Retry-After``) when the queue
+    is full, the hold time passes, no replica is expected any more or the router shuts down."""
+    hold = pool.hold
+    entry = hold.join(model, priority)
+    whose = "" if model is None else f" of model '{model}'"
+    if entry is None:
+        raise NoWorker(f"no worker{whose} is ready and {hold.waiting(model)} requests already wait for one")
+    outcome = "cancelled"
+    try:
+        while True:
+            if not pool.accepting:
+                outcome = "shutdown"
+                raise NoWorker("the server is shutting down")
+            if hold.is_head(entry):
+                try:
+                    worker = pool.pick(prompt=prompt, model=model)
+                    outcome = "dispatched"
+                    return worker
+                except (NoWorker, Overloaded):
+                    pass  # not ready yet, or ready and full: wait for the next change
+            if not pool.expects(model):
+                outcome = "unexpected"
+                raise NoWorker(f"no worker{whose} is ready and none is expected to be")
+            left = hold.deadline(entry) - time.monotonic()
+            if left <= 0:
+                outcome = "timeout"
+                raise NoWorker(f"no worker{whose} became ready within {hold.hold_s(model):.0f}s (router.hold_s)")
+            await pool.wait_change(left)
+    finally:
+        held = hold.leave(entry, outcome)
+        pool.notify()  # the next in line may go now
+        if outcome == "dispatched":
+            log.info("request held %.2fs for a worker%s", held, whose)
 
 
 @dataclass
@@ -165,7 +211,8 @@ async def stream_tokens(
 ) -> AsyncIterator[Tokens]:
     """The request's events, across retries and migrations (see the module docstring), on
     ``model``'s replicas (a served name; None: any worker), each attempt carrying ``urgency``
-    (its ``priority`` and ``flex``: :mod:`router.tiers`).
+    (its ``priority`` and ``flex``: :mod:`router.tiers`); its ``priority`` (vLLM's: lower first)
+    also orders the request among those held for a replica (:mod:`router.hold`).
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
@@ -175,7 +222,7 @@ async def stream_tokens(
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
     last_loss = ""  # why the previous attempt ended
     while True:
-        worker = await _choose(pool, tried, last_loss, prompt, model)
+        worker = await _choose(pool, tried, last_loss, prompt, model, urgency.priority)
         if moving is not None:
             log.warning(
                 "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",

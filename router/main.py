@@ -58,7 +58,7 @@ async def start_servers(api: Api) -> list[web.AppRunner]:
 
 async def stop_servers(api: Api, runners: list[web.AppRunner]) -> None:
     """Stop accepting requests (responses from now on close their connection), then close."""
-    api.pool.accepting = False
+    api.pool.stop_accepting()
     for runner in reversed(runners):
         await runner.cleanup()
 
@@ -128,6 +128,7 @@ async def run_router(
     if sender is not None:
         pool.tell_supervisor = sender.send
     api = Api(cfg, pool, models=models, **({"started": started} if started else {}))
+    pool.hold.limits = lambda model: api.cfg.hold_limits(model)  # api.cfg: replaced by a live apply
     runners = await start_servers(api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

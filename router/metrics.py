@@ -9,7 +9,8 @@ one), so several apps in one test process do not collide. Names follow vLLM's st
   requests waiting for their first token and requests streaming tokens.
 * Worker side, read from the :class:`~router.workers.WorkerPool` at scrape time (the workers'
   heartbeats and Ready messages): running/waiting sequences, KV-cache usage, device memory,
-  restarts, model load time, state.
+  restarts, model load time, state; requests held for a replica now (:mod:`router.hold`), and
+  the time each was held, by outcome.
 """
 
 from __future__ import annotations
@@ -160,6 +161,15 @@ class WorkerCollector:
         )
         load_time = _family("gauge", "model_load_time_seconds", "Seconds from worker start to ready (load + warm-up)")
         restarts = _family("counter", "worker_restarts", "Times the worker process was replaced")
+        held = _family(
+            "gauge",
+            "num_requests_held",
+            "Requests waiting for a ready replica of their model (router.hold)",
+            ("model",),
+        )
+        counts = {w.model: 0 for w in self.pool.workers.values()} | self.pool.hold.by_model()
+        for model, count in sorted(counts.items()):
+            held.add_metric([model], count)
         figures = {name: _family(*spec) for name, spec in LOAD_METRICS.items()}
         for w in sorted(self.pool.workers.values(), key=lambda w: w.worker_id):
             wid = [str(w.worker_id), w.model]
@@ -174,7 +184,22 @@ class WorkerCollector:
             memory.add_metric([*wid, w.device], load.mem_bytes)
             load_time.add_metric(wid, w.load_seconds)
             restarts.add_metric(wid, w.restarts)
-        yield from (state, in_flight, kv_ratio, kv_budget, memory, load_time, restarts, *figures.values())
+        yield from (state, in_flight, kv_ratio, kv_budget, memory, load_time, restarts, held, *figures.values())
+
+
+def _hold_histogram(pool: WorkerPool, registry: CollectorRegistry) -> Histogram:
+    """Seconds each request was held for a replica (:mod:`router.hold`), by model and how its hold
+    ended; fed by the pool's hold queue as each request leaves it."""
+    hist = Histogram(
+        f"{PREFIX}_request_hold_seconds",
+        "Requests held for a ready replica of their model: seconds held, by how the hold ended "
+        "(dispatched, timeout, unexpected, shutdown, cancelled)",
+        ["model", "outcome"],
+        buckets=E2E_BUCKETS,
+        registry=registry,
+    )
+    pool.hold.on_leave = lambda model, outcome, s: hist.labels(model or "", outcome).observe(s)
+    return hist
 
 
 class Metrics:
@@ -234,6 +259,7 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.hold_time = _hold_histogram(pool, r)
         self.activity = Activity()  # recent throughput and TTFT for the status page (router.activity)
         ProcessCollector(registry=r)  # the router process: process_resident_memory_bytes, cpu seconds, fds
         r.register(WorkerCollector(pool))

@@ -228,20 +228,23 @@ async def completions(request: web.Request, body: dict | None = None) -> web.Str
 
 
 async def models(request: web.Request) -> web.Response:
-    """Every served model, in deploy.yaml's order, with its context length and task."""
+    """Every served model, in deploy.yaml's order, with its context length, task and state."""
     api = request.app[API]
-    data = [_model_card(m, api.started) for m in api.models.values()]
+    states = api.model_states()
+    data = [_model_card(m, api.started, states[name]) for name, m in api.models.items()]
     return web.json_response({"object": "list", "data": data})
 
 
 async def model(request: web.Request) -> web.Response:
     """``GET /v1/models/{model}``: one served model's entry (as in the list), else 404 ``model_not_found``."""
     api = request.app[API]
-    return web.json_response(_model_card(api.named(request.match_info["model"]), api.started))
+    chosen = api.named(request.match_info["model"])
+    return web.json_response(_model_card(chosen, api.started, api.model_states()[chosen.name]))
 
 
-def _model_card(m, created: int) -> dict:
-    """OpenAI's model object for a served model, with its context length and task; ``created``:
+def _model_card(m, created: int, state: str) -> dict:
+    """OpenAI's model object for a served model, with its context length, task and ``state``
+    (:meth:`router.state.Api.model_states`: ``ready``, ``loading``, ``unavailable``); ``created``:
     the Unix seconds its deployment started (:attr:`router.state.Api.started`), as vLLM gives."""
     return {
         "id": m.name,
@@ -250,6 +253,7 @@ def _model_card(m, created: int) -> dict:
         "owned_by": "llamadeploy",
         "max_model_len": m.config.max_model_len,
         "task": m.task,
+        "state": state,
     }
 
 

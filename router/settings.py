@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from router.auth import token_matches
+from router.hold import DEFAULT_HOLD_S
 from router.policies import PolicyName
 from router.schemas import ServiceTier
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
@@ -72,6 +73,12 @@ class RouterConfig(Section):
         le=100,
         description="moves of a request whose worker is lost mid-generation "
         "to another worker, resuming after the generated tokens; 0 = off",
+    )
+    hold_s: float = Field(
+        DEFAULT_HOLD_S,
+        ge=0,
+        description="a request that finds no ready replica of its model waits up to this long while one is "
+        "expected (restarting, loading, being replaced), then gets 503; 0 = answer 503 at once",
     )
     zmq_address: str | None = Field(
         None,
@@ -149,6 +156,16 @@ class RouterConfig(Section):
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
 
+def deployment_id(router: RouterConfig, served: list[str]) -> str:
+    """A deployment's id: its listening addresses and served model names, hashed (12 hex digits).
+    The router answers it on ``/health/live``; ``doctor`` computes it from deploy.yaml to tell a
+    port held by this same deployment from one held by something else."""
+    import hashlib
+
+    key = [router.host, router.port, router.admin_host, router.admin_port, sorted(served)]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+
+
 def connect_host(host: str) -> str:
     """The address a client on this machine uses for a server bound to ``host`` (loopback for a
     wildcard bind such as 0.0.0.0)."""
@@ -203,6 +220,11 @@ class RouterSettings(Section):
         """The workers section a worker of ``model`` (a served name) runs under: the one place the
         router looks a per-model key up (heartbeat and stall timeouts...)."""
         return self.model_workers.get(model, self.workers)
+
+    def hold_limits(self, model: str | None) -> tuple[float, int]:
+        """(``router.hold_s``, the model's ``workers.max_waiting``): how long and how many requests
+        the router holds for a replica of ``model`` (None: the only one; :mod:`router.hold`)."""
+        return self.router.hold_s, self.workers_for(model or "").max_waiting
 
     def model_timeouts(self) -> dict[str, tuple[float, float]]:
         """Served name -> (heartbeat, stall) timeouts in seconds of each model with its own workers

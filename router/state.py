@@ -125,6 +125,13 @@ class Api:
         """The first served model of ``task``, else the first model (whose task then refuses)."""
         return next((m for m in self.models.values() if m.task == task), next(iter(self.models.values())))
 
+    def model_states(self) -> dict[str, str]:
+        """Each served model's state (:meth:`WorkerPool.model_state`: ``ready``, ``loading``,
+        ``unavailable``), in deploy.yaml's order."""
+        if len(self.models) == 1:  # every worker serves it (a worker's model name may lag a rename)
+            return {name: self.pool.model_state(None) for name in self.models}
+        return {name: self.pool.model_state(name) for name in self.models}
+
     @property
     def model_name(self) -> str:
         return self.model.name

@@ -101,8 +101,11 @@ async def activity(request: web.Request) -> web.Response:
     (newest first, :meth:`router.events.EventLog.recent`), ``prefix_cache`` per worker id
     (``hit_tokens``, ``queried_tokens``, ``preemptions`` since its process started), ``model`` (the
     one a request without ``model`` goes to), ``models`` (every served name, in deploy.yaml's order),
-    ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured) and
-    ``batches`` (the caller's batches and their progress, :func:`router.batch.api.mine`)."""
+    ``admin_controls`` (whether ``/status/admin/`` exists: an admin token is configured),
+    ``batches`` (the caller's batches and their progress, :func:`router.batch.api.mine`),
+    ``model_states`` (name -> ``ready``/``loading``/``unavailable``), ``held`` and ``held_oldest_s``
+    (requests held for a replica per model, and the longest wait so far in seconds; ``""``: the
+    one-model queue; :mod:`router.hold`)."""
     api = request.app[API]
     metrics = api.metrics
     return web.json_response(
@@ -113,6 +116,9 @@ async def activity(request: web.Request) -> web.Response:
             "events": api.pool.events.recent(EVENTS_SHOWN),
             "prefix_cache": prefix_counters(api.pool),
             "admin_controls": bool(api.cfg.router.admin_token),
+            "model_states": api.model_states(),
+            "held": api.pool.hold.by_model(),
+            "held_oldest_s": api.pool.hold.oldest_s(),
             "batches": batch_api.mine(request),
         }
     )

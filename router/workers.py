@@ -50,6 +50,7 @@ from router.admin_protocol import (
 )
 from router.errors import ApiError
 from router.events import EventLog
+from router.hold import HoldQueue
 from router.policies import LeastLoaded, RoundRobin, make_policy
 from router.prefix_affinity import PrefixAffinity
 from router.stall import is_stalled, no_step_for
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 
 IDENTIFY_EVERY_S = 1.0  # how often an unregistered worker is asked to say Hello again
 MAX_ORPHANS = 4096  # request ids of unknown requests already cancelled (remembered to cancel once)
+REPORT_GRACE_S = 30.0  # a new router expects the supervisor's reports of its workers within this
 
 
 State = WorkerState  # the one worker-state enum, shared with the supervisor (router.admin_protocol)
@@ -251,6 +253,8 @@ class WorkerPool:
         self._changed = asyncio.Event()  # set (and replaced) on every change: see wait_change
         self.tell_supervisor: Callable[[SupervisorEvent], None] = lambda event: None  # its event channel
         self.events = EventLog()  # recent state changes, starts and migrations, for the status page
+        self.hold = HoldQueue()  # requests waiting for a replica of their model (router.hold)
+        self._seen_models: set[str] = set()  # models some slot of which this router has been told of
 
     @property
     def ctx(self) -> zmq.asyncio.Context:
@@ -309,6 +313,29 @@ class WorkerPool:
             return policy.pick(room)
         return policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
 
+    def expects(self, model: str | None) -> bool:
+        """A replica of ``model`` (None: any worker) is ready or expected to become ready: some slot
+        of it is not ``failed`` (starting, restarting, draining to be replaced...), or this router
+        is younger than :data:`REPORT_GRACE_S` and has not been told of any slot of it yet (a start
+        in progress). False once every slot of the model has failed or been removed."""
+        mine = [w for w in self.workers.values() if model is None or w.model == model]
+        if not mine:
+            told = self._seen_models if model is None else model in self._seen_models
+            return not told and time.time() - self._router_started < REPORT_GRACE_S
+        return any(w.state != State.FAILED for w in mine)
+
+    def model_state(self, model: str | None) -> str:
+        """``ready`` (a replica of ``model`` takes requests), ``loading`` (none does, one is expected:
+        requests are held) or ``unavailable`` (none is expected: requests get 503 at once)."""
+        if any(w.state == State.READY and (model is None or w.model == model) for w in self.workers.values()):
+            return "ready"
+        return "loading" if self.expects(model) else "unavailable"
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests from now on (shutting down); held ones are answered at once."""
+        self.accepting = False
+        self.notify()
+
     def model_policy(self, model: str) -> RoundRobin | LeastLoaded:
         """``model``'s own instance of the policy (its rotation over its own replicas); a new
         ``policy`` set through the admin API replaces them all."""
@@ -356,7 +383,7 @@ class WorkerPool:
             w.served += 1
         else:
             w.failed_requests += 1
-        self._notify()
+        self.notify()
 
     def owner_of(self, request_id: str) -> RouterRequest | None:
         """The record of ``request_id``, whichever worker holds it (None: not in flight)."""
@@ -371,7 +398,7 @@ class WorkerPool:
         except TimeoutError:
             pass
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         """Wake every :meth:`wait_change` (a fresh event each time: no waiter misses a change)."""
         self._changed.set()
         self._changed = asyncio.Event()
@@ -443,7 +470,7 @@ class WorkerPool:
             self.mark_lost(worker_id, report.reason, failed=report.failed)
             if report.removed and not self.workers[worker_id].requests:
                 del self.workers[worker_id]  # retired by a rollout: no slot left to show
-                self._notify()
+                self.notify()
                 return
         if isinstance(report, Started) or report.failed:
             self.workers[worker_id].start_requested = False
@@ -453,6 +480,7 @@ class WorkerPool:
         w = self.workers.setdefault(worker_id, Worker(worker_id, device=device))
         w.restarts = restarts
         w.model = model or w.model
+        self._seen_models.add(w.model)
         if w.pid != pid:
             if w.requests:  # the old process died without us hearing of it
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
@@ -490,7 +518,7 @@ class WorkerPool:
             log.info("worker %d: %s -> %s", w.worker_id, w.state.value, state.value)
             self.events.state_changed(w.worker_id, w.state, state, w.exit_reason, w.load_seconds)
             w.state = state
-            self._notify()
+            self.notify()
             if state == State.READY:
                 self.tell_supervisor(WorkerReady(worker_id=w.worker_id, pid=w.pid))
 
@@ -583,6 +611,7 @@ class WorkerPool:
         # The restart count comes from the supervisor (``on_started``), which also sees the
         # processes that crash before saying Hello; a Hello never counts one.
         w.pid, w.device, w.registered, w.model = msg.pid, msg.device, True, msg.model
+        self._seen_models.add(w.model)
         w.max_num_seqs, w.max_waiting = msg.max_num_seqs, msg.max_waiting
         w.node_id, w.node_ip, w.gpu_ids = msg.node_id, msg.node_ip, msg.gpu_ids
         w.started_at, w.last_seen, w.load = time.time(), time.monotonic(), None

@@ -478,10 +478,15 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
 
 
 def port_checks(cfg: DeployConfig) -> list[Check]:
+    """One row per listening address: free, held by this same deployment (its router answers
+    with this file's :func:`~router.settings.deployment_id`: ``ok``), or held by something else."""
     from launcher.supervise.ports import port_problems
 
     rows = []
     for host, port, key, problem in port_problems(cfg):
+        if problem and held_by_this_deployment(cfg, host, port):
+            rows.append(Check(key, "ok", f"{host}:{port} is in use by this deployment (its router answers there)"))
+            continue
         rows.append(
             Check(
                 key,
@@ -491,6 +496,22 @@ def port_checks(cfg: DeployConfig) -> list[Check]:
             )
         )
     return rows
+
+
+def held_by_this_deployment(cfg: DeployConfig, host: str, port: int) -> bool:
+    """A llamadeploy router listens on ``host:port`` and answers ``/health/live`` with the id of
+    the deployment ``cfg`` describes."""
+    import httpx
+
+    from router.settings import connect_host, deployment_id
+
+    headers = {"Authorization": f"Bearer {cfg.router.admin_token}"} if cfg.router.admin_token else {}
+    try:
+        r = httpx.get(f"http://{connect_host(host)}:{port}/health/live", timeout=2.0, headers=headers)
+        said = r.json().get("deployment") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+    return said == deployment_id(cfg.router, [one.name for one in cfg.served()])
 
 
 def run_checks(cfg: DeployConfig, inv: Inventory) -> list[Check]:

@@ -1,10 +1,12 @@
 """The supervisor's answer to an ``apply``: validate, plan, then refuse, report or start the rollout.
 
 :func:`begin_apply` runs when the router passes on an
-:class:`~router.admin_protocol.ApplyRequested` event. The new configuration is checked with the
-rules of ``up`` (the file's own, the tensor-parallel split, the placement on this machine's
-devices); keys that cannot change on a running deployment refuse the whole apply, one line each;
-``--dry-run`` reports the plan only. A change of router and supervisor settings alone is applied
+:class:`~router.admin_protocol.ApplyRequested` event. The new configuration is checked with
+``up``'s one check (:func:`launcher.plan.admit.admit`: the file's own rules, the tensor-parallel
+split, the placement, the memory plan with the KV-cache budget, the model found and fit for its
+task) and the room a scale-up needs beside the running replicas, before ``--dry-run`` answers:
+a dry run gives the verdict the real run reaches. Keys that cannot change on a running
+deployment refuse the whole apply, one line each; ``--dry-run`` reports the plan only. A change of router and supervisor settings alone is applied
 at once (a new revision, no process restarted); anything else starts a
 :class:`~launcher.rollout.executor.Rollout`.
 """
@@ -12,14 +14,17 @@ at once (a new revision, no process restarted); anything else starts a
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 
 from launcher.config import ConfigError, DeployConfig, parse_config
-from launcher.plan.placement import Inventory, PlacementError, place
+from launcher.plan.admit import NotAdmitted, admit
+from launcher.plan.placement import Inventory
 from launcher.rollout.executor import Rollout, Target, adopt_config, move_slots, post_status
 from launcher.rollout.plan import RolloutPlan, plan_rollout
-from launcher.rollout.room import replica_need
+from launcher.rollout.room import new_spec, replica_need
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -40,22 +45,19 @@ def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
     if sup.rollout is not None:
         reply("refused", reason="another apply is in progress")
         return None
+    old = current_target(sup)
     try:
         cfg = _target_config(sup, req)
         inventory = Inventory() if sup.backend is not None else _discover()
         plan = _plan(sup, cfg, inventory, req.max_unavailable, req.rollback)
+        model = _model_of(cfg, old)
     except Refused as exc:
         reply("refused", reason=str(exc))
         return None
     if req.dry_run or plan.empty:
         reply("planned" if req.dry_run else "done", plan=plan.lines())
         return None
-    old = current_target(sup)
-    try:
-        new = _new_target(sup, cfg, old, req.rollback)
-    except Refused as exc:
-        reply("failed", plan=plan.lines(), reason=str(exc))
-        return None
+    new = _new_target(sup, cfg, model, req.rollback)
     if not plan.steps:
         _apply_live(sup, new)
         reply("done", plan=plan.lines(), revision=new.revision.number, hash=new.revision.hash)
@@ -85,32 +87,73 @@ def _target_config(sup, req: ApplyRequest) -> DeployConfig:
         cfg = parse_config(req.config, "the new deploy.yaml")
     except ConfigError as exc:
         raise Refused(str(exc)) from None
-    from launcher.plan.layouts import tp_refusal
-
     if len(cfg.served()) > 1 or len(sup.revisions.current.config.served()) > 1:
         raise Refused(
             "models: apply changes a deployment of one model; with several models stop it and `llamadeploy up` again"
         )
-    if problem := tp_refusal(cfg):
-        raise Refused(problem)
     from launcher.plan.resolve import resolve_for_apply
 
     return resolve_for_apply(cfg, sup.revisions.current.config)
 
 
+def _admitted_count(sup, cfg: DeployConfig, inventory: Inventory) -> int:
+    """The replicas ``cfg`` asks for, once ``up``'s own check (:func:`launcher.plan.admit.admit`:
+    tensor parallel, placement, memory plan with the KV-cache budget) passes on this machine as if
+    this deployment's workers were stopped (their RAM counted free). Raises :class:`Refused` with
+    ``up``'s message. On a Ray cluster (no local inventory) the count alone."""
+    if sup.backend is not None:
+        from launcher.plan.layouts import tp_refusal
+
+        if problem := tp_refusal(cfg):
+            raise Refused(problem)
+        return len(sup.slots) if cfg.workers.replicas == "auto" else cfg.workers.replicas
+    try:
+        admission = admit(cfg, _as_if_stopped(sup, inventory))
+    except NotAdmitted as exc:
+        raise Refused(str(exc)) from None
+    if admission.memory_problem:
+        raise Refused(admission.memory_problem)
+    return len(admission.specs)
+
+
+def _as_if_stopped(sup, inventory: Inventory) -> Inventory:
+    """``inventory`` as ``up`` of the new file would see it with this deployment stopped: the RAM
+    its CPU workers hold counted as available, the GPUs its slots use as free."""
+    table = sup.read_table() or {}
+    held = sum(info.mem_bytes for info in table.values() if info.device.startswith("cpu"))
+    ours = {g for slot in sup.slots.values() for g in slot.spec.gpus}
+    gpus = [replace(g, free_bytes=g.total_bytes) if g.index in ours else g for g in inventory.gpus]
+    return replace(inventory, gpus=gpus, ram_available_bytes=inventory.ram_available_bytes + held)
+
+
+def _room_for_starts(sup, plan: RolloutPlan, inventory: Inventory) -> None:
+    """Each new slot of a scale-up finds its place as the rollout will place it
+    (:func:`launcher.rollout.room.new_spec`: a spare core set beside the running replicas, which
+    keep theirs). Raises :class:`Refused` naming the slot that would not."""
+    if sup.backend is not None:
+        return
+    stopping = {step.worker_id for step in plan.steps if step.kind == "stop"}
+    specs = [s.spec for wid, s in sup.slots.items() if wid not in stopping]
+    shape = specs[0] if specs else next(iter(sup.slots.values())).spec
+    for step in plan.steps:
+        if step.kind != "start":
+            continue
+        spec = new_spec(shape, step.worker_id, specs, inventory)
+        if spec is None:
+            raise Refused(
+                f"workers.replicas: no room for worker {step.worker_id}: no spare set of {len(shape.cpus)} CPU "
+                "core(s) beside the running replicas, which keep theirs; stop the deployment and "
+                "`llamadeploy up` the new file to place every replica afresh"
+            )
+        specs.append(spec)
+
+
 def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | None, rollback: bool) -> RolloutPlan:
-    """The plan to ``cfg`` over the slots as they stand (``rollback``: to the previous revision).
-    Raises :class:`Refused`."""
+    """The plan to ``cfg`` over the slots as they stand (``rollback``: to the previous revision),
+    after ``up``'s check. Raises :class:`Refused`."""
     from launcher.rollout.executor import replicas_of
 
-    count = len(sup.slots)
-    if cfg.workers.replicas != "auto":
-        count = cfg.workers.replicas
-    elif sup.backend is None:
-        try:
-            count = len(place(cfg.workers, inventory))
-        except PlacementError as exc:
-            raise Refused(f"workers: {exc}") from None
+    count = _admitted_count(sup, cfg, inventory)
     first = next(iter(sup.slots.values())).spec
     need = replica_need(cfg.for_model(0), inventory, first)
     try:
@@ -127,6 +170,7 @@ def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | N
         raise Refused(str(exc)) from None
     if plan.fixed:
         raise Refused("\n".join(plan.problems()))
+    _room_for_starts(sup, plan, inventory)
     return plan
 
 
@@ -139,20 +183,25 @@ def current_target(sup) -> Target:
     return Target(rev, slot.settings_path, slot.model_path)
 
 
-def _new_target(sup, cfg: DeployConfig, old: Target, rollback: bool) -> Target:
-    """The new revision (recorded; for a rollback the previous one made current again), its worker
-    settings file and its model. Raises :class:`Refused` when the model cannot be resolved or
-    served for its task (nothing recorded, nothing replaced)."""
+def _model_of(cfg: DeployConfig, old: Target) -> Path:
+    """``cfg``'s model, resolved as ``up`` resolves it. Raises :class:`Refused` when it cannot be
+    found or served for its task (``up``'s refusals: task generate on an encoder, int8 embeddings)."""
     from launcher.models import ModelNotFound, resolve_model
     from worker.contract.tasks import TaskError, check_task
 
     same_model = (cfg.model.name, cfg.model.quantization) == (old.config.model.name, old.config.model.quantization)
     try:
         model = old.model_path if same_model else resolve_model(cfg.model.name, quantization=cfg.model.quantization)
-        check_task(cfg.model, model)  # up's refusals (task: generate on an encoder, int8 embeddings)
+        check_task(cfg.model, model)
     except (ModelNotFound, OSError, TaskError) as exc:
         log.error("apply: %s", exc)
         raise Refused(str(exc).splitlines()[0]) from None
+    return Path(model)
+
+
+def _new_target(sup, cfg: DeployConfig, model: Path, rollback: bool) -> Target:
+    """The new revision (recorded; for a rollback the previous one made current again), its worker
+    settings file and its model (:func:`_model_of`)."""
     if rollback:
         rev = sup.revisions.previous()
         sup.revisions.restore(rev)

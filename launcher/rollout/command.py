@@ -4,7 +4,9 @@ The new file is validated with ``up``'s rules here (exit 2, one line per problem
 then sent to the router (``POST /admin/apply``), which hands it to the supervisor; this command
 prints the plan and the rollout's progress as the supervisor posts them (``GET /admin/rollout``)
 and exits 0 once it is done (or planned, with ``--dry-run``), 1 when it failed and was rolled back
-(the reason in one line) or another apply is in progress (409), 2 when it was refused.
+(the reason in one line) or another apply is in progress (409), 2 when it was refused
+(``refused: ...``, with ``up``'s message; nothing changed). The plan, progress and result go to
+stdout, errors and refusals to stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import msgspec
 import typer
+from rich.console import Console
+from rich.markup import escape
 
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit
@@ -21,6 +25,7 @@ from launcher.supervise.admin_client import AdminClient, AdminError
 from router import admin_protocol
 from router.rollout_protocol import ApplyRequest, RolloutStatus
 
+out = Console(soft_wrap=True)  # the plan, progress and result: stdout (errors and refusals: stderr)
 POLL_S = 0.5
 SILENT_S = 60.0  # the router unreachable this long while watching: give up watching
 
@@ -85,29 +90,40 @@ def watch(client: AdminClient, rid: str) -> RolloutStatus:
             time.sleep(POLL_S)
             continue
         if status.plan and not shown_plan:
-            console.print("plan:\n  " + "\n  ".join(status.plan), highlight=False)
+            out.print("plan:\n  " + "\n  ".join(status.plan), highlight=False)
             shown_plan = True
         for line in status.progress[shown:]:
-            console.print(f"  {line}", highlight=False)
+            out.print(f"  {line}", highlight=False)
         shown = len(status.progress)
         if not status.active:
             return status
         time.sleep(POLL_S)
 
 
+def describe(status: dict) -> str:
+    """One line on the last apply (``llamadeploy status``): its id, revision, state and what it
+    did: the reason it was refused or failed, else its last progress line, else its plan."""
+    what = status.get("reason") or (status.get("progress") or [""])[-1] or "; ".join(status.get("plan") or [])
+    rev = f" revision {status['revision']}" if status.get("revision") else ""
+    return f"last apply ({status.get('id', '')}){rev}: {status.get('state', '')}" + (f": {what}" if what else "")
+
+
 def outcome(status: RolloutStatus) -> int:
     """Print how the apply ended; its exit code."""
     if status.state == "refused":
-        console.print(f"[bold red]refused[/] (nothing changed):\n  {status.reason.replace(chr(10), chr(10) + '  ')}")
+        console.print(
+            f"[bold red]refused:[/] {escape(status.reason).replace(chr(10), chr(10) + '  ')}\n(nothing changed)",
+            highlight=False,
+        )
         return 2
     if status.state == "failed":
         reason = " ".join(status.reason.split())  # one line
-        console.print(f"[bold red]error:[/] apply failed, rolled back: {reason}", highlight=False)
+        console.print(f"[bold red]error:[/] apply failed, rolled back: {escape(reason)}", highlight=False)
         return 1
     if status.state == "planned":
-        console.print("dry run: nothing changed", highlight=False)
+        out.print("dry run: nothing changed (the real run would go ahead)", highlight=False)
     elif status.revision:
-        console.print(
+        out.print(
             f"[bold green]applied[/]: revision {status.revision} ({status.hash}) in {status.wall_s:.1f}s",
             highlight=False,
         )

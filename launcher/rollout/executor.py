@@ -176,12 +176,13 @@ class Rollout:
         return False
 
     def add_slot(self, like: int | None, worker_id: int | None = None) -> int:
-        """Start a new slot on the target revision, shaped like slot ``like`` (else the first);
-        returns its id. RolloutFailed when there is no room for it."""
+        """Start a new slot on the target revision: the replacement of slot ``like`` (on a CPU, on
+        a spare core set or on ``like``'s own cores), else a new slot shaped like the first; returns
+        its id. RolloutFailed when there is no room for it."""
         wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
         specs = [s.spec for s in self.sup.slots.values()]
         shape = self.sup.slots[like].spec if like is not None else specs[0]
-        spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.backend is not None)
+        spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.backend is not None, share=like is not None)
         if spec is None:
             raise RolloutFailed(f"no room for worker {wid}: no spare set of {len(shape.cpus)} CPU core(s)")
         ensure_keys(self.sup, wid)

@@ -33,6 +33,7 @@ LIVE_KEYS = frozenset(
         "router.request_timeout_s",
         "router.max_retries",
         "router.max_migrations",
+        "router.hold_s",
         "logging.level",
         "workers.startup_timeout_s",  # the supervisor's
         "workers.heartbeat_timeout_s",  # the router's watchdog
@@ -70,7 +71,7 @@ Mode = Literal["surge", "drain_first"]
 class Replica:
     """One worker slot as it stands: its served-model group, the revision it runs, whether it is
     ready, and the bytes free beside it for a second copy on its devices (GPU memory, or RAM on a
-    CPU; 0 when the placement rules leave no device for a second copy, as with no spare core set)."""
+    CPU, where the copy may share the replica's cores; 0 when unknown, as on a Ray cluster)."""
 
     worker_id: int
     group: str

@@ -1,6 +1,8 @@
 """Room for a rollout's new replicas: the memory free beside a slot, what one replica needs, and
-where a new slot goes (the placement rules of ``up``: a CPU slot gets its own core set, a GPU slot
-the same GPUs as the replica it replaces)."""
+where a new slot goes (the placement rules of ``up``: a new CPU slot gets its own core set, a GPU
+slot the same GPUs as the replica it replaces). A CPU replacement with no spare core set loads on
+the cores of the replica it replaces, which serves meanwhile (slower for those seconds, never
+down), wherever the RAM holds both copies."""
 
 from __future__ import annotations
 
@@ -36,25 +38,31 @@ def spare_cpus(specs: Iterable[WorkerSpec], cpus: list[int], count: int) -> tupl
 
 
 def free_beside(spec: WorkerSpec, specs: Iterable[WorkerSpec], inv: Inventory) -> int:
-    """Bytes free for a second copy of slot ``spec``: on a CPU the available RAM when a spare core
-    set of its size exists (else 0), on GPUs the least free memory of its GPUs (0 when unknown,
-    as on a Ray cluster, where no local inventory lists them)."""
+    """Bytes free for a second copy of slot ``spec``: on a CPU the available RAM (the copy loads on
+    a spare core set, else on ``spec``'s own cores: :func:`new_spec`), on GPUs the least free
+    memory of its GPUs (0 when unknown, as on a Ray cluster, where no local inventory lists them)."""
     if spec.device == "cpu":
-        return inv.ram_available_bytes if spare_cpus(specs, inv.cpus, len(spec.cpus)) else 0
+        return inv.ram_available_bytes
     free = {g.index: g.free_bytes for g in inv.gpus}
     return min((free.get(i, 0) for i in spec.gpus), default=0)
 
 
 def new_spec(
-    like: WorkerSpec, worker_id: int, specs: Iterable[WorkerSpec], inv: Inventory, cluster: bool = False
+    like: WorkerSpec,
+    worker_id: int,
+    specs: Iterable[WorkerSpec],
+    inv: Inventory,
+    cluster: bool = False,
+    share: bool = False,
 ) -> WorkerSpec | None:
     """Where new slot ``worker_id`` runs, shaped like ``like``: a spare core set of the same size
-    on a CPU (None when there is none), the same GPUs on a GPU (the plan surges only where their
-    free memory holds the copy). ``cluster``: Ray places the slot's actor on a node with room, so
-    the shape is all it needs."""
+    on a CPU, else (``share``: a replacement of ``like``, which stops once it is ready) ``like``'s
+    own cores, else None; the same GPUs on a GPU (the plan surges only where their free memory
+    holds the copy). ``cluster``: Ray places the slot's actor on a node with room, so the shape is
+    all it needs."""
     if like.device != "cpu" or cluster:
         return replace(like, worker_id=worker_id)
-    cpus = spare_cpus(specs, inv.cpus, len(like.cpus))
+    cpus = spare_cpus(specs, inv.cpus, len(like.cpus)) or (like.cpus if share else None)
     return replace(like, worker_id=worker_id, cpus=cpus) if cpus else None
 
 

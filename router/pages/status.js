@@ -189,7 +189,11 @@ function renderCards(table, activity) {
   $("card-inflight").textContent = ws.reduce((n, w) => n + w.in_flight, 0);
   const running = ws.reduce((n, w) => n + w.running, 0);
   const waiting = ws.reduce((n, w) => n + w.waiting, 0);
-  $("card-inflight-note").textContent = `${running} running · ${waiting} waiting in the workers`;
+  const heldBy = (activity && activity.held) || {};
+  const held = Object.values(heldBy).reduce((n, c) => n + c, 0);
+  const oldest = Math.max(0, ...Object.values((activity && activity.held_oldest_s) || {}));
+  const heldNote = held ? ` · ${held} held for a replica (longest ${oldest.toFixed(1)} s)` : "";
+  $("card-inflight-note").textContent = `${running} running · ${waiting} waiting in the workers${heldNote}`;
   if (table.router) {
     $("card-router").textContent = `pid ${table.router.pid}`;
     $("card-router-note").textContent = `up ${formatDuration(table.router.uptime_s)} · ${table.router.restarts} restarts`;
@@ -285,7 +289,10 @@ async function poll() {
     last = { table, activity };
     lastOk = Date.now();
     // every served model (several models: all of them, not only the first)
-    $("model-name").textContent = (activity.models || [activity.model]).join(", ");
+    const states = activity.model_states || {};
+    $("model-name").textContent = (activity.models || [activity.model])
+      .map((m) => (states[m] && states[m] !== "ready" ? `${m} (${states[m]})` : m))
+      .join(", ");
     $("admin-button").hidden = !activity.admin_controls;
     renderCards(table, activity);
     renderCharts(activity);

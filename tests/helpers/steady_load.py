@@ -45,8 +45,17 @@ class LoadCounts:
 class SteadyLoad:
     """``clients`` threads streaming ``max_tokens``-token chats from ``base_url`` (``/v1``)."""
 
-    def __init__(self, base_url: str, model: str, clients: int = 8, max_tokens: int = 8, headers: dict | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        clients: int = 8,
+        max_tokens: int = 8,
+        headers: dict | None = None,
+        timeout: float = 120.0,
+    ):
         self.base_url, self.model, self.clients, self.max_tokens = base_url, model, clients, max_tokens
+        self.timeout = timeout  # each client's read timeout (seconds between bytes)
         self.headers = headers or {}
         self.counts = LoadCounts()
         self._lock = threading.Lock()
@@ -78,7 +87,7 @@ class SteadyLoad:
             time.sleep(0.1)
 
     def _client(self, n: int) -> None:
-        with httpx.Client(timeout=120, headers=self.headers) as http:
+        with httpx.Client(timeout=self.timeout, headers=self.headers) as http:
             while not self._stop.is_set():
                 outcome = self._one(http, f"client {n}: count to ten")
                 with self._lock:

@@ -117,3 +117,34 @@ def test_a_cli_error_prints_brackets_as_text(capsys):
         cli.fail("Ray is not installed: pip install 'llamadeploy[ray]'")
     assert e.value.exit_code == 2
     assert "pip install 'llamadeploy[ray]'" in capsys.readouterr().err
+
+
+def test_model_as_a_plain_string_is_its_name():
+    assert parse_config({"model": "smollm2-135m"}).model.name == "smollm2-135m"
+    cfg = parse_config({"models": ["a", {"name": "b"}]})
+    assert [m.name for m in cfg.models] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({"workers": {"replicas": "2"}}, "workers.replicas"),
+        ({"workers": {"heartbeat_s": "1.5"}}, "workers.heartbeat_s"),
+        ({"router": {"port": "8000"}}, "router.port"),
+        ({"models": [{"name": "a", "workers": {"max_num_seqs": "4"}}]}, "models[0].workers.max_num_seqs"),
+    ],
+)
+def test_a_quoted_number_is_refused_like_any_wrong_type(data, key):
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    (line,) = str(e.value).splitlines()[1:]
+    assert line.strip().startswith(f"{key}: a number is needed, not the string")
+
+
+def test_the_words_a_number_key_takes_are_still_words():
+    assert parse_config({"workers": {"replicas": "auto", "max_prefill_tokens": "auto"}}).workers.replicas == "auto"
+
+
+def test_up_of_a_directory_says_it_is_one(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

@@ -213,8 +213,10 @@ def test_plan_command_for_a_70b_config(tmp_path):
     assert fits.exit_code == 0, fits.output
     assert "137.95" in fits.output and "128.48" in fits.output  # weights GB and GiB
     assert "replicas: 2, tensor_parallel_size: 4" in fits.output  # TP 2 would hold one sequence
-    too_small = runner.invoke(cli.app, ["plan", "--model", str(tmp_path), "--gpus", "1x80GB"])
-    assert too_small.exit_code == 1 and "error:" in too_small.output
+    quantized = runner.invoke(cli.app, ["plan", "--model", str(tmp_path), "--gpus", "1x80GB"])
+    assert quantized.exit_code == 0 and "Set in deploy.yaml:\nmodel:\n  quantization: int4" in quantized.output
+    too_small = runner.invoke(cli.app, ["plan", "--model", str(tmp_path), "--gpus", "1x24GB"])
+    assert too_small.exit_code == 1 and "error:" in too_small.output and "Set in deploy.yaml" not in too_small.output
 
 
 def test_up_refuses_before_loading_and_force_overrides(tmp_path, monkeypatch):

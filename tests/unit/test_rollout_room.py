@@ -12,15 +12,16 @@ def cpu_slots(*cores):
     return [WorkerSpec(i, "cpu", cpus=c) for i, c in enumerate(cores)]
 
 
-def test_a_cpu_surge_needs_a_spare_core_set_of_the_same_size():
+def test_a_cpu_surge_takes_a_spare_core_set_else_shares_the_replaced_ones():
     specs = cpu_slots((0, 1), (2, 3))
     roomy = Inventory(cpus=list(range(6)), ram_available_bytes=8 * GIB)
     full = Inventory(cpus=list(range(4)), ram_available_bytes=8 * GIB)
     assert spare_cpus(specs, roomy.cpus, 2) == (4, 5)
     assert free_beside(specs[0], specs, roomy) == 8 * GIB
-    assert free_beside(specs[0], specs, full) == 0  # no core set left: drain first
+    assert free_beside(specs[0], specs, full) == full.ram_available_bytes  # it may share the old one's cores
     assert new_spec(specs[0], 7, specs, roomy).cpus == (4, 5)
-    assert new_spec(specs[0], 7, specs, full) is None
+    assert new_spec(specs[0], 7, specs, full) is None  # a new slot (scale up) needs its own cores
+    assert new_spec(specs[0], 7, specs, full, share=True).cpus == specs[0].cpus  # a replacement shares them
 
 
 def test_on_a_cluster_the_new_slot_takes_the_shape_and_ray_places_it():
