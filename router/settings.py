@@ -24,8 +24,10 @@ class ApiKey(Section):
     """An API key with settings of its own: ``service_tier`` is the tier of its requests that name
     none (``flex``: a batch-only key whose requests may wait)."""
 
-    key: str = Field(..., min_length=1)
-    service_tier: ServiceTier = "auto"
+    key: str = Field(..., min_length=1, description="the bearer token")
+    service_tier: ServiceTier = Field(
+        "auto", description="the tier of this key's requests that name none (flex: may wait; a batch-only key)"
+    )
 
 
 class BatchConfig(Section):
