@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
 NAME = "ggml_ops"
+SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
 
 # ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
 TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
@@ -78,10 +79,14 @@ def library_path() -> Path:
 
 def load() -> bool:
     """Load the operator once; True when ``torch.ops.ggml`` is usable. Where it was not built here
-    (no compiler at set-up, a failed build, another CPU), logs one line and returns False: the
-    worker serves with torch's kernels."""
+    (no compiler at set-up, a failed build, another CPU) or ``LLAMADEPLOY_GGML_KERNELS=off`` (to
+    compare), logs one line and returns False: the worker serves with torch's kernels."""
     if "ok" not in _state:
-        _state["ok"] = _load(library_path())
+        if os.environ.get(SWITCH, "on") == "off":
+            log.info("ggml kernels switched off (%s=off): serving with torch's kernels", SWITCH)
+            _state["ok"] = False
+        else:
+            _state["ok"] = _load(library_path())
     return _state["ok"]
 
 
