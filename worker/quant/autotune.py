@@ -20,9 +20,8 @@ unless ``allow_copies``: quantization is for memory.
 
 On a CPU the candidates are timed on one thread by that thread's CPU clock (:func:`cpu_timing`),
 for every caller (the chat engine's linears and the embedding encoder's): on a busy CPU a wall-clock
-timing on several threads measures OpenMP barriers waiting for a descheduled thread (one run read
-0.1 ms at one row and 18 ms at two), not the kernel, while a thread's CPU time counts only what it
-computed. Every candidate splits its output rows over threads alike, so their ranking on one thread
+timing on several threads measures OpenMP barriers waiting for a descheduled thread, not the
+kernel, while a thread's CPU time counts only what it computed. Every candidate splits its output rows over threads alike, so their ranking on one thread
 is the ranking on several. The timer is injectable, so the choice logic is unit-tested with a fake
 clock.
 
@@ -261,9 +260,13 @@ def tune(
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies
         picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)
-    invariant = {c.name for c in pool if c.invariant}
-    steady = len({p.kernel for p in picks}) == 1 and picks[0].kernel in invariant
-    return Choice(n, k, what, picks, times, list(built), steady), built
+    return Choice(n, k, what, picks, times, list(built), invariant(picks, pool)), built
+
+
+def invariant(picks: list[Pick], pool: list[Candidate]) -> bool:
+    """Whether ``picks`` run one row-count-invariant kernel (:attr:`Candidate.invariant`) at every
+    bucket: then a row's values do not depend on how many rows share its step."""
+    return len({p.kernel for p in picks}) == 1 and any(c.invariant and c.name == picks[0].kernel for c in pool)
 
 
 def weight_label(w: Weight, dt: torch.dtype) -> str:

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType
 from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant import ggml_kernel
-from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
+from worker.quant.autotune import Choice, Pick, buckets, invariant, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.gguf_blocks import GROUP, unpack
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
@@ -235,8 +235,7 @@ class Linears:
                 log.info("shared kernel table's %s for %s cannot run here: measuring", name, tuple(w.shape))
                 return None
             kernels[name] = kernel
-        invariant = len(kernels) == 1 and by_name[picks[0].kernel].invariant
-        choice = Choice(*w.shape, weight_label(w, self.dtype), list(picks), {}, list(kernels), invariant)
+        choice = Choice(*w.shape, weight_label(w, self.dtype), list(picks), {}, list(kernels), invariant(picks, pool))
         return choice, kernels
 
     def _rank0s(self, choice: Choice, built: dict[str, Kernel], w: Weight, pool: list[Candidate]) -> Choice:
@@ -253,7 +252,7 @@ class Linears:
                     raise RuntimeError(f"rank 0 chose kernel {name} for {tuple(w.shape)}, which cannot run here")
                 built[name] = kernel
             picks.append(Pick(pick.rows, name, choice.times.get(name, {}).get(pick.rows, float("nan"))))
-        choice.picks = picks
+        choice.picks, choice.invariant = picks, invariant(picks, pool)
         return choice
 
     @staticmethod
