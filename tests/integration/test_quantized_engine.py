@@ -80,7 +80,7 @@ def test_int4_answers_paris(base):
     model = load(base, "int4")
     (text,) = answers(model, ["What is the capital of France?"])
     assert "Paris" in text, text
-    want = {"Q4_0/g32", "Q8_0/g32"} if ggml_kernel.load() else {"int4/g32", "int8/channel"}
+    want = {"Q4_1/g32", "Q8_0/g32"} if ggml_kernel.load() else {"int4/g32", "int8/channel"}
     assert {c.weight for c, _ in model[0].linears.table()} == want
 
 

@@ -241,8 +241,8 @@ def test_a_quantized_model_is_close_to_the_float_one_and_holds_far_fewer_bytes(q
         a, b = logits(ref, n), logits(q, n)
         assert torch.nn.functional.cosine_similarity(a, b).item() > 0.99
     kinds = {c.weight for c, _ in q.linears.table()}
-    if ggml_kernel.load():  # ggml_quantize_chunk's Q8_0 / Q4_0 blocks (the embedding and LM head: Q8_0)
-        assert kinds == ({"Q8_0/g32"} if quantization == "int8" else {"Q4_0/g32", "Q8_0/g32"})
+    if ggml_kernel.load():  # ggml_quantize_chunk's Q8_0 / Q4_1 blocks (the embedding and LM head: Q8_0)
+        assert kinds == ({"Q8_0/g32"} if quantization == "int8" else {"Q4_1/g32", "Q8_0/g32"})
     else:
         assert kinds == ({"int8/channel"} if quantization == "int8" else {"int4/g32", "int8/channel"})
     assert q.linears.weight_bytes < 0.3 * ref.linears.weight_bytes
@@ -323,7 +323,7 @@ def test_doctor_measures_the_model_shapes_here_and_skips_models_too_large_to_mea
     assert status == "ok", detail
     lines = detail.splitlines()
     assert lines[0] == "cpu, float32, model.quantization int4, rows 1-2:"
-    int4, rows8 = ("Q4_0/g32", "Q8_0/g32") if ggml_kernel.load() else ("int4/g32", "int8/channel")
+    int4, rows8 = ("Q4_1/g32", "Q8_0/g32") if ggml_kernel.load() else ("int4/g32", "int8/channel")
     assert [line.split(":")[0] for line in lines[1:]] == [
         f"128x64 {int4}",
         f"64x64 {int4}",

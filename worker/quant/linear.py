@@ -162,7 +162,7 @@ class Linears:
         if self.bits is None or isinstance(weight, QuantizedWeight):
             return weight
         k = weight.shape[1]
-        if ggml := self._ggml_blocks(weight, "Q8_0" if self.bits == 8 else "Q4_0"):
+        if ggml := self._ggml_blocks(weight, "Q8_0" if self.bits == 8 else "Q4_1"):
             return ggml
         group = rules.group_size(self.bits, k)
         if k % group:
