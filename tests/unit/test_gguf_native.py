@@ -130,3 +130,28 @@ def test_shipped_q4_1_file_loads_natively():
         if "attn_k" in gname:
             want = want[rotary_rows(want.shape[0], 9, 3)]
         torch.testing.assert_close(weights[name].dequantize(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_row_that_is_not_whole_blocks_is_refused_naming_the_tensor():
+    """A Q4_K tensor whose rows (320 values) are not whole 256-value super-blocks: one line, named."""
+    from types import SimpleNamespace
+
+    from worker.quant.gguf import quantized
+
+    t = SimpleNamespace(name="blk.3.ffn_down.weight", tensor_type=T.Q4_K, data=np.zeros((4, 180), dtype=np.uint8))
+    with pytest.raises(UnsupportedGGUF, match=r"^blk\.3\.ffn_down\.weight: .*320 values is not whole blocks of 256$"):
+        quantized(t, 4, 320)
+
+
+def test_loaded_blocks_are_the_files_bytes_in_transformers_row_order(gguf_file):
+    """Where the ggml kernels are loaded, each quantized matrix also keeps its blocks as stored (rows
+    reordered with the q/k permutation), which ggml's dequantization turns into the same weight."""
+    from worker.quant import ggml_kernel
+
+    if not ggml_kernel.load():
+        pytest.skip(f"the ggml operator is not built here ({ggml_kernel.library_path()} absent)")
+    weights = load_gguf_weights(gguf_file[0], _Config(), torch.device("cpu"), torch.float32)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
+        w = weights[name]
+        assert w.blocks is not None and w.blocks.dtype == torch.uint8
+        torch.testing.assert_close(ggml_kernel.dequantize(w.blocks, w.ggml_type, w.shape[1]), w.dequantize())

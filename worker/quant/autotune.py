@@ -18,15 +18,31 @@ there, and at all only when the time it saves over the buckets it runs is at lea
 (a copy that saves little over the whole table costs its memory for nothing). Candidates that hold a float copy of a quantized weight (``Candidate.copy``) are left out
 unless ``allow_copies``: quantization is for memory.
 
-The timer is injectable, so the choice logic is unit-tested with a fake clock.
+On a CPU the candidates are timed on one thread by that thread's CPU clock (:func:`cpu_timing`),
+for every caller (the chat engine's linears and the embedding encoder's): on a busy CPU a wall-clock
+timing on several threads measures OpenMP barriers waiting for a descheduled thread, not the
+kernel, while a thread's CPU time counts only what it computed. Every candidate splits its output rows over threads alike, so their ranking on one thread
+is the ranking on several. The timer is injectable, so the choice logic is unit-tested with a fake
+clock.
+
+Each candidate says whether it is row-count invariant (:attr:`~worker.quant.kernels.Candidate.invariant`),
+and so does each :class:`Choice` (:attr:`Choice.invariant`: one such kernel at every bucket). The
+replicas of one revision can share one table (:func:`load_or_measure`): measured once, read by the
+next replica, so they all run the same kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import logging
+import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -75,6 +91,7 @@ class Choice:
     picks: list[Pick]
     times: dict[str, dict[int, float]] = field(default_factory=dict)
     eligible: list[str] = field(default_factory=list)
+    invariant: bool = False  # one row-count-invariant kernel runs every bucket
 
     def kernels(self) -> list[str]:
         """The distinct kernels the picks use, in bucket order."""
@@ -103,16 +120,33 @@ def best_times(
     return best
 
 
+@contextlib.contextmanager
+def cpu_timing() -> Iterator[Callable[[], float]]:
+    """Within the block torch runs on one thread; yields that thread's CPU clock (``time.thread_time``,
+    seconds): what the tuner times CPU kernels by. The thread count is restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield time.thread_time
+    finally:
+        torch.set_num_threads(before)
+
+
 def measure(
     kernels: list[Kernel],
     k: int,
     rows: list[int],
     dt: torch.dtype,
     device: torch.device,
-    timer: Callable[[], float] = time.perf_counter,
+    timer: Callable[[], float] | None = None,
 ) -> dict[str, dict[int, float]]:
     """``times[name][rows]`` for each kernel and bucket, buckets ascending; a kernel :data:`PRUNE`
-    times slower than the best at one bucket is not timed at the larger ones."""
+    times slower than the best at one bucket is not timed at the larger ones. ``timer`` None: on a CPU
+    one thread's CPU clock (:func:`cpu_timing`), on CUDA the wall clock after a synchronize."""
+    if timer is None and device.type == "cpu":
+        with cpu_timing() as clock:
+            return measure(kernels, k, rows, dt, device, clock)
+    timer = timer or time.perf_counter
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, dict[int, float]] = {kn.name: {} for kn in kernels}
     alive = list(kernels)
@@ -202,7 +236,7 @@ def tune(
     device: torch.device,
     rows: list[int],
     allow_copies: bool = False,
-    timer: Callable[[], float] = time.perf_counter,
+    timer: Callable[[], float] | None = None,
     pool: list[Candidate] | None = None,
 ) -> tuple[Choice, dict[str, Kernel]]:
     """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
@@ -226,7 +260,13 @@ def tune(
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies
         picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)
-    return Choice(n, k, what, picks, times, list(built)), built
+    return Choice(n, k, what, picks, times, list(built), invariant(picks, pool)), built
+
+
+def invariant(picks: list[Pick], pool: list[Candidate]) -> bool:
+    """Whether ``picks`` run one row-count-invariant kernel (:attr:`Candidate.invariant`) at every
+    bucket: then a row's values do not depend on how many rows share its step."""
+    return len({p.kernel for p in picks}) == 1 and any(c.invariant and c.name == picks[0].kernel for c in pool)
 
 
 def weight_label(w: Weight, dt: torch.dtype) -> str:
@@ -236,3 +276,49 @@ def weight_label(w: Weight, dt: torch.dtype) -> str:
         return str(dt).removeprefix("torch.")
     group = "channel" if w.group_size == w.shape[1] else f"g{w.group_size}"
     return f"{w.source}/{group}"
+
+
+# ---- one table for the replicas of a revision -------------------------------------------------------
+
+
+def table_name(revision: str) -> str:
+    """The file name of revision ``revision``'s kernel table on this machine: keyed by the CPU (its
+    model and flags), torch's version and the ggml operator's build, which all change the timings."""
+    from worker.quant import ggml_kernel
+
+    machine = ggml_kernel.library_path().parent.name + "\0" + ggml_kernel.cpu_flags()
+    digest = hashlib.sha256(machine.encode()).hexdigest()[:16]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in revision)
+    return f"kernels-{safe}-{digest}.json"
+
+
+@contextlib.contextmanager
+def load_or_measure(path: Path | str) -> Iterator[dict[str, list[Pick]]]:
+    """The kernel table shared by every replica of one revision, at ``path`` (see :func:`table_name`).
+
+    Holds an exclusive lock (``path`` + ``.lock``) for the block, and yields the table read from
+    ``path`` (empty when absent or unreadable): ``{key: [Pick, ...]}``. The block builds the model's
+    linears with it (``Linears(..., shared=table)``), which reuse a weight's saved picks and add what
+    they measure; on leaving, the table is written back (atomically) when it grew. A replica started
+    while another measures waits for it, then reads its table: all run the same kernels."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        table = _read_table(path)
+        size = len(table)
+        yield table
+        if len(table) > size:
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({key: [asdict(p) for p in picks] for key, picks in table.items()}, indent=1))
+            tmp.replace(path)
+
+
+def _read_table(path: Path) -> dict[str, list[Pick]]:
+    try:
+        raw = json.loads(path.read_text())
+        return {key: [Pick(**p) for p in picks] for key, picks in raw.items()}
+    except (OSError, ValueError, TypeError) as exc:
+        if path.exists():
+            log.warning("kernel table %s unreadable (%s): measuring again", path, exc)
+        return {}

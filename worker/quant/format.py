@@ -25,7 +25,9 @@ class QuantizedWeight:
 
     ``q`` [N, K] (int8 for 8 bits, uint8 for 4), ``scale`` [N, K // group_size] float32,
     ``offset`` [N, K // group_size] float32 or None (8 bits only). ``source`` names where it came
-    from ("int8", "int4", "Q8_0", "Q4_1" ...) for logs and ``GET /workers``.
+    from ("int8", "int4", "Q8_0", "Q4_1" ...) for logs and ``GET /workers``. ``blocks`` [N, row_bytes]
+    uint8, where the same values are also held as ggml blocks of type ``ggml_type`` (a GGUF file's
+    tensor as stored, or quantized by ggml): what :mod:`worker.quant.ggml_kernel`'s kernels multiply.
     """
 
     bits: int
@@ -34,6 +36,8 @@ class QuantizedWeight:
     offset: torch.Tensor | None
     group_size: int
     source: str
+    blocks: torch.Tensor | None = None
+    ggml_type: int | None = None
 
     def __post_init__(self) -> None:
         n, k = self.q.shape

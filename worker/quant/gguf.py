@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from worker.contract.tp_rules import shard_range
+from worker.quant import ggml_kernel
 from worker.quant.format import QuantizedWeight
 from worker.quant.gguf_blocks import FLOAT, GROUP, NATIVE, Reader, UnsupportedGGUF, unpack
 
@@ -75,15 +76,7 @@ def load_gguf_weights(
         if t.tensor_type in FLOAT:
             w = torch.from_numpy(np.array(t.data)).reshape(shape)
         elif t.tensor_type in NATIVE and len(shape) == 2:
-            bits, q, scale, offset = unpack(t.tensor_type, t.data, *shape)
-            w = QuantizedWeight(
-                bits,
-                torch.from_numpy(q),
-                torch.from_numpy(scale),
-                None if offset is None else torch.from_numpy(offset),
-                GROUP,
-                t.tensor_type.name,
-            )
+            w = quantized(t, *shape)
         else:
             raise UnsupportedGGUF(f"{t.name}: GGUF tensor type {t.tensor_type.name} cannot be served as stored")
         if ".attn_q." in t.name or ".attn_k." in t.name:
@@ -92,6 +85,27 @@ def load_gguf_weights(
             w = narrow(w, *where)
         weights[name] = w.to(device=device, dtype=dtype) if isinstance(w, torch.Tensor) else to_device(w, device)
     return weights
+
+
+def quantized(t, n: int, k: int) -> QuantizedWeight:
+    """GGUF tensor ``t`` [n, k] of a :data:`NATIVE` type unpacked, its blocks kept beside where the ggml
+    kernels are loaded. Raises :class:`UnsupportedGGUF` naming the tensor when a row is not whole blocks."""
+    try:
+        bits, q, scale, offset = unpack(t.tensor_type, t.data, n, k)
+    except UnsupportedGGUF as exc:
+        raise UnsupportedGGUF(f"{t.name}: {exc}") from None
+    w = QuantizedWeight(
+        bits,
+        torch.from_numpy(q),
+        torch.from_numpy(scale),
+        None if offset is None else torch.from_numpy(offset),
+        GROUP,
+        t.tensor_type.name,
+    )
+    if int(t.tensor_type) in ggml_kernel.TYPES and ggml_kernel.load():
+        w.blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(n, -1))
+        w.ggml_type = int(t.tensor_type)
+    return w
 
 
 def rotary_rows(rows: int, heads: int, kv_heads: int) -> torch.Tensor:
@@ -109,8 +123,16 @@ def take_rows(w: Weight, rows: torch.Tensor) -> Weight:
     if isinstance(w, torch.Tensor):
         return w.index_select(0, rows)
     offset = None if w.offset is None else w.offset.index_select(0, rows)
+    blocks = None if w.blocks is None else w.blocks.index_select(0, rows)
     return QuantizedWeight(
-        w.bits, w.q.index_select(0, rows), w.scale.index_select(0, rows), offset, w.group_size, w.source
+        w.bits,
+        w.q.index_select(0, rows),
+        w.scale.index_select(0, rows),
+        offset,
+        w.group_size,
+        w.source,
+        blocks,
+        w.ggml_type,
     )
 
 
@@ -128,7 +150,10 @@ def narrow(w: Weight, dim: int, start: int, stop: int) -> Weight:
         return t.narrow(dim, a, b - a).contiguous()
 
     offset = None if w.offset is None else cut(w.offset, gs, ge)
-    return QuantizedWeight(w.bits, cut(w.q, start, stop), cut(w.scale, gs, ge), offset, g, w.source)
+    blocks = None if w.blocks is None or dim == 1 else cut(w.blocks, start, stop)  # a column cut: no blocks
+    return QuantizedWeight(
+        w.bits, cut(w.q, start, stop), cut(w.scale, gs, ge), offset, g, w.source, blocks, w.ggml_type
+    )
 
 
 def to_device(w: QuantizedWeight, device: torch.device) -> QuantizedWeight:
@@ -151,6 +176,7 @@ def fused_linear(make, parts: list[Weight]):
         each = [make(p) for p in parts]
         return lambda x: torch.cat([f(x) for f in each], dim=-1)
     offset = None if parts[0].offset is None else torch.cat([p.offset for p in parts])
+    same_blocks = all(p.blocks is not None for p in parts) and len({p.ggml_type for p in parts}) == 1
     return make(
         QuantizedWeight(
             parts[0].bits,
@@ -159,5 +185,7 @@ def fused_linear(make, parts: list[Weight]):
             offset,
             parts[0].group_size,
             "+".join(dict.fromkeys(p.source for p in parts)),
+            torch.cat([p.blocks for p in parts]) if same_blocks else None,
+            parts[0].ggml_type if same_blocks else None,
         )
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from worker.quant import grouped_int8, split_int4
+from worker.quant import ggml_kernel, grouped_int8, split_int4
 from worker.quant.format import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -72,13 +72,17 @@ class Candidate:
     """One way to multiply by a weight. ``accepts(weight, dtype, device)`` is the cheap static test
     (bits, group size, device); ``build(weight, dtype)`` makes the :class:`Kernel` and may raise
     (a missing op, an unsupported CPU). ``tolerance`` bounds :func:`check`. ``copy``: it holds a
-    float copy of a quantized weight (more memory than the quantized form; see autotune)."""
+    float copy of a quantized weight (more memory than the quantized form; see autotune).
+    ``invariant``: each output row is computed from its own input row alone, in an order that does not
+    depend on how many rows share the call (ggml's per-row ``vec_dot``), so a sequence's values do not
+    change with its batch; False where that is not known (BLAS and oneDNN choose blockings by shape)."""
 
     name: str
     tolerance: float
     accepts: Callable[[Weight, torch.dtype, torch.device], bool]
     build: Callable[[Weight, torch.dtype], Kernel]
     copy: bool = False
+    invariant: bool = False
 
 
 def _is_float(w: Weight) -> bool:
@@ -278,12 +282,34 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
             Candidate("float-copy-f32", _tol(dt), _cpu(_quantized), _float_copy(torch.float32), copy=True),
             Candidate("float-copy-bf16", half, _cpu(_quantized), _float_copy(torch.bfloat16), copy=True),
         ]
+        out += _ggml(dt) if ggml_kernel.load() else []
     else:
         out += [
             Candidate("int4pack-cuda", half, _int4_cuda_ok, _int4pack_cuda),
             Candidate(f"float-copy-{_short(dt)}", _tol(dt), _quantized, _float_copy(dt), copy=True),
         ]
     return out
+
+
+def _ggml(dt: torch.dtype) -> list[Candidate]:
+    """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
+    (row-count invariant) and the blocks dequantized per call for ``F.linear``."""
+    tol = ggml_kernel.tolerance
+    return [
+        Candidate(
+            "ggml",
+            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            ggml_kernel.accepts,
+            ggml_kernel.builder(Kernel),
+            invariant=True,
+        ),
+        Candidate(
+            f"ggml-dequant-{_short(dt)}",
+            tol(True, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            ggml_kernel.accepts,
+            ggml_kernel.builder(Kernel, dequantized=True),
+        ),
+    ]
 
 
 def reference(w: Weight) -> torch.Tensor:

@@ -16,11 +16,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 
 from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
-from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
+from worker.quant import ggml_kernel
+from worker.quant.autotune import Choice, Pick, buckets, invariant, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
+from worker.quant.gguf_blocks import GROUP, unpack
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
 
 log = logging.getLogger(__name__)
@@ -79,9 +82,12 @@ class Linears:
     quantized file). ``max_rows``: the most rows a step can have (its decodes and prefill
     chunks); ``max_logit_rows``: the most rows the LM head sees (one per running sequence).
     ``allow_copies``: also consider float copies of quantized weights (off: quantization is for
-    memory). ``timer``: the clock of the measurements (a fake one in tests). ``agree``: with tensor
-    parallelism, maps this rank's picks (kernel indices per bucket) to rank 0's
-    (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica runs rank 0's table."""
+    memory). ``timer``: the clock of the measurements (None: :func:`~worker.quant.autotune.measure`'s
+    own; a fake one in tests). ``agree``: with tensor parallelism, maps this rank's picks (kernel
+    indices per bucket) to rank 0's (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica
+    runs rank 0's table. ``shared``: a table shared by the replicas of a revision
+    (:func:`worker.quant.autotune.load_or_measure`): a weight found there runs its saved picks
+    unmeasured, one measured here is added to it."""
 
     def __init__(
         self,
@@ -91,13 +97,14 @@ class Linears:
         max_rows: int = 8,
         max_logit_rows: int = 8,
         allow_copies: bool = False,
-        timer: Callable[[], float] = time.perf_counter,
+        timer: Callable[[], float] | None = None,
         agree: Callable[[list[int]], list[int]] | None = None,
+        shared: dict[str, list[Pick]] | None = None,
     ):
         self.device, self.dtype = device, dtype
         self.bits = rules.bits_of(quantization)
         self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
-        self.allow_copies, self.timer, self.agree = allow_copies, timer, agree
+        self.allow_copies, self.timer, self.agree, self.shared = allow_copies, timer, agree, shared
         self.pool = {c.name: c for c in candidates(dtype, device)}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
         self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
@@ -146,7 +153,7 @@ class Linears:
             return weight
         key = storage_key(weight)
         if key not in self.rows8:
-            self.rows8[key] = quantize_int8(weight, weight.shape[1])
+            self.rows8[key] = self._ggml_blocks(weight, "Q8_0") or quantize_int8(weight, weight.shape[1])
         return self.rows8[key]
 
     def quantize(self, weight: Weight) -> Weight:
@@ -155,10 +162,28 @@ class Linears:
         if self.bits is None or isinstance(weight, QuantizedWeight):
             return weight
         k = weight.shape[1]
+        if ggml := self._ggml_blocks(weight, "Q8_0" if self.bits == 8 else "Q4_1"):
+            return ggml
         group = rules.group_size(self.bits, k)
         if k % group:
             return weight  # no whole number of groups along K: left in the compute dtype (as sizing counts it)
         return (quantize_int8 if self.bits == 8 else quantize_int4)(weight, group)
+
+    def _ggml_blocks(self, weight: torch.Tensor, type_name: str) -> QuantizedWeight | None:
+        """``weight`` quantized by ggml into ``type_name`` blocks (``ggml_quantize_chunk``), held both as
+        blocks (ggml's kernels) and unpacked (torch's), where ggml's kernels are candidates (on a CPU
+        where they are loaded) and K holds whole blocks; else None (the torch-side rules of
+        :mod:`worker.contract.quant_rules`)."""
+        n, k = weight.shape
+        ggml_type = ggml_kernel.TYPE_OF[type_name]
+        if "ggml" not in self.pool or k % ggml_kernel.block_values(ggml_type):
+            return None
+        with torch.inference_mode():
+            blocks = ggml_kernel.quantize(weight, type_name)
+        bits, q, scale, offset = unpack(GGMLQuantizationType(ggml_type), blocks.numpy(), n, k)
+        as_tensor = torch.from_numpy
+        offset = None if offset is None else as_tensor(offset)
+        return QuantizedWeight(bits, as_tensor(q), as_tensor(scale), offset, GROUP, type_name, blocks, ggml_type)
 
     def count(self, t: torch.Tensor | None) -> None:
         """Count a tensor the model holds outside its linears (embeddings, norms, biases)."""
@@ -173,13 +198,18 @@ class Linears:
     def _build(self, w: Weight, rows: list[int], pool: list[Candidate]) -> Callable:
         key = (tuple(w.shape), weight_label(w, self.dtype), tuple(rows), tuple(c.name for c in pool))
         choice = self.choices.get(key)
-        if choice is None:
+        if choice is None and (saved := self._saved(key, w, pool)) is not None:
+            choice, kernels = saved
+            self.choices[key] = choice
+        elif choice is None:
             start = time.perf_counter()
             choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
             if self.agree is not None:
                 choice = self._rank0s(choice, built, w, pool)
             self.seconds += time.perf_counter() - start
             self.choices[key] = choice
+            if self.shared is not None:
+                self.shared[repr(key)] = choice.picks
             kernels = {name: built[name] for name in choice.kernels()}
         else:
             with torch.inference_mode():
@@ -191,6 +221,22 @@ class Linears:
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
         return self.dispatch(choice.picks, kernels)
+
+    def _saved(self, key: tuple, w: Weight, pool: list[Candidate]) -> tuple[Choice, dict[str, Kernel]] | None:
+        """The shared table's choice for ``key`` with its kernels built, or None: not there, or one of
+        its kernels cannot run here (then the weight is measured)."""
+        picks = None if self.shared is None else self.shared.get(repr(key))
+        if picks is None:
+            return None
+        by_name, kernels = {c.name: c for c in pool}, {}
+        for name in dict.fromkeys(p.kernel for p in picks):
+            cand = by_name.get(name)
+            if cand is None or (kernel := check(cand, w, self.dtype, self.device)) is None:
+                log.info("shared kernel table's %s for %s cannot run here: measuring", name, tuple(w.shape))
+                return None
+            kernels[name] = kernel
+        choice = Choice(*w.shape, weight_label(w, self.dtype), list(picks), {}, list(kernels), invariant(picks, pool))
+        return choice, kernels
 
     def _rank0s(self, choice: Choice, built: dict[str, Kernel], w: Weight, pool: list[Candidate]) -> Choice:
         """``choice`` with rank 0's picks (:attr:`agree`); a kernel rank 0 picked that this rank did
@@ -206,7 +252,7 @@ class Linears:
                     raise RuntimeError(f"rank 0 chose kernel {name} for {tuple(w.shape)}, which cannot run here")
                 built[name] = kernel
             picks.append(Pick(pick.rows, name, choice.times.get(name, {}).get(pick.rows, float("nan"))))
-        choice.picks = picks
+        choice.picks, choice.invariant = picks, invariant(picks, pool)
         return choice
 
     @staticmethod

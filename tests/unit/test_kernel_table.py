@@ -1,0 +1,151 @@
+"""The kernel table with ggml's kernels among the candidates: picked by measured time (a fake clock),
+marked row-count invariant where they run every bucket, and shared by the replicas of a revision
+(:func:`worker.quant.autotune.load_or_measure`). The set-up step and the worker without the operator."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from worker.quant import autotune, ggml_kernel
+from worker.quant.autotune import Pick, load_or_measure, tune
+from worker.quant.kernels import Candidate, Kernel, candidates
+from worker.quant.linear import Linears
+
+CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeClock:
+    """Moves only when a fake kernel runs: ``cost(rows)`` seconds per call."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def candidate(self, name: str, cost, invariant: bool = False) -> Candidate:
+        w, held = torch.ones(4, 8), torch.zeros(1)
+
+        def fn(x):
+            self.now += cost(x.shape[0])
+            return F.linear(x, w)
+
+        return Candidate(name, 1e-4, lambda *_: True, lambda *_: Kernel(name, fn, (held,)), invariant=invariant)
+
+
+def test_the_table_takes_ggml_where_it_measures_fastest_and_marks_invariance():
+    clock = FakeClock()
+    pool = [
+        clock.candidate("ggml", lambda r: 0.1 * r, invariant=True),  # per-row dot products: linear in rows
+        clock.candidate("torch-gemm", lambda r: 0.5 + 0.02 * r),  # a fixed cost, then cheap rows
+    ]
+    choice, _ = tune(torch.ones(4, 8), torch.float32, CPU, [1, 2, 4, 8, 16], timer=clock.time, pool=pool)
+    # ggml: 0.1 0.2 0.4 0.8 1.6; torch-gemm: 0.52 0.54 0.58 0.66 0.82
+    assert [p.kernel for p in choice.picks] == ["ggml", "ggml", "ggml", "torch-gemm", "torch-gemm"]
+    assert not choice.invariant  # two kernels: a row's values change with the bucket
+    only_ggml, _ = tune(torch.ones(4, 8), torch.float32, CPU, [1, 2], timer=clock.time, pool=pool[:1])
+    assert only_ggml.invariant
+    fast_torch, _ = tune(
+        torch.ones(4, 8),
+        torch.float32,
+        CPU,
+        [1, 2],
+        timer=clock.time,
+        pool=[pool[0], clock.candidate("t", lambda r: 0)],
+    )
+    assert {p.kernel for p in fast_torch.picks} == {"t"} and not fast_torch.invariant
+
+
+def test_cpu_timing_runs_one_thread_and_restores_the_count():
+    before = torch.get_num_threads()
+    with autotune.cpu_timing() as clock:
+        assert torch.get_num_threads() == 1 and clock is time.thread_time
+    assert torch.get_num_threads() == before
+
+
+def test_replicas_share_one_table(tmp_path):
+    """The first replica measures and writes; the next reads the same picks and times nothing."""
+    path = tmp_path / autotune.table_name("rev-1")
+    clock = FakeClock()
+    costs = {"a": lambda r: 1.0, "b": lambda r: 0.5}
+
+    def build(timer):
+        with load_or_measure(path) as table:
+            linears = Linears(CPU, torch.float32, "none", max_rows=2, timer=timer, shared=table)
+            linears.pool = {n: clock.candidate(n, c) for n, c in costs.items()}
+            linears(torch.ones(4, 8))
+        return linears
+
+    first = build(clock.time)
+    assert path.is_file() and [p.kernel for c, _ in first.table() for p in c.picks] == ["b", "b"]
+    costs["a"] = lambda r: 0.1  # the machine got busier for b: a second measurement would differ
+
+    def no_clock():
+        raise AssertionError("a replica reading the shared table measured")
+
+    second = build(no_clock)
+    assert [p.kernel for c, _ in second.table() for p in c.picks] == ["b", "b"]
+
+
+def test_a_replica_waits_for_the_one_measuring(tmp_path):
+    path = tmp_path / "kernels.json"
+    order = []
+
+    def slow():
+        with load_or_measure(path) as table:
+            order.append("first in")
+            time.sleep(0.3)
+            table["w"] = [Pick(1, "ggml", 0.001)]
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.1)
+    with load_or_measure(path) as table:
+        order.append("second in")
+        assert table == {"w": [Pick(1, "ggml", 0.001)]}
+    t.join()
+    assert order == ["first in", "second in"]
+
+
+def test_an_unreadable_table_is_measured_again(tmp_path, caplog):
+    path = tmp_path / "kernels.json"
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING), load_or_measure(path) as table:
+        assert table == {}
+    assert "measuring again" in caplog.text
+
+
+def test_the_worker_without_the_operator_says_so_in_one_line(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(ggml_kernel, "_state", {})
+    monkeypatch.setenv("LLAMADEPLOY_CACHE", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="worker.quant.ggml_kernel"):
+        assert not ggml_kernel.load()
+        assert not ggml_kernel.load()  # once
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "ggml kernels not built" in line and "serving with torch's kernels" in line
+    assert not [c.name for c in candidates(torch.float32, CPU) if c.name.startswith("ggml")]
+
+
+def test_set_up_without_a_compiler_still_succeeds(tmp_path):
+    """build_ggml_kernels (scripts/setup.sh) with no cmake or compiler on PATH: it says so, exit 0."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nice", "dirname"):
+        (bin_dir / tool).symlink_to(Path("/usr/bin") / tool)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = {**os.environ, "PATH": str(bin_dir), "LLAMADEPLOY_CACHE": str(tmp_path / "cache")}
+    script = f"source {ROOT / 'scripts' / 'setup.sh'}; cd {ROOT}; build_ggml_kernels"
+    out = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ggml kernels not built (cmake, c++ not found)" in out.stdout and "torch's kernels" in out.stdout

@@ -1,0 +1,161 @@
+// ggml's CPU dot products as torch operators (namespace `ggml`), for weights held as ggml blocks.
+//
+// ggml::linear(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
+// each activation row is quantized once with the weight type's `from_float` into its `vec_dot_type`
+// (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the K-quants), then `vec_dot` runs over the output rows
+// in torch's own thread pool (at::parallel_for), never ggml's. Each output value is one vec_dot of one
+// weight row with one activation row, so a row's result does not depend on how many rows share the call.
+//
+// ggml::quantize(w [N, K] float32, type) -> blocks [N, row_bytes] uint8 (ggml_quantize_chunk, no imatrix).
+// ggml::dequantize(blocks [R, row_bytes] uint8, type, k) -> [R, k] float32 (the type's to_float).
+//
+// ggml_get_type_traits_cpu is internal to ggml: the version is pinned (worker/quant/ggml_build.py).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+namespace {
+
+bool served(int64_t type) {
+  switch (type) {
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+ggml_type checked(int64_t type, int64_t k) {
+  TORCH_CHECK(served(type), "ggml type ", type, " is not served by this operator");
+  auto t = static_cast<ggml_type>(type);
+  TORCH_CHECK(k % ggml_blck_size(t) == 0, "a row of ", k, " values is not whole ", ggml_type_name(t), " blocks of ",
+              ggml_blck_size(t));
+  return t;
+}
+
+// Rows of x quantized into the vec_dot_type's blocks: [T, row_size(vec_dot_type, K)] bytes.
+std::vector<uint8_t> quantize_rows(const at::Tensor& x, const ggml_type_traits_cpu* traits) {
+  const int64_t rows = x.size(0), k = x.size(1);
+  const size_t row_bytes = ggml_row_size(traits->vec_dot_type, k);
+  std::vector<uint8_t> out(rows * row_bytes);
+  const auto from_float = ggml_get_type_traits_cpu(traits->vec_dot_type)->from_float;
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* base = x.data_ptr();
+  at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+    std::vector<float> widened(bf16 ? k : 0);
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* row;
+      if (bf16) {
+        const c10::BFloat16* src = static_cast<const c10::BFloat16*>(base) + t * k;
+        for (int64_t j = 0; j < k; ++j) widened[j] = static_cast<float>(src[j]);
+        row = widened.data();
+      } else {
+        row = static_cast<const float*>(base) + t * k;
+      }
+      from_float(row, out.data() + t * row_bytes, k);
+    }
+  });
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "ggml::linear takes x [T, K] on the CPU");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
+              "ggml::linear takes float32 or bfloat16 activations");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1);
+  const ggml_type t = checked(type, k);
+  const size_t w_bytes = ggml_row_size(t, k);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
+                  blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
+              "ggml::linear: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
+  const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
+  const std::vector<uint8_t> act = quantize_rows(x, traits);
+  const size_t a_bytes = ggml_row_size(traits->vec_dot_type, k);
+  const auto vec_dot = traits->vec_dot;
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  float* out_f = bf16 ? nullptr : out.data_ptr<float>();
+  c10::BFloat16* out_b = bf16 ? out.data_ptr<c10::BFloat16>() : nullptr;
+  // a chunk of at least 16 output rows: below that the thread hand-off costs more than the dot products
+  at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const uint8_t* wrow = w + i * w_bytes;
+      for (int64_t r = 0; r < rows; ++r) {
+        float s;
+        vec_dot(static_cast<int>(k), &s, 0, wrow, 0, act.data() + r * a_bytes, 0, 1);
+        if (bf16) {
+          out_b[r * n + i] = c10::BFloat16(s);
+        } else {
+          out_f[r * n + i] = s;
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor quantize(const at::Tensor& w_in, int64_t type) {
+  TORCH_CHECK(w_in.dim() == 2 && w_in.device().is_cpu(), "ggml::quantize takes w [N, K] on the CPU");
+  const at::Tensor w = w_in.to(at::kFloat).contiguous();
+  const int64_t n = w.size(0), k = w.size(1);
+  const ggml_type t = checked(type, k);
+  TORCH_CHECK(!ggml_quantize_requires_imatrix(t), ggml_type_name(t), " needs an importance matrix");
+  const size_t row_bytes = ggml_row_size(t, k);
+  at::Tensor out = at::empty({n, static_cast<int64_t>(row_bytes)}, w.options().dtype(at::kByte));
+  const float* src = w.data_ptr<float>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  ggml_quantize_init(t);  // its tables once, before the threads (thread-safe, but each would wait on it)
+  at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
+    ggml_quantize_chunk(t, src, dst, lo * k, hi - lo, k, nullptr);
+  });
+  return out;
+}
+
+at::Tensor dequantize(const at::Tensor& blocks_in, int64_t type, int64_t k) {
+  const at::Tensor blocks = blocks_in.contiguous();
+  const ggml_type t = checked(type, k);
+  const size_t row_bytes = ggml_row_size(t, k);
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                  blocks.size(1) == static_cast<int64_t>(row_bytes),
+              "ggml::dequantize: blocks must be uint8 [R, ", row_bytes, "]");
+  const int64_t rows = blocks.size(0);
+  at::Tensor out = at::empty({rows, k}, blocks.options().dtype(at::kFloat));
+  const auto to_float = ggml_get_type_traits(t)->to_float;
+  const uint8_t* src = blocks.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) to_float(src + r * row_bytes, dst + r * k, k);
+  });
+  return out;
+}
+
+// ggml's CPU tables (fp16 conversion, feature detection) before the first call.
+struct Init {
+  Init() { ggml_cpu_init(); }
+} init;
+
+}  // namespace
+
+TORCH_LIBRARY(ggml, m) {
+  m.def("linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
+  m.def("quantize(Tensor w, int type) -> Tensor");
+  m.def("dequantize(Tensor blocks, int type, int k) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ggml, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("quantize", &quantize);
+  m.impl("dequantize", &dequantize);
+}

@@ -1,0 +1,181 @@
+"""llama.cpp's ggml CPU dot products as kernel candidates, for weights held as ggml blocks.
+
+The operator (``worker/quant/csrc/ggml_linear.cpp``, built at set-up by :mod:`worker.quant.ggml_build`
+against ggml's static libraries, compiled for the machine it installs on) is loaded here if it was
+built for this machine, this torch and this source (:func:`library_path`); otherwise the worker serves
+with torch's kernels and says so in one log line (:func:`load`).
+
+``torch.ops.ggml.linear(x [T, K], blocks [N, row_bytes], type, N) -> [T, N]`` quantizes each row of
+``x`` once into the weight type's ``vec_dot_type`` (Q8_0, Q8_1 or Q8_K blocks) and runs ggml's
+``vec_dot`` per output value in torch's thread pool: each value depends on its own row only, so the
+kernel is row-count invariant. A fake implementation is registered so ``torch.compile`` traces
+around the operator.
+
+:class:`~worker.quant.format.QuantizedWeight` carries the blocks (``blocks``, ``ggml_type``) where it
+came from a GGUF file or was quantized here with ``ggml_quantize_chunk`` (:func:`quantize`); the
+candidates below accept only such weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# llama-cpp-python's source package, whose vendor/llama.cpp/ggml is built: ggml_get_type_traits_cpu is
+# internal to ggml, so the version is pinned and the operator tested against it.
+LLAMA_CPP_PYTHON = "0.3.36"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
+NAME = "ggml_ops"
+SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
+
+# ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
+TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+TYPE_OF = {name: t for t, (name, _, _) in TYPES.items()}
+
+_state: dict[str, bool] = {}
+
+
+def cache_root() -> Path:
+    """Where built operators live: ``$LLAMADEPLOY_CACHE/ggml`` (default ``~/.cache/llamadeploy/ggml``,
+    the model cache's root), outside the source tree."""
+    return Path(os.environ.get("LLAMADEPLOY_CACHE", Path.home() / ".cache" / "llamadeploy")) / "ggml"
+
+
+def cpu_flags() -> str:
+    """This CPU's model name and feature flags (``/proc/cpuinfo``): a build with native flags runs only
+    where they hold."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "model name", "Features"))]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def ggml_dir() -> Path:
+    """ggml's static libraries for this CPU: keyed by ggml's version and the CPU's flags."""
+    return cache_root() / f"ggml-{LLAMA_CPP_PYTHON}-{_digest(cpu_flags())}"
+
+
+def library_path() -> Path:
+    """The operator's shared library (present once built): under :func:`ggml_dir`, keyed by torch's
+    version and the operator's source."""
+    return ggml_dir() / f"op-torch{torch.__version__}-{_digest(SOURCE.read_text())}" / f"{NAME}.so"
+
+
+def load() -> bool:
+    """Load the operator once; True when ``torch.ops.ggml`` is usable. Where it was not built here
+    (no compiler at set-up, a failed build, another CPU) or ``LLAMADEPLOY_GGML_KERNELS=off`` (to
+    compare), logs one line and returns False: the worker serves with torch's kernels."""
+    if "ok" not in _state:
+        if os.environ.get(SWITCH, "on") == "off":
+            log.info("ggml kernels switched off (%s=off): serving with torch's kernels", SWITCH)
+            _state["ok"] = False
+        else:
+            _state["ok"] = _load(library_path())
+    return _state["ok"]
+
+
+def _load(path: Path) -> bool:
+    if not path.is_file():
+        log.info("ggml kernels not built for this machine (%s absent): serving with torch's kernels", path)
+        return False
+    try:
+        torch.ops.load_library(str(path))
+        _register_fakes()
+    except (OSError, RuntimeError) as exc:
+        log.warning("ggml kernels at %s do not load (%s): serving with torch's kernels", path, exc)
+        return False
+    return True
+
+
+def _register_fakes() -> None:
+    """Shapes without computing, for ``torch.compile`` / meta tensors."""
+
+    @torch.library.register_fake("ggml::linear")
+    def _(x, blocks, type, n):
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("ggml::quantize")
+    def _(w, type):
+        return w.new_empty((w.shape[0], row_bytes(type, w.shape[1])), dtype=torch.uint8)
+
+    @torch.library.register_fake("ggml::dequantize")
+    def _(blocks, type, k):
+        return blocks.new_empty((blocks.shape[0], k), dtype=torch.float32)
+
+
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one row of ``k`` values in ``ggml_type``'s blocks."""
+    _, per, size = TYPES[ggml_type]
+    return k // per * size
+
+
+def block_values(ggml_type: int) -> int:
+    """Values per block of ``ggml_type``."""
+    return TYPES[ggml_type][1]
+
+
+def quantize(w: torch.Tensor, type_name: str) -> torch.Tensor:
+    """``w`` [N, K] float as ``type_name`` blocks [N, row_bytes] uint8 (``ggml_quantize_chunk``).
+    Needs :func:`load`; K must hold whole blocks (``RuntimeError`` otherwise)."""
+    return torch.ops.ggml.quantize(w.detach().to(torch.float32).contiguous(), TYPE_OF[type_name])
+
+
+def dequantize(blocks: torch.Tensor, ggml_type: int, k: int) -> torch.Tensor:
+    """Rows of blocks [R, row_bytes] as float32 [R, k] (ggml's ``to_float``)."""
+    return torch.ops.ggml.dequantize(blocks, ggml_type, k)
+
+
+# ---- kernel candidates (built by worker.quant.kernels, which passes its Kernel class in) -------------
+
+
+def accepts(w, dt: torch.dtype, device: torch.device) -> bool:
+    """A weight held as ggml blocks of a served type, on a CPU, for float32 or bfloat16 activations."""
+    return (
+        getattr(w, "blocks", None) is not None
+        and w.ggml_type in TYPES
+        and device.type == "cpu"
+        and dt in (torch.float32, torch.bfloat16)
+    )
+
+
+def builder(kernel_class, dequantized: bool = False):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: ggml's ``vec_dot`` over the blocks
+    (``ggml::linear``), or with ``dequantized`` the blocks dequantized per call (``to_float``) and
+    multiplied by ``F.linear`` in ``dt`` (what a prefill-sized step may prefer: llama.cpp itself runs
+    other kernels there). Both hold the blocks only, and read a tied embedding's rows from them."""
+
+    def build(w, dt: torch.dtype):
+        blocks, t, (n, k) = w.blocks.contiguous(), w.ggml_type, w.shape
+        linear, dequantize = torch.ops.ggml.linear, torch.ops.ggml.dequantize
+        if dequantized:
+            fn = lambda x: torch.nn.functional.linear(x, dequantize(blocks, t, k).to(x.dtype))  # noqa: E731
+        else:
+            fn = lambda x: linear(x, blocks, t, n)  # noqa: E731
+        return kernel_class("ggml", fn, (blocks,), gather=lambda ids: dequantize(blocks.index_select(0, ids), t, k))
+
+    return build
+
+
+def tolerance(dequantized: bool, dt: torch.dtype, exact: float, half: float, q8: float) -> float:
+    """The eligibility tolerance: the dequantized form is exact in the weights (``exact`` in float32,
+    ``half`` in bfloat16); ``vec_dot`` rounds the activations to 8 bits per block of 32 (Q8_0/Q8_1) or
+    256 (Q8_K), an error per product as :data:`worker.quant.kernels.TOL_BF16_SUM` bounds (``q8``)."""
+    if dequantized:
+        return exact if dt == torch.float32 else half
+    return q8 if dt == torch.float32 else max(q8, half)
