@@ -271,23 +271,6 @@ def stop_serving(link: Link, engine: EngineCore, group, reason: str) -> None:
     log.info("stopped (%s)", reason)
 
 
-def log_request(msg: Generate | Embed) -> None:
-    """One line per request as it reaches the engine."""
-    if isinstance(msg, Generate):
-        log.info(
-            "request %s: %d prompt tokens, max_tokens %d%s",
-            msg.request_id,
-            len(msg.prompt_token_ids),
-            msg.params.max_tokens,
-            (f", priority {msg.priority}" if msg.priority else "") + (", flex" if msg.flex else ""),
-            extra={"request_id": msg.http_request_id},
-        )
-    else:  # debug: embeddings come at hundreds a second, and the router logs each one's access line
-        log.debug(
-            "request %s: %d inputs to embed", msg.request_id, len(msg.inputs), extra={"request_id": msg.http_request_id}
-        )
-
-
 class Loop:
     """The engine loop's receiving side: each message type from the router has one handler
     (SGLang's ``TypeBasedDispatcher``); a handler returns a reason to stop serving, or None.
@@ -296,8 +279,8 @@ class Loop:
     def __init__(self, engine: EngineCore, send, stop: threading.Event, stall_on_request: bool = False):
         self.engine, self.send, self.stop, self.stall_on_request = engine, send, stop, stall_on_request
         self.handlers = {
-            Generate: self.on_request,
-            Embed: self.on_request,
+            Generate: self.on_generate,
+            Embed: self.on_embed,
             Cancel: self.on_cancel,
             Shutdown: self.on_shutdown,
         }
@@ -306,9 +289,26 @@ class Loop:
         handler = self.handlers.get(type(msg))
         return handler(msg) if handler is not None else None
 
-    def on_request(self, msg: Generate | Embed) -> str | None:
+    def on_generate(self, msg: Generate) -> str | None:
+        log.info(
+            "request %s: %d prompt tokens, max_tokens %d%s",
+            msg.request_id,
+            len(msg.prompt_token_ids),
+            msg.params.max_tokens,
+            (f", priority {msg.priority}" if msg.priority else "") + (", flex" if msg.flex else ""),
+            extra={"request_id": msg.http_request_id},
+        )
+        return self.submit(msg)
+
+    def on_embed(self, msg: Embed) -> str | None:
+        # debug: embeddings come at hundreds a second, and the router logs each one's access line
+        log.debug(
+            "request %s: %d inputs to embed", msg.request_id, len(msg.inputs), extra={"request_id": msg.http_request_id}
+        )
+        return self.submit(msg)
+
+    def submit(self, msg: Generate | Embed) -> str | None:
         """Queue a request on the engine; the :data:`FAULT_STALL` hook then blocks until ``stop``."""
-        log_request(msg)
         self.send_all(self.engine.submit(msg))
         if self.stall_on_request:
             log.error(
