@@ -17,7 +17,6 @@ first served). Prints one row per setting; steps are firm, seconds are what a sh
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -32,7 +31,24 @@ from worker.engine import Engine
 from worker.replica import BLOCK_SIZE, build_engine, warm_up
 from worker.scheduler import PrefillShares, Scheduler
 
-SETTINGS = [(math.inf, 1, 0.25), (128, 1, 0.25), (256, 1, 0.125), (256, 1, 0.25), (256, 1, 0.5), (512, 1, 0.25)]
+SETTINGS = "inf:1:0.25 128:1:0.25 256:1:0.125 256:1:0.25 256:1:0.5 512:1:0.25 256:2:0.25"
+
+
+class StepCounter:
+    """Stands in for the model runner with ``--steps-only``: the logits of each sequence to sample
+    are zeros (every request here ignores eos, so which token comes does not matter). Steps to a
+    first token depend on the scheduler alone, not on the model."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.oom_recoverable = True
+
+    def run(self, plan):
+        rows = len(plan.decode) + sum(1 for seq, _, end in plan.prefill if end == seq.num_tokens)
+        return torch.zeros(rows, self.runner.model.config.vocab_size)
+
+    def idle(self) -> None:
+        pass
 
 
 def chat(tok, text: str) -> list[int]:
@@ -43,8 +59,9 @@ def chat(tok, text: str) -> list[int]:
 class Bench:
     """A fresh engine per setting over one loaded runner; counts steps and seconds to first tokens."""
 
-    def __init__(self, base: Engine):
+    def __init__(self, base: Engine, steps_only: bool):
         self.base = base
+        self.runner = StepCounter(base.runner) if steps_only else base.runner
         self.events: list = []
 
     def engine(self, threshold: float, max_long: int, share: float) -> Engine:
@@ -59,7 +76,7 @@ class Bench:
             idle_prefill_tokens=s.idle_prefill_tokens,
             shares=shares,
         )
-        return Engine(b.runner, b.tokenizer, scheduler, b.max_model_len, b.device, b.vocab_size, b.eos_ids)
+        return Engine(self.runner, b.tokenizer, scheduler, b.max_model_len, b.device, b.vocab_size, b.eos_ids)
 
     def submit(self, engine: Engine, rid: str, ids: list[int], max_tokens: int) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -109,6 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--doc-tokens", type=int, default=1400)
+    ap.add_argument("--settings", default=SETTINGS, help="threshold:max_long:share ... (threshold inf: arrival order)")
+    ap.add_argument("--steps-only", action="store_true", help="count steps without running the model")
+    ap.add_argument("--budgets", default="", help="prefill budgets beside decodes to try (default: the calibrated one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = WorkerSettings()
@@ -122,14 +142,19 @@ def main() -> None:
     chats = [chat(tok, q) for q in PROMPTS[:4]]
     s = base.scheduler
     print(f"budget {s.max_prefill_tokens} tokens beside decodes, {s.idle_prefill_tokens} alone; document {len(doc)}")
-    print("threshold max_long share | question TTFT steps s | document TTFT steps s (questions every 2nd step)")
-    for setting in SETTINGS:
-        bench = Bench(base)
-        q_steps, q_s = question_beside_document(bench, setting, doc, chats)
-        bench = Bench(base)
-        d_steps, d_s = document_under_questions(bench, setting, doc, chats)
-        t, m, sh = setting
-        print(f"{t:>9} {m:>8} {sh:>5} | {q_steps:>14} {q_s:6.2f} | {d_steps:>15} {d_s:6.2f}")
+    print(
+        "threshold max_long share | question TTFT steps s | document TTFT steps s (questions every 2nd step)",
+        flush=True,
+    )
+    for budget in [int(b) for b in args.budgets.split(",") if b] or [s.max_prefill_tokens]:
+        s.set_prefill_budget(budget, 4 * budget)
+        for text in args.settings.split():
+            t, m, sh = text.split(":")
+            setting = (float(t), int(m), float(sh))
+            q_steps, q_s = question_beside_document(Bench(base, args.steps_only), setting, doc, chats)
+            d_steps, d_s = document_under_questions(Bench(base, args.steps_only), setting, doc, chats)
+            row = f"{budget:>6} {t:>9} {m:>8} {sh:>5} | {q_steps:>14} {q_s:6.2f} | {d_steps:>15} {d_s:6.2f}"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":
