@@ -78,6 +78,15 @@ class Bench:
         )
         return Engine(self.runner, b.tokenizer, scheduler, b.max_model_len, b.device, b.vocab_size, b.eos_ids)
 
+    def chatting(self, setting, chats: list[list[int]]) -> Engine:
+        """A fresh engine with ``setting`` whose ``chats`` are decoding."""
+        engine = self.engine(*setting)
+        for i, ids in enumerate(chats):
+            self.submit(engine, f"chat{i}", ids, 400)
+        for _ in range(3):
+            self.events += engine.step()
+        return engine
+
     def submit(self, engine: Engine, rid: str, ids: list[int], max_tokens: int) -> None:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         self.events += engine.submit(Generate(request_id=rid, prompt_token_ids=ids, params=params))
@@ -94,11 +103,7 @@ class Bench:
 
 
 def question_beside_document(bench: Bench, setting, doc: list[int], chats: list[list[int]]) -> tuple[int, float]:
-    engine = bench.engine(*setting)
-    for i, ids in enumerate(chats):
-        bench.submit(engine, f"chat{i}", ids, 400)
-    for _ in range(3):
-        bench.events += engine.step()
+    engine = bench.chatting(setting, chats)
     bench.submit(engine, "doc1", doc, 8)
     bench.submit(engine, "doc2", [t + 1 for t in doc], 8)  # another document, not a prefix hit
     for _ in range(4):  # doc1 is part-way through its prompt
@@ -108,11 +113,7 @@ def question_beside_document(bench: Bench, setting, doc: list[int], chats: list[
 
 
 def document_under_questions(bench: Bench, setting, doc: list[int], chats: list[list[int]]) -> tuple[int, float]:
-    engine = bench.engine(*setting)
-    for i, ids in enumerate(chats):
-        bench.submit(engine, f"chat{i}", ids, 400)
-    for _ in range(3):
-        bench.events += engine.step()
+    engine = bench.chatting(setting, chats)
     bench.submit(engine, "doc", doc, 8)
 
     def question(step: int) -> None:

@@ -86,11 +86,6 @@ class Sequence:
         return len(self.prompt) + self.max_output
 
     @property
-    def finished(self) -> bool:
-        """Its last token was sampled (``finish_reason`` set) or the scheduler finished it."""
-        return self.finish_reason is not None or self.status.finished
-
-    @property
     def needs_prompt_logprobs(self) -> bool:
         """Asked for prompt logprobs and not all scored yet: every prompt position must be computed
         (the scheduler then takes no prefix-cache hit for it)."""
