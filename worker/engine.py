@@ -1,15 +1,17 @@
 """The worker's engine loop body: continuous batching with chunked prefill over a block KV cache.
 
-Each :meth:`Engine.step` (1) retires cancelled sequences, (2) asks the scheduler for this step's
-work — every running sequence decodes one token, prompt chunks fill the prefill budget, newcomers
-are admitted by need, the newest is preempted if the cache runs out (:mod:`worker.scheduler`),
-(3) runs one forward pass over all of it (:mod:`worker.runner`), (4) samples the sequences whose
-tokens are all computed, emits their text deltas and retires the finished ones at once.
+Each :meth:`Engine.step` (1) asks the scheduler for this step's work — decodes first, then short
+prompts, then long prompts' chunks, newcomers admitted by need in priority order, a sequence
+preempted if the cache runs out (:mod:`worker.scheduler`), (2) runs one forward pass over all of it
+(:mod:`worker.runner`), (3) samples the sequences whose tokens are all computed and has the
+scheduler finish the ones that ended, and (4) returns the step's messages (vLLM's
+``EngineCore.step``): the caller sends them. The scheduler is the only writer of a request's state;
+the engine asks it by name (``add``, ``finish``, ``back_off_after_oom``, ``redo_last_token``).
 
-GPU faults are contained here, not in the process: an out-of-memory error in the forward pass
-frees the allocator's cache, halves the prefill budget and preempts the newest sequence (or fails
-a lone one that cannot fit, 503), and the step is retried by the next loop iteration; a row whose
-logits are not finite fails that request (500), never the worker.
+GPU faults are contained here, not in the process: after an out-of-memory error in the forward pass
+the allocator's cache is freed and the scheduler backs off (halves the prefill budget, or preempts a
+sequence, or aborts a lone one that cannot fit: 503), and the step is retried by the next loop
+iteration; a row whose logits are not finite fails that request (500), never the worker.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import ctypes
 import logging
 import os
 import time
-from collections.abc import Callable
 
 import torch
 
-from worker.contract.protocol import EngineLoad, Failed, Generate, Msg
+from worker.contract.protocol import EngineLoad, Generate, Msg
+from worker.core import failed
+from worker.request import RequestStatus
 from worker.runner import ModelRunner
 from worker.sampling import MAX_TOP_LOGPROBS, SamplingError, sample_batch_ex
 from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
@@ -32,10 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Owns the runner (model + KV cache), the scheduler and every sequence. Single-threaded.
-
-    ``emit`` receives every outgoing message (:class:`~worker.contract.protocol.Tokens`, ``Failed``).
-    """
+    """Owns the runner (model + KV cache), the scheduler and every sequence. Single-threaded; an
+    :class:`~worker.core.EngineCore`. :meth:`submit` and :meth:`step` return the messages to send
+    (:class:`~worker.contract.protocol.Tokens`, ``Failed``); the caller sends them. Every change of
+    a request's state goes through the scheduler's methods."""
 
     def __init__(
         self,
@@ -43,7 +46,6 @@ class Engine:
         tokenizer,
         scheduler: Scheduler,
         max_model_len: int,
-        emit: Callable[[Msg], None],
         device: torch.device,
         vocab_size: int,
         eos_ids: set[int],
@@ -52,7 +54,6 @@ class Engine:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.max_model_len = max_model_len
-        self.emit = emit
         self.device = device
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
@@ -65,58 +66,60 @@ class Engine:
 
     # ---- requests in ------------------------------------------------------------------
 
-    def submit(self, gen: Generate) -> None:
-        """Queue a request; answers ``Failed`` at once if it is invalid, too large or the queue is full."""
+    def submit(self, gen: Generate) -> list[Msg]:
+        """Queue a request; returns ``[Failed]`` when it is invalid, too large or the queue is full."""
         rid = gen.request_id
         if rid in self.by_id:
-            return self._fail(rid, 400, "duplicate request_id")
-        ids = list(gen.prompt_token_ids)
-        output = list(getattr(gen, "output_token_ids", None) or [])
-        if not ids or any(t < 0 or t >= self.vocab_size for t in ids + output):
-            return self._fail(rid, 400, "prompt token ids empty or out of vocabulary")
-        if len(ids) + len(output) >= self.max_model_len or gen.params.max_tokens < 1:
-            return self._fail(
-                rid,
-                400,
-                f"prompt of {len(ids) + len(output)} tokens leaves no room in max_model_len {self.max_model_len}",
-            )
-        p = gen.params
-        if not (0.0 <= p.temperature <= 2.0 and 0.0 <= p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
-            return self._fail(rid, 400, "sampling parameters out of range")
-        if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_TOP_LOGPROBS:
-            return self._fail(rid, 400, f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
+            return [failed(rid, 400, "duplicate request_id")]
+        output = list(gen.output_token_ids or [])
+        if problem := self._check(gen, output):
+            return [failed(rid, 400, problem)]
         try:
             seq = Sequence(
                 rid,
-                ids,
-                p,
+                list(gen.prompt_token_ids),
+                gen.params,
                 self.tokenizer,
                 self.eos_ids,
                 self.max_model_len,
                 self.device,
                 self.vocab_size,
                 output=output,
+                priority=gen.priority,
+                flex=gen.flex,
             )
         except SamplingError as exc:
-            return self._fail(rid, 400, str(exc))
+            return [failed(rid, 400, str(exc))]
         if output and len(output) >= seq.max_output:
-            return self._fail(rid, 400, f"{len(output)} tokens already generated, max_tokens is {seq.max_output}")
+            return [failed(rid, 400, f"{len(output)} tokens already generated, max_tokens is {seq.max_output}")]
         try:
             self.scheduler.add(seq)
         except QueueFull as exc:
-            return self._fail(rid, 429, str(exc), retry_after_s=1.0)
+            return [failed(rid, 429, str(exc), retry_after_s=1.0)]
         except TooLarge as exc:
-            return self._fail(rid, 400, str(exc))
+            return [failed(rid, 400, str(exc))]
         self.by_id[rid] = seq
+        return []
+
+    def _check(self, gen: Generate, output: list[int]) -> str | None:
+        """Why ``gen`` cannot be served (a 400's message), or None."""
+        ids = gen.prompt_token_ids
+        if not ids or any(t < 0 or t >= self.vocab_size for t in [*ids, *output]):
+            return "prompt token ids empty or out of vocabulary"
+        if len(ids) + len(output) >= self.max_model_len or gen.params.max_tokens < 1:
+            return f"prompt of {len(ids) + len(output)} tokens leaves no room in max_model_len {self.max_model_len}"
+        p = gen.params
+        if not (0.0 <= p.temperature <= 2.0 and 0.0 <= p.top_p <= 1.0 and p.top_k >= 0):  # NaN fails them all
+            return "sampling parameters out of range"
+        if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            return f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]"
+        return None
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request: a waiting one is dropped now, a running one leaves at the next step."""
+        """Stop a request now, waiting or running: it is aborted and its blocks freed."""
         seq = self.by_id.get(request_id)
-        if seq is None:
-            return
-        seq.cancelled = True
-        if self.scheduler.drop_waiting(request_id) is not None:
-            del self.by_id[request_id]
+        if seq is not None:
+            self._end(seq, RequestStatus.FINISHED_ABORTED)
 
     # ---- the loop body ----------------------------------------------------------------
 
@@ -124,45 +127,49 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
 
-    def step(self) -> None:
-        """One iteration: retire cancelled, schedule, one forward pass, sample, retire finished."""
-        self._retire()
+    def in_flight(self) -> list[str]:
+        """The ids of every request held, waiting or running."""
+        return list(self.by_id)
+
+    def idle(self) -> None:
+        """The loop's turn hook: the runner's tensor-parallel keep-alive."""
+        self.runner.idle()
+
+    def step(self) -> list[Msg]:
+        """One iteration: schedule, one forward pass, sample, finish what ended. Returns the step's
+        messages: a ``Tokens`` per sampled sequence, a ``Failed`` per request that failed."""
+        out: list[Msg] = []
         plan = self.scheduler.schedule()
         for seq in plan.expired:
-            del self.by_id[seq.request_id]
-            self._fail(
-                seq.request_id,
-                503,
-                f"waited longer than {self.scheduler.max_queue_wait_s:g}s for KV cache memory; retry later",
-                retry_after_s=5.0,
+            self._forget(seq)
+            wait = self.scheduler.max_queue_wait_s
+            out.append(
+                failed(seq.request_id, 503, f"waited longer than {wait:g}s for KV cache memory; retry later", 5.0)
             )
         if plan.empty:
-            return
+            return out
         try:
             logits = self.runner.run(plan)
         except torch.OutOfMemoryError as exc:
             if not self.runner.oom_recoverable:
                 raise  # tensor parallel: the other ranks cannot retry in step; the replica restarts
-            self._on_oom(plan, exc)
-            return
+            return out + self._on_oom(plan, exc)
         self.steps += 1
         self.last_step_at = time.monotonic()
         ready = self.scheduler.finish_step(plan)
         try:
-            self._sample(ready, logits)
+            out += self._sample(ready, logits)
         except torch.OutOfMemoryError as exc:
-            for seq in ready:  # their last token is computed again next step (same slot, same values)
-                seq.computed -= 1
-            self._on_oom(Plan(decode=ready), exc)
-        self._retire()
+            self.scheduler.redo_last_token(ready)
+            out += self._on_oom(Plan(decode=ready), exc)
+        return out
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Msg]:
         """Sample every sequence whose tokens are all computed (``logits`` [N, V]); a row the sampler
         cannot sample (non-finite logits, a grammar with no allowed token) fails that request alone."""
         result = sample_batch_ex(logits, [s.sampler for s in seqs])
+        out: list[Msg] = []
         for i, (seq, token) in enumerate(zip(seqs, result.token_ids, strict=True)):
-            if seq.cancelled:
-                continue
             if i in result.bad_rows:
                 log.error(
                     "request %s: cannot sample at position %d (%s); failing it",
@@ -170,66 +177,64 @@ class Engine:
                     seq.num_tokens,
                     result.bad_rows[i],
                 )
-                seq.cancelled = True
-                self._fail(seq.request_id, 500, result.bad_rows[i])
+                self._end(seq, RequestStatus.FINISHED_ABORTED)
+                out.append(failed(seq.request_id, 500, result.bad_rows[i]))
                 continue
             seq.sampler.accept(token)
-            self.emit(seq.append(token))
+            msg = seq.append(token)
+            out.append(msg)
+            if msg.finish_reason is not None:
+                self._end(seq, RequestStatus.for_finish_reason(msg.finish_reason))
+        return out
 
-    def _on_oom(self, plan: Plan, exc: Exception) -> None:
-        """Out of device memory in the forward pass: nothing advanced (``computed`` moves only after
-        a pass succeeds), so shrink what a step asks for and let the next step retry."""
+    def _on_oom(self, plan: Plan, exc: Exception) -> list[Msg]:
+        """Out of device memory in the forward pass or the sampler: the scheduler backs off (smaller
+        prefill, one sequence preempted, or a lone one that cannot fit aborted: 503); the next step
+        retries."""
         self.oom_events += 1
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        s = self.scheduler
-        if plan.prefill and s.max_prefill_tokens > s.blocks.block_size:
-            s.max_prefill_tokens = max(s.blocks.block_size, s.max_prefill_tokens // 2)
-            s.idle_prefill_tokens = max(s.max_prefill_tokens, s.idle_prefill_tokens // 2)
+        running = len(self.scheduler.running)
+        backed = self.scheduler.back_off_after_oom(plan)
+        if backed.prefill_tokens is not None:
+            prefill = sum(e - b for _, b, e in plan.prefill)
             log.warning(
                 "out of memory in a step with %d prefill tokens; prefill budget now %d tokens (%s)",
-                sum(e - b for _, b, e in plan.prefill),
-                s.max_prefill_tokens,
+                prefill,
+                backed.prefill_tokens,
                 exc,
             )
-        elif len(s.running) > 1:
-            victim = s.running[-1]
-            s.preempt(victim)
+        elif backed.preempted is not None:
             log.warning(
                 "out of memory decoding %d sequences; preempted request %s (%s)",
-                len(s.running) + 1,
-                victim.request_id,
+                running,
+                backed.preempted.request_id,
                 exc,
             )
-        else:
-            for seq in list(s.running):
-                seq.cancelled = True
-                self._fail(
-                    seq.request_id, 503, "out of device memory for this request alone; retry later", retry_after_s=5.0
-                )
-            self._retire()
+        message = "out of device memory for this request alone; retry later"
+        for seq in backed.aborted:
+            self._forget(seq)
+        return [failed(s.request_id, 503, message, retry_after_s=5.0) for s in backed.aborted]
 
-    def _fail(self, request_id: str, code: int, message: str, retry_after_s: float | None = None) -> None:
-        self.emit(Failed(request_id=request_id, code=code, message=message, retry_after_s=retry_after_s))
+    def _end(self, seq: Sequence, status: RequestStatus) -> None:
+        """The scheduler finishes ``seq`` with ``status``; the engine forgets it."""
+        self.scheduler.finish(seq, status)
+        self._forget(seq)
 
-    def _retire(self) -> None:
-        done = {s.request_id for s in self.scheduler.running if s.finished}
-        if not done:
-            return
-        self.scheduler.retire(done)
-        for rid in done:
-            seq = self.by_id.pop(rid)
-            self.served += not seq.cancelled
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "request %s %s after %d tokens (%d cached at admission, %d preemptions); memory %d bytes",
-                    rid,
-                    "cancelled" if seq.cancelled else seq.finish_reason,
-                    len(seq.output),
-                    seq.cached_at_admission,
-                    seq.preemptions,
-                    memory_bytes(self.device),
-                )
+    def _forget(self, seq: Sequence) -> None:
+        """Drop a finished request from the table (counted as served unless aborted)."""
+        del self.by_id[seq.request_id]
+        self.served += seq.status is not RequestStatus.FINISHED_ABORTED
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %s %s after %d tokens (%d cached at admission, %d preemptions); memory %d bytes",
+                seq.request_id,
+                seq.status.value,
+                len(seq.output),
+                seq.cached_at_admission,
+                seq.preemptions,
+                memory_bytes(self.device),
+            )
         if not self.scheduler.running:
             self._trim_heap()
 

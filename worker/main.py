@@ -32,7 +32,6 @@ from worker.contract.protocol import (
     Cancel,
     Embed,
     EngineLoad,
-    Failed,
     Generate,
     Hello,
     Ready,
@@ -40,6 +39,7 @@ from worker.contract.protocol import (
 )
 from worker.contract.settings import WorkerSettings
 from worker.contract.tasks import resolve_task
+from worker.core import EngineCore, failed
 from worker.node import NodeIdentity
 
 log = logging.getLogger("worker")
@@ -136,7 +136,8 @@ def run_worker_process(
     link.engine = engine
     link.transport.announce(ready)
     log.info("ready after %.1fs", time.monotonic() - started)
-    reason = serve(engine, link.inbox, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
+    loop = Loop(engine, link.out.send, stop, stall_on_request=fault_names(FAULT_STALL, worker_id))
+    reason = serve(loop, link.inbox)
     stop_serving(link, engine, group, reason)
     return 0
 
@@ -215,7 +216,7 @@ def load(
 
         return load_embedder(cfg, link, device_kind, model_path, world, started)
     group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
-    engine, budget = build_engine(cfg, model_path, device_kind, share, link.out.send, group=group)
+    engine, budget = build_engine(cfg, model_path, device_kind, share, group=group)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
     linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
@@ -262,13 +263,13 @@ def log_loaded(cfg: WorkerSettings, engine, gpus: list, started: float) -> None:
         )
 
 
-def stop_serving(link: Link, engine, group, reason: str) -> None:
+def stop_serving(link: Link, engine: EngineCore, group, reason: str) -> None:
     """Leave: stop the other ranks, fail what is in flight (503: the router moves it), say Bye
     with ``reason``, flush and stop the I/O thread."""
     if group is not None:
         group.send_stop()
-    for seq in list(engine.by_id.values()):
-        link.out.send(Failed(request_id=seq.request_id, code=503, message=f"worker {link.worker_id} is shutting down"))
+    for request_id in engine.in_flight():
+        link.out.send(failed(request_id, 503, f"worker {link.worker_id} is shutting down"))
     link.out.send(Bye(worker_id=link.worker_id, reason=reason))
     link.out.close()
     link.transport.stop()
@@ -276,52 +277,83 @@ def stop_serving(link: Link, engine, group, reason: str) -> None:
     log.info("stopped (%s)", reason)
 
 
-def submit(engine, msg: Generate | Embed, stop: threading.Event, stall_on_request: bool) -> bool:
-    """Queue a request on the engine; True when the :data:`FAULT_STALL` hook then blocked the loop
-    until ``stop``."""
-    if isinstance(msg, Generate):
+class Loop:
+    """The engine loop's receiving side: each message type from the router has one handler
+    (SGLang's ``TypeBasedDispatcher``); a handler returns a reason to stop serving, or None.
+    Everything the engine returns goes to ``send``."""
+
+    def __init__(self, engine: EngineCore, send, stop: threading.Event, stall_on_request: bool = False):
+        self.engine, self.send, self.stop, self.stall_on_request = engine, send, stop, stall_on_request
+        self.handlers = {
+            Generate: self.on_generate,
+            Embed: self.on_embed,
+            Cancel: self.on_cancel,
+            Shutdown: self.on_shutdown,
+        }
+
+    def dispatch(self, msg) -> str | None:
+        handler = self.handlers.get(type(msg))
+        return handler(msg) if handler is not None else None
+
+    def on_generate(self, msg: Generate) -> str | None:
         log.info(
-            "request %s: %d prompt tokens, max_tokens %d",
+            "request %s: %d prompt tokens, max_tokens %d%s",
             msg.request_id,
             len(msg.prompt_token_ids),
             msg.params.max_tokens,
+            (f", priority {msg.priority}" if msg.priority else "") + (", flex" if msg.flex else ""),
             extra={"request_id": msg.http_request_id},
         )
-    else:  # debug: embeddings come at hundreds a second, and the router logs each one's access line
+        return self.submit(msg)
+
+    def on_embed(self, msg: Embed) -> str | None:
+        # debug: embeddings come at hundreds a second, and the router logs each one's access line
         log.debug(
             "request %s: %d inputs to embed", msg.request_id, len(msg.inputs), extra={"request_id": msg.http_request_id}
         )
-    engine.submit(msg)
-    if stall_on_request:
-        log.error("%s names this worker: the engine loop stops here, heartbeats go on (fault injection)", FAULT_STALL)
-        stop.wait()
-        return True
-    return False
+        return self.submit(msg)
+
+    def submit(self, msg: Generate | Embed) -> str | None:
+        """Queue a request on the engine; the :data:`FAULT_STALL` hook then blocks until ``stop``."""
+        self.send_all(self.engine.submit(msg))
+        if self.stall_on_request:
+            log.error(
+                "%s names this worker: the engine loop stops here, heartbeats go on (fault injection)", FAULT_STALL
+            )
+            self.stop.wait()
+            return "SIGTERM"
+        return None
+
+    def on_cancel(self, msg: Cancel) -> None:
+        self.engine.cancel(msg.request_id)
+
+    def on_shutdown(self, msg: Shutdown) -> str:
+        return msg.reason
+
+    def send_all(self, msgs: list) -> None:
+        for out in msgs:
+            self.send(out)
 
 
-def serve(engine, inbox: queue.SimpleQueue, stop: threading.Event, stall_on_request: bool = False) -> str:
-    """The engine loop: take messages, step while there is work, block briefly when idle.
-    ``stall_on_request``: the fault hook of :data:`FAULT_STALL`."""
-    while not stop.is_set():
+def serve(loop: Loop, inbox: queue.SimpleQueue) -> str:
+    """The engine loop: take messages, step while there is work, block briefly when idle. Returns
+    why it stopped."""
+    engine = loop.engine
+    while not loop.stop.is_set():
         try:
             msg = inbox.get_nowait() if engine.has_work else inbox.get(timeout=0.2)
         except queue.Empty:
             msg = None
         while msg is not None:
-            if isinstance(msg, (Generate, Embed)):
-                if submit(engine, msg, stop, stall_on_request):
-                    return "SIGTERM"
-            elif isinstance(msg, Cancel):
-                engine.cancel(msg.request_id)
-            elif isinstance(msg, Shutdown):
-                return msg.reason
+            if (reason := loop.dispatch(msg)) is not None:
+                return reason
             try:
                 msg = inbox.get_nowait()
             except queue.Empty:
                 msg = None
         if engine.has_work:
-            engine.step()
-        engine.runner.idle()  # tensor parallel: a keep-alive when no step went out for a second
+            loop.send_all(engine.step())
+        engine.idle()  # tensor parallel: a keep-alive when no step went out for a second
     return "SIGTERM"
 
 

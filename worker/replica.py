@@ -29,7 +29,7 @@ from worker.contract.settings import WorkerSettings
 from worker.contract.units import GiB
 from worker.engine import Engine
 from worker.runner import ModelRunner
-from worker.scheduler import Plan, Scheduler
+from worker.scheduler import Plan, PrefillShares, Scheduler
 from worker.step import capture
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
     return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
 
 
-def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, emit, group=None):
+def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None):
     """Load the replica (:func:`load_shard`) and assemble the engine; with a tensor-parallel
     ``group`` this is rank 0, whose runner announces every step (calibration included) to the
     other ranks. Returns ``(engine, kv_budget_tokens)``.
@@ -119,13 +119,13 @@ def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: 
         shard.prefill_tokens,
         idle_prefill_tokens=idle,
         max_queue_wait_s=w.max_queue_wait_s,
+        shares=PrefillShares(w.long_prefill_token_threshold, w.max_long_partial_prefills, w.long_prefill_share),
     )
     engine = Engine(
         ModelRunner(shard.model, shard.cache, device, group=group),
         tokenizer,
         scheduler,
         cfg.model.max_model_len,
-        emit,
         device,
         config.vocab_size,
         model_mod.eos_ids(model_path, config, tokenizer),
@@ -136,8 +136,7 @@ def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: 
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:
         chunk = calibrate_prefill_tokens(engine.runner, idle, cfg.model.max_model_len)
-        scheduler.max_prefill_tokens = chunk
-        scheduler.idle_prefill_tokens = min(idle, IDLE_CHUNKS * chunk)
+        scheduler.set_prefill_budget(chunk, min(idle, IDLE_CHUNKS * chunk))
         log.info(
             "prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
             scheduler.max_prefill_tokens,
@@ -218,10 +217,8 @@ def calibrate_prefill_tokens(runner: ModelRunner, most: int, max_model_len: int)
     return chosen
 
 
-def warm_up(engine) -> None:
-    """One short generation through the real engine path, its output discarded."""
-    sent = engine.emit
-    engine.emit = lambda msg: None
+def warm_up(engine: Engine) -> None:
+    """One short generation through the real engine path, its messages discarded."""
     try:
         ids = engine.tokenizer("Hello", add_special_tokens=True)["input_ids"] or [0]
         engine.submit(
@@ -230,5 +227,4 @@ def warm_up(engine) -> None:
         while engine.has_work:
             engine.step()
     finally:
-        engine.emit = sent
         engine.scheduler.blocks.reset_prefix_cache()

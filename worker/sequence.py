@@ -15,6 +15,7 @@ import time
 from worker.blocks import BlockTable
 from worker.contract.protocol import SamplingParams, TokenLogprob, Tokens, Usage
 from worker.detok import IncrementalDetokenizer, StopMatcher
+from worker.request import RequestStatus
 from worker.sampling import RowSampler
 
 
@@ -38,8 +39,12 @@ class Sequence:
         device,
         vocab_size: int,
         output: list[int] | None = None,
+        priority: int = 0,
+        flex: bool = False,
     ):
         self.request_id = request_id
+        self.priority = priority  # vLLM's: lower is scheduled first
+        self.flex = flex  # service_tier "flex": may wait, may be preempted for an interactive request
         self.prompt = prompt
         self.params = params
         self.output: list[int] = list(output or [])
@@ -52,12 +57,15 @@ class Sequence:
         self.sampler = RowSampler.from_params(
             params, device, vocab_size=vocab_size, prompt=prompt, output=self.output, eos_ids=eos_ids
         )  # raises SamplingError
+        # Written by the scheduler only (worker.scheduler): status, place in the order, blocks, progress
+        self.status = RequestStatus.WAITING
+        self.arrival = 0
+        self.queued_at = 0.0
         self.table = BlockTable()
         self.computed = 0  # leading tokens whose keys/values are in the cache
         self.cached_at_admission = 0
-        self.finish_reason: str | None = None
-        self.cancelled = False
         self.preemptions = 0
+        self.finish_reason: str | None = None  # what append() decided: "stop" or "length"
         self.arrived = time.monotonic()
         self.first_token_at: float | None = None
         # params.prompt_logprobs: tokens 1..P-1's, filled chunk by chunk by the runner, sent once
@@ -76,10 +84,6 @@ class Sequence:
     def max_tokens(self) -> int:
         """Prompt + the most output this sequence may reach: the KV tokens it can ever need."""
         return len(self.prompt) + self.max_output
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None or self.cancelled
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -56,7 +56,6 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
             tok,
             Scheduler(BlockManager(64, 16), 1, 1, 512),
             2048,
-            events.append,
             cpu,
             config.vocab_size,
             model_mod.eos_ids(model_path, config, tok),
@@ -65,7 +64,7 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
             tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False),
             add_special_tokens=False,
         )["input_ids"]
-        engine.submit(
+        events += engine.submit(
             Generate(
                 request_id="p",
                 prompt_token_ids=ids,
@@ -73,7 +72,7 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
             )
         )
         while engine.has_work:
-            engine.step()
+            events += engine.step()
         outs.append([t for e in events if isinstance(e, Tokens) for t in e.token_ids])
     return outs
 

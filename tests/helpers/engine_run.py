@@ -1,7 +1,7 @@
 """The engine in process for the integration tests: the embedded model in float32 on CPU
 (:func:`load_float32`, behind the session's ``loaded`` fixture, ``tests/helpers/fixtures.py``: one
 load for every module that drives it) and :class:`Run`, one :class:`Engine` with its own KV cache and
-scheduler recording every message it emits."""
+scheduler recording every message it returns."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from worker.blocks import BlockManager
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.engine import Engine
 from worker.runner import ModelRunner
-from worker.scheduler import Scheduler
+from worker.scheduler import PrefillShares, Scheduler
 
 QUESTIONS = PROMPTS[:8]  # the dtype bench's first eight: short chat questions
 CPU = torch.device("cpu")
@@ -38,39 +38,51 @@ class Run:
         prefill: int = 32,
         idle: int = 512,
         max_waiting: int = 64,
+        shares: PrefillShares | None = None,
     ):
         model, tok, config, eos = loaded
         self.events: list = []
         layers, kv_heads, head_dim = model_mod.kv_shape(config)
         self.cache = KVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, model.dtype, CPU)
         self.scheduler = Scheduler(
-            BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle
+            BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle, shares=shares
         )
         self.engine = Engine(
             ModelRunner(model, self.cache, CPU),
             tok,
             self.scheduler,
             2048,
-            self.events.append,
             CPU,
             config.vocab_size,
             eos,
         )
         self.max_blocks_used = 0
 
-    def submit(self, rid: str, prompt: list[int], output: list[int] | None = None, **params) -> None:
+    def submit(
+        self,
+        rid: str,
+        prompt: list[int],
+        output: list[int] | None = None,
+        priority: int = 0,
+        flex: bool = False,
+        **params,
+    ) -> None:
         params.setdefault("max_tokens", 16)
         params.setdefault("temperature", 0.0)
-        self.engine.submit(
-            Generate(
-                request_id=rid, prompt_token_ids=prompt, params=SamplingParams(**params), output_token_ids=output or []
-            )
+        gen = Generate(
+            request_id=rid,
+            prompt_token_ids=prompt,
+            params=SamplingParams(**params),
+            output_token_ids=output or [],
+            priority=priority,
+            flex=flex,
         )
+        self.events += self.engine.submit(gen)
 
     def steps(self, n: int) -> None:
         for _ in range(n):
             if self.engine.has_work:
-                self.engine.step()
+                self.events += self.engine.step()
                 blocks = self.scheduler.blocks
                 self.max_blocks_used = max(self.max_blocks_used, blocks.num_blocks - blocks.num_free)
 

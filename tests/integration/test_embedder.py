@@ -70,20 +70,20 @@ def test_a_decoder_is_pooled_at_its_last_token_and_normalised(llama):
     assert np.abs(embedder.embed([ids])[0] - expected).max() < 1e-5
 
 
-def run(engine: EmbedEngine) -> None:
+def run(engine: EmbedEngine, sent: list) -> None:
     while engine.has_work:
-        engine.step()
+        sent += engine.step()
 
 
 def test_the_engine_answers_each_request_in_input_order_across_messages(minilm, monkeypatch):
     embedder, tok = minilm
     sent = []
-    engine = EmbedEngine(embedder, Batcher(64, 10), sent.append)
+    engine = EmbedEngine(embedder, Batcher(64, 10))
     monkeypatch.setattr(engine_mod, "MESSAGE_BYTES", 3 * embedder.spec.dim * 4)  # three vectors per message
     ids = [tok(t)["input_ids"] for t in TEXTS * 2]
-    engine.submit(Embed(request_id="a", inputs=ids))
-    engine.submit(Embed(request_id="b", inputs=ids[:1]))
-    run(engine)
+    sent += engine.submit(Embed(request_id="a", inputs=ids))
+    sent += engine.submit(Embed(request_id="b", inputs=ids[:1]))
+    run(engine, sent)
     a = [m for m in sent if m.request_id == "a"]
     assert [m.start for m in a] == [0, 3, 6] and [m.last for m in a] == [False, False, True]
     assert a[-1].prompt_tokens == sum(map(len, ids))
@@ -95,17 +95,17 @@ def test_the_engine_answers_each_request_in_input_order_across_messages(minilm, 
 def test_the_engine_refuses_what_the_router_should_have_caught(minilm):
     embedder, _ = minilm
     sent = []
-    engine = EmbedEngine(embedder, Batcher(4096, 1), sent.append)
-    engine.submit(Embed(request_id="empty", inputs=[]))
-    engine.submit(Embed(request_id="oov", inputs=[[101, embedder.vocab_size]]))
-    engine.submit(Embed(request_id="long", inputs=[[101] * (embedder.spec.max_tokens + 1)]))
-    engine.submit(Embed(request_id="ok", inputs=[[101, 102]]))
-    engine.submit(Embed(request_id="full", inputs=[[101, 102]]))  # the queue holds one request
+    engine = EmbedEngine(embedder, Batcher(4096, 1))
+    sent += engine.submit(Embed(request_id="empty", inputs=[]))
+    sent += engine.submit(Embed(request_id="oov", inputs=[[101, embedder.vocab_size]]))
+    sent += engine.submit(Embed(request_id="long", inputs=[[101] * (embedder.spec.max_tokens + 1)]))
+    sent += engine.submit(Embed(request_id="ok", inputs=[[101, 102]]))
+    sent += engine.submit(Embed(request_id="full", inputs=[[101, 102]]))  # the queue holds one request
     engine.cancel("nothing")
     failed = {m.request_id: m for m in sent if isinstance(m, Failed)}
     assert {k: m.code for k, m in failed.items()} == {"empty": 400, "oov": 400, "long": 400, "full": 429}
     assert failed["full"].retry_after_s
-    run(engine)
+    run(engine, sent)
     assert [m.request_id for m in sent if isinstance(m, Embedded)] == ["ok"]
 
 

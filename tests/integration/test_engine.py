@@ -15,6 +15,7 @@ import torch
 from tests.helpers.engine_run import BLOCK, QUESTIONS, Run, chat_ids
 from worker.contract.protocol import Failed, Tokens
 from worker.runner import ModelRunner
+from worker.scheduler import PrefillShares
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +269,48 @@ def test_non_finite_logits_fail_that_request_only(loaded, prompts):
     run.drain()
     assert [(r, c) for r, c, _ in run.failed()] == [("bad", 500)]
     assert run.finish("good").usage.completion_tokens >= 1
+
+
+def first_token_step(run: Run, rid: str, limit: int = 500) -> int:
+    for step in range(1, limit):
+        run.steps(1)
+        if run.tokens(rid):
+            return step
+    raise AssertionError(f"{rid} got no token in {limit} steps")
+
+
+def test_question_beside_a_long_prefill_is_answered_first_with_the_same_tokens(loaded, prompts, document):
+    """By steps: a short question that arrives while a document is prefilled gets its first token in
+    the few steps its own prompt needs, not after the document's; its answer is the one it gets alone."""
+    want = alone(loaded, prompts[5], max_tokens=8).tokens("solo")
+    waited = {}
+    for name, threshold in (("short first", 64), ("arrival order", 10**9)):
+        run = Run(loaded, prefill=32, idle=512, shares=PrefillShares(long_threshold=threshold))
+        for i in range(4):
+            run.submit(f"chat{i}", prompts[i], max_tokens=200, ignore_eos=True)
+        run.steps(2)
+        run.submit("doc", document, max_tokens=4)
+        run.steps(2)
+        run.submit("question", prompts[5], max_tokens=8)
+        waited[name] = first_token_step(run, "question")
+        run.drain()
+        assert run.tokens("question") == want and run.failed() == []
+    assert waited["short first"] <= -(-len(prompts[5]) // 24) + 1  # 3/4 of the 32-token budget per step at least
+    assert waited["arrival order"] > waited["short first"] + 3
+
+
+def test_interactive_request_preempts_a_flex_one_which_resumes_with_the_same_tokens(loaded, prompts):
+    params = {"max_tokens": 40, "ignore_eos": True}
+    want_flex = alone(loaded, prompts[1], **params).tokens("solo")
+    want_chat = alone(loaded, prompts[0], max_tokens=8).tokens("solo")
+    run = Run(loaded, num_blocks=-(-(len(prompts[1]) + 40) // BLOCK))  # the flex one alone fills the cache
+    run.submit("flex", prompts[1], flex=True, **params)
+    run.steps(6)
+    assert run.scheduler.preemptions == 0 and len(run.tokens("flex")) >= 4
+    run.submit("chat", prompts[0], max_tokens=8)
+    run.steps(1)
+    assert run.scheduler.preemptions == 1 and [s.request_id for s in run.scheduler.running] == ["chat"]
+    run.drain()
+    assert run.tokens("chat") == want_chat and run.failed() == []
+    assert run.tokens("flex") == want_flex  # resumed after recomputing: the same text, nothing sent twice
+    assert run.finish("flex").usage.completion_tokens == 40

@@ -57,14 +57,13 @@ def test_fallback_matches_transformers_generate(tiny):
         model_mod.load_tokenizer(tiny),
         Scheduler(BlockManager(64, 16), 4, 8, 7),
         512,
-        events.append,
         CPU,
         config.vocab_size,
         {2},
     )
     prompts = [list(range(100, 140)), list(range(100, 120)) + list(range(500, 523))]  # a shared 16-token block
     for i, p in enumerate(prompts):
-        engine.submit(
+        events += engine.submit(
             Generate(
                 request_id=f"r{i}",
                 prompt_token_ids=p,
@@ -72,7 +71,7 @@ def test_fallback_matches_transformers_generate(tiny):
             )
         )
     while engine.has_work:
-        engine.step()
+        events += engine.step()
     reference = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     for i, p in enumerate(prompts):
         want = reference.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, min_new_tokens=10)[0, len(p) :]

@@ -48,7 +48,7 @@ class Rank0:
     def __init__(self, cfg: WorkerSettings, args):
         self.events: list = []
         self.group = join_group(cfg, 0, args.world_size, args.dist_init, "cpu") if args.world_size > 1 else None
-        self.engine, self.budget = build_engine(cfg, args.model_path, "cpu", 1.0, self.events.append, group=self.group)
+        self.engine, self.budget = build_engine(cfg, args.model_path, "cpu", 1.0, group=self.group)
         warm_up(self.engine)
         self.first: dict[str, int] = {}
         self.last: dict[str, int] = {}
@@ -57,7 +57,7 @@ class Rank0:
     def step(self) -> None:
         seen = len(self.events)
         start = time.perf_counter()
-        self.engine.step()
+        self.events += self.engine.step()
         self.step_s.append(time.perf_counter() - start)
         for e in self.events[seen:]:
             if isinstance(e, Tokens):
@@ -68,12 +68,14 @@ class Rank0:
         tok = self.engine.tokenizer
         chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
         ids = tok(chat, add_special_tokens=False)["input_ids"]
-        self.engine.submit(Generate(request_id=rid, prompt_token_ids=ids, params=SamplingParams(**params)))
+        self.events += self.engine.submit(
+            Generate(request_id=rid, prompt_token_ids=ids, params=SamplingParams(**params))
+        )
 
     def idle(self, seconds: float) -> None:
         until = time.monotonic() + seconds
         while time.monotonic() < until:
-            self.engine.runner.idle()
+            self.engine.idle()
             time.sleep(0.05)
 
     def play(self, script: list[dict]) -> None:

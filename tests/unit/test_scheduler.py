@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 
 from worker.blocks import BlockManager, BlockTable
-from worker.scheduler import QueueFull, Scheduler, TooLarge
+from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
 
 
 class Seq:
-    def __init__(self, rid: str, prompt_len: int, max_output: int = 8, base: int = 0):
+    def __init__(self, rid: str, prompt_len: int, max_output: int = 8, base: int = 0, priority=0, flex=False):
         self.request_id = rid
+        self.priority, self.flex = priority, flex
         self.prompt = [base + i for i in range(prompt_len)]
         self.output: list[int] = []
         self.max_output = max_output
@@ -147,3 +148,154 @@ def test_cancelled_waiting_is_dropped():
     s.add(Seq("a", 2))
     assert s.drop_waiting("a").request_id == "a" and not s.waiting
     assert s.drop_waiting("nope") is None
+
+
+# ---- short before long, priority, flex (vLLM's partial-prefill limits and priority policy) ----------
+
+from worker.request import RequestStatus  # noqa: E402
+from worker.scheduler import PrefillShares  # noqa: E402
+
+
+def shares(threshold=16, max_long=1, share=0.25) -> PrefillShares:
+    return PrefillShares(long_threshold=threshold, max_long=max_long, long_share=share)
+
+
+def decoding(s: Scheduler, rid: str = "chat") -> Seq:
+    """A short sequence already decoding, so each step uses the beside-decodes budget."""
+    chat = Seq(rid, 4, max_output=100, base=9000)
+    s.add(chat)
+    run_step(s)
+    return chat
+
+
+def test_short_prompt_joins_a_long_partial_prefill_and_overtakes_a_long_waiting_one():
+    s = make(blocks=200, bs=4, prefill=32, idle=32, shares=shares())
+    decoding(s)
+    doc1, doc2 = Seq("doc1", 200, base=1000), Seq("doc2", 200, base=2000)
+    s.add(doc1)
+    run_step(s)
+    assert 0 < doc1.computed < 200  # doc1 is a partial prefill now
+    s.add(doc2)  # long, queued first
+    s.add(Seq("short", 10, base=3000))  # short, queued behind it
+    plan = run_step(s)
+    chunks = [(q.request_id, b, e) for q, b, e in plan.prefill]
+    assert chunks[0] == ("short", 0, 10)  # whole, and first in the step
+    assert [c[0] for c in chunks] == ["short", "doc1"]  # doc1 goes on beside it in the same step
+    assert [q.request_id for q in s.waiting] == ["doc2"]  # one long prefill at a time: doc2 waits its turn
+    assert doc2.status is RequestStatus.WAITING
+
+
+def test_long_prefill_is_never_starved_by_a_stream_of_short_prompts():
+    s = make(blocks=1000, bs=4, seqs=64, waiting=1000, prefill=32, idle=32, shares=shares(share=0.25))
+    decoding(s)
+    doc = Seq("doc", 100, base=1000)
+    s.add(doc)
+    later = Seq("later", 60, base=2000)
+    s.add(later)
+    steps = 0
+    while not later.output:
+        for i in range(3):  # 30 short tokens a step: alone they would take the whole budget
+            s.add(Seq(f"s{steps}.{i}", 10, max_output=1, base=10_000 + 100 * (3 * steps + i)))
+        before = doc.computed
+        run_step(s)
+        steps += 1
+        if doc.computed < 100:
+            assert doc.computed - before >= 8  # at least a quarter of the 32-token budget, every step
+        for q in list(s.running):
+            if q.request_id.startswith("s") and q.output:
+                s.retire({q.request_id})
+        assert steps < 40
+    assert doc.output  # the first long one finished its prompt before the second started
+    assert steps <= -(-100 // 8) + -(-60 // 8) + 2
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival_interactive_before_flex():
+    s = make(blocks=100, bs=4, seqs=1, prefill=64, idle=64)
+    s.add(Seq("first", 3, max_output=1))
+    run_step(s)
+    s.add(Seq("flex", 3, max_output=1, base=100, flex=True))
+    s.add(Seq("p5", 3, max_output=1, base=200, priority=5))
+    s.add(Seq("p0-a", 3, max_output=1, base=300))
+    s.add(Seq("p-1", 3, max_output=1, base=400, priority=-1))
+    s.add(Seq("p0-b", 3, max_output=1, base=500))
+    assert [q.request_id for q in s.waiting] == ["p-1", "p0-a", "p0-b", "p5", "flex"]
+    order = []
+    for _ in range(20):
+        run_step(s)
+        for q in list(s.running):
+            if q.output:
+                order.append(q.request_id)
+                s.retire({q.request_id})
+    assert order == ["first", "p-1", "p0-a", "p0-b", "p5", "flex"]
+
+
+def test_interactive_request_preempts_a_flex_one_which_resumes_with_its_tokens():
+    s = make(blocks=8, bs=4, prefill=64, idle=64)  # 32 token slots
+    batch = Seq("batch", 12, max_output=8, flex=True)
+    s.add(batch)
+    for _ in range(4):
+        run_step(s)
+    made = list(batch.output)
+    assert made and batch.status is RequestStatus.RUNNING
+    chat = Seq("chat", 16, max_output=4, base=500)  # 4 blocks + 1 spare per running: does not fit beside it
+    s.add(chat)
+    plan = run_step(s)
+    assert plan.preempted == [batch] and batch.status is RequestStatus.PREEMPTED and batch.computed == 0
+    assert chat.status is RequestStatus.RUNNING and batch.output == made  # its tokens are kept
+    while len(chat.output) < 4:
+        run_step(s)
+    s.retire({"chat"})
+    assert chat.status is RequestStatus.FINISHED_STOPPED
+    while len(batch.output) < 8:
+        run_step(s)
+    assert batch.output[: len(made)] == made and batch.preemptions == 1
+
+
+def test_flex_request_does_not_preempt_and_decode_growth_gives_way_flex_first():
+    s = make(blocks=8, bs=4, prefill=64, idle=64)
+    s.add(Seq("a", 12, max_output=8, flex=True))
+    run_step(s)
+    late = Seq("late", 16, max_output=4, base=500, flex=True)
+    s.add(late)
+    run_step(s)
+    assert late.status is RequestStatus.WAITING and s.preemptions == 0  # flex waits for flex
+    s2 = make(blocks=5, bs=4, prefill=64, idle=64)  # 20 slots: both admitted, both cannot grow
+    old, new = Seq("old", 7, max_output=9, flex=True), Seq("new", 3, max_output=9, base=50)
+    s2.add(old)
+    s2.add(new)
+    preempted = []
+    for _ in range(10):
+        preempted += [q.request_id for q in run_step(s2).preempted]
+    assert preempted[0] == "old"  # the flex one gives way, though it is not the newest
+
+
+def test_out_of_memory_back_off_halves_then_preempts_then_aborts_a_lone_one():
+    s = make(blocks=100, bs=4, prefill=64, idle=256)
+    a, b = Seq("a", 3, max_output=20), Seq("b", 3, max_output=20, base=50)
+    s.add(a)
+    s.add(b)
+    plan = s.schedule()
+    backed = s.back_off_after_oom(plan)
+    assert backed.prefill_tokens == 32 == s.max_prefill_tokens and s.idle_prefill_tokens == 128
+    s.finish_step(plan)
+    backed = s.back_off_after_oom(Plan(decode=[a, b]))
+    assert backed.preempted is b and b.status is RequestStatus.PREEMPTED
+    backed = s.back_off_after_oom(Plan(decode=[a]))
+    assert backed.aborted == [a] and a.status is RequestStatus.FINISHED_ABORTED and not s.running
+    assert s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_status_is_an_enum_the_scheduler_keeps():
+    s = make(blocks=100, bs=4)
+    a = Seq("a", 3, max_output=2)
+    s.add(a)
+    assert a.status is RequestStatus.WAITING
+    run_step(s)
+    assert a.status is RequestStatus.RUNNING
+    s.preempt(a)
+    assert a.status is RequestStatus.PREEMPTED and a.status.waiting
+    run_step(s)
+    s.finish(a, RequestStatus.FINISHED_LENGTH)
+    assert a.status.finished and not s.running and s.blocks.num_free == 100
+    s.add(Seq("w", 3))
+    assert s.drop_waiting("w").status is RequestStatus.FINISHED_ABORTED

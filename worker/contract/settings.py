@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
+# The scheduler's short-before-long defaults, chosen by measurement (docs: "Scheduling")
+LONG_PREFILL_TOKEN_THRESHOLD = 256
+MAX_LONG_PARTIAL_PREFILLS = 1
+LONG_PREFILL_SHARE = 0.25
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -88,6 +93,25 @@ class WorkersConfig(Section):
         description="prompt tokens prefilled per engine step while others decode (chunked prefill); auto: on CPU "
         "measured at start (the largest chunk that keeps a step within 2x a decode step), 2048 on GPU; a step with "
         "nothing to decode takes four such chunks (at most 512) on CPU, 8192 on GPU; a number sets both",
+    )
+    long_prefill_token_threshold: int = Field(
+        LONG_PREFILL_TOKEN_THRESHOLD,
+        ge=1,
+        description="a prompt with more tokens than this to compute is long: short ones are prefilled first each "
+        "step, also ahead of long ones queued before them (vLLM's long_prefill_token_threshold)",
+    )
+    max_long_partial_prefills: int = Field(
+        MAX_LONG_PARTIAL_PREFILLS,
+        ge=1,
+        le=1024,
+        description="long prompts prefilled at once; the others wait their turn (vLLM's max_long_partial_prefills)",
+    )
+    long_prefill_share: float = Field(
+        LONG_PREFILL_SHARE,
+        gt=0,
+        le=1.0,
+        description="the least share of a step's prefill budget kept for long prompts while short ones want it all, "
+        "so a long prompt is never starved",
     )
     max_queue_wait_s: float = Field(
         120.0, gt=0, description="a queued request waits at most this for KV memory, then gets 503 with Retry-After"

@@ -4,19 +4,19 @@ Each :meth:`EmbedEngine.step` asks the :class:`~worker.embed.batcher.Batcher` fo
 inputs (round-robin over the queued requests within the token budget), runs them as micro-batches
 sorted by length (:func:`~worker.embed.batcher.micro_batches`), and answers every request whose
 last input was computed with :class:`~worker.contract.protocol.Embedded` (several messages for a
-large answer). It keeps the chat engine's contract with the loop in :mod:`worker.main`: ``submit``,
-``cancel``, ``has_work``, ``step``, ``stats`` (the heartbeat's :class:`EngineLoad`), ``by_id``.
+large answer). It is an :class:`~worker.core.EngineCore`, as the chat engine is: the loop in
+:mod:`worker.main` speaks to both alike, and sends the messages their ``submit`` and ``step`` return.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 
-from worker.contract.protocol import Embed, Embedded, EngineLoad, Failed, Msg
+from worker.contract.protocol import Embed, Embedded, EngineLoad, Msg
+from worker.core import failed
 from worker.embed.batcher import Batcher, EmbedJob, Item, QueueFull, micro_batches
 from worker.embed.model import Embedder
 from worker.engine import memory_bytes
@@ -28,13 +28,11 @@ MESSAGE_BYTES = 8 * 2**20  # vector bytes per Embedded message, under the router
 
 
 class EmbedEngine:
-    """Owns the :class:`Embedder` (as ``runner``: the loop calls its ``idle``) and the batcher.
-    ``emit`` receives every outgoing message. Single-threaded."""
+    """Owns the :class:`Embedder` and the batcher. Single-threaded; an :class:`~worker.core.EngineCore`."""
 
-    def __init__(self, embedder: Embedder, batcher: Batcher, emit: Callable[[Msg], None]):
-        self.runner = embedder
+    def __init__(self, embedder: Embedder, batcher: Batcher):
+        self.embedder = embedder
         self.batcher = batcher
-        self.emit = emit
         self.device = embedder.device
         self.served = 0
         self.steps = 0
@@ -45,21 +43,22 @@ class EmbedEngine:
         """The requests held, by id (the loop fails them over when the worker leaves)."""
         return self.batcher.jobs
 
-    def submit(self, msg: Embed) -> None:
-        """Queue a request; answers ``Failed`` at once when it is invalid or the queue is full."""
+    def submit(self, msg: Embed) -> list[Msg]:
+        """Queue a request; returns ``[Failed]`` when it is invalid or the queue is full."""
         rid = msg.request_id
         if rid in self.batcher.jobs:
-            return self._fail(rid, 400, "duplicate request_id")
+            return [failed(rid, 400, "duplicate request_id")]
         if problem := self.check(msg.inputs):
-            return self._fail(rid, 400, problem)
+            return [failed(rid, 400, problem)]
         try:
             self.batcher.add(EmbedJob(rid, msg.inputs))
         except QueueFull as exc:
-            self._fail(rid, 429, str(exc), retry_after_s=1.0)
+            return [failed(rid, 429, str(exc), retry_after_s=1.0)]
+        return []
 
     def check(self, inputs: list[list[int]]) -> str | None:
         """What is wrong with ``inputs`` (the router checks them first; this guards the model)."""
-        spec, vocab = self.runner.spec, self.runner.vocab_size
+        spec, vocab = self.embedder.spec, self.embedder.vocab_size
         if not 1 <= len(inputs) <= MAX_INPUTS:
             return f"{len(inputs)} inputs: 1 to {MAX_INPUTS} expected"
         for i, ids in enumerate(inputs):
@@ -77,31 +76,39 @@ class EmbedEngine:
     def has_work(self) -> bool:
         return bool(self.batcher.jobs)
 
-    def step(self) -> None:
-        """One step: expire what waited too long, compute this step's inputs, answer the finished."""
+    def in_flight(self) -> list[str]:
+        """The ids of every request held."""
+        return list(self.batcher.jobs)
+
+    def idle(self) -> None:
+        """One process: nothing to keep alive."""
+
+    def step(self) -> list[Msg]:
+        """One step: expire what waited too long, compute this step's inputs, answer the finished.
+        Returns the step's messages (``Embedded`` answers, ``Failed``)."""
         step = self.batcher.take()
-        for job in step.expired:
-            self._fail(
-                job.request_id,
-                503,
-                f"waited longer than {self.batcher.max_queue_wait_s:g}s for its turn; retry later",
-                retry_after_s=5.0,
-            )
+        wait = self.batcher.max_queue_wait_s
+        out: list[Msg] = [
+            failed(job.request_id, 503, f"waited longer than {wait:g}s for its turn; retry later", 5.0)
+            for job in step.expired
+        ]
         for batch in micro_batches(step.items, self.batcher.token_budget):
-            self._run(batch)
+            out += self._run(batch)
         self.steps += 1
         self.last_step_at = time.monotonic()
+        return out
 
-    def _run(self, batch: list[Item]) -> None:
+    def _run(self, batch: list[Item]) -> list[Msg]:
         """One forward pass over ``batch``; store the vectors, answer the requests now complete."""
         try:
-            vectors = self.runner.embed([item.ids for item in batch])
+            vectors = self.embedder.embed([item.ids for item in batch])
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return self._fail_all(batch, 503, "out of device memory for this batch; retry later", 5.0)
         except RuntimeError as exc:
             log.exception("embedding forward pass failed")
             return self._fail_all(batch, 500, f"the forward pass failed: {exc}", None)
+        out: list[Msg] = []
         for item, vector in zip(batch, vectors, strict=True):
             job = item.job
             if self.batcher.jobs.get(job.request_id) is not job:
@@ -110,14 +117,16 @@ class EmbedEngine:
             job.done += 1
             if job.complete:
                 self.batcher.drop(job.request_id)
-                self._answer(job)
+                out += self._answer(job)
+        return out
 
-    def _answer(self, job: EmbedJob) -> None:
-        """Send ``job``'s vectors in order, in messages of at most :data:`MESSAGE_BYTES`."""
+    def _answer(self, job: EmbedJob) -> list[Msg]:
+        """``job``'s vectors in order, in messages of at most :data:`MESSAGE_BYTES`."""
         per = max(1, MESSAGE_BYTES // max(1, len(job.vectors[0])))
+        out: list[Msg] = []
         for start in range(0, len(job.vectors), per):
             last = start + per >= len(job.vectors)
-            self.emit(
+            out.append(
                 Embedded(
                     request_id=job.request_id,
                     start=start,
@@ -127,14 +136,13 @@ class EmbedEngine:
                 )
             )
         self.served += 1
+        return out
 
-    def _fail_all(self, batch: list[Item], code: int, message: str, retry_after_s: float | None) -> None:
-        for job in {item.job for item in batch}:
-            if self.batcher.drop(job.request_id) is job:
-                self._fail(job.request_id, code, message, retry_after_s)
-
-    def _fail(self, request_id: str, code: int, message: str, retry_after_s: float | None = None) -> None:
-        self.emit(Failed(request_id=request_id, code=code, message=message, retry_after_s=retry_after_s))
+    def _fail_all(self, batch: list[Item], code: int, message: str, retry_after_s: float | None) -> list[Msg]:
+        jobs = {item.job for item in batch}
+        return [
+            failed(j.request_id, code, message, retry_after_s) for j in jobs if self.batcher.drop(j.request_id) is j
+        ]
 
     def stats(self) -> EngineLoad:
         """This engine's figures now (the heartbeat's load)."""

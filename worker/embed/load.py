@@ -24,7 +24,7 @@ from worker.embed.threads import ThreadPlan, measure
 log = logging.getLogger(__name__)
 
 
-def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, emit) -> EmbedEngine:
+def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str) -> EmbedEngine:
     """The engine of ``model_path`` on ``device_kind`` (``cpu`` or ``cuda``), warmed up."""
     from worker import model as model_mod
 
@@ -34,7 +34,7 @@ def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str, e
     w = cfg.workers
     budget = step_tokens(w.max_prefill_tokens, device.type == "cuda", spec.max_tokens)
     batcher = Batcher(budget, w.max_num_seqs + w.max_waiting, w.max_queue_wait_s)
-    engine = EmbedEngine(embedder, batcher, emit)
+    engine = EmbedEngine(embedder, batcher)
     warm_up(engine)  # first: the first forward pass pays for allocations and kernel set-up, not threads
     plan_threads(embedder)
     return engine
@@ -57,27 +57,22 @@ def plan_threads(embedder: Embedder) -> None:
 
 def warm_up(engine: EmbedEngine) -> None:
     """One short request through the real engine path, its answer discarded."""
-    sent = engine.emit
-    engine.emit = lambda msg: None
-    try:
-        engine.submit(Embed(request_id="warm-up", inputs=[[min(101, engine.runner.vocab_size - 1)] * 4]))
-        while engine.has_work:
-            engine.step()
-    finally:
-        engine.emit = sent
+    engine.submit(Embed(request_id="warm-up", inputs=[[min(101, engine.embedder.vocab_size - 1)] * 4]))
+    while engine.has_work:
+        engine.step()
 
 
 def load_embedder(cfg: WorkerSettings, link, device_kind: str, model_path: str, world: int, started: float):
     """The embedding worker's part of :func:`worker.main.load`: ``(engine, Ready, None)``."""
     if world > 1:
         raise RuntimeError("an embedding model runs on one device: set workers.tensor_parallel_size to 1")
-    engine = build_embed_engine(cfg, model_path, device_kind, link.out.send)
-    spec = engine.runner.spec
+    engine = build_embed_engine(cfg, model_path, device_kind)
+    spec = engine.embedder.spec
     log.info(
         "loaded %s for embeddings as %s on %s in %.1fs: %s pooling, %d dimensions, up to %d tokens per input, "
         "%d tokens per step",
         cfg.model.public_name,
-        engine.runner.dtype,
+        engine.embedder.dtype,
         engine.device,
         time.monotonic() - started,
         spec.pooling,
@@ -90,7 +85,7 @@ def load_embedder(cfg: WorkerSettings, link, device_kind: str, model_path: str, 
         load_seconds=time.monotonic() - started,
         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         kv_budget_tokens=0,
-        weight_bytes=engine.runner.weight_bytes,
-        kernels=engine.runner.linears.report() if engine.runner.linears is not None else [],
+        weight_bytes=engine.embedder.weight_bytes,
+        kernels=engine.embedder.linears.report() if engine.embedder.linears is not None else [],
     )
     return engine, ready, None
