@@ -121,17 +121,15 @@ def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: 
         max_queue_wait_s=w.max_queue_wait_s,
         shares=PrefillShares(w.long_prefill_token_threshold, w.max_long_partial_prefills, w.long_prefill_share),
     )
+    step = capture.build(shard.model, shard.cache, w.max_num_seqs, w.enforce_eager, group, cfg.model.max_model_len)
     engine = Engine(
-        ModelRunner(shard.model, shard.cache, device, group=group),
+        ModelRunner(shard.model, shard.cache, device, group=group, capture=step),
         tokenizer,
         scheduler,
         cfg.model.max_model_len,
         device,
         config.vocab_size,
         model_mod.eos_ids(model_path, config, tokenizer),
-    )
-    engine.runner.capture = capture.build(
-        shard.model, shard.cache, w.max_num_seqs, w.enforce_eager, group, cfg.model.max_model_len
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:
