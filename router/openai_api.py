@@ -298,6 +298,7 @@ async def respond(
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,
+            exact=api.cfg.workers_for(api.model_name).deterministic,
         )
 
     merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges

@@ -77,6 +77,7 @@ def load_model(
     tp=None,
     quantization: str = "none",
     rows: tuple[int, int] = (8, 8),
+    deterministic: bool = False,
 ):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
@@ -85,7 +86,8 @@ def load_model(
     rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded), and so does
     ``quantization`` (``int8`` / ``int4``: the linear layers quantized at load). The compact path's
     linears run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head:
-    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``. Raises ``ValueError``."""
+    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``; ``deterministic``:
+    batch-invariant kernels and attention (``workers.deterministic``). Raises ``ValueError``."""
     why = llama.supports(config)
     rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
     quantized = quantization in ("int8", "int4")
@@ -119,7 +121,7 @@ def load_model(
             weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
         else:
             weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
-        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows)
+        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
     from worker.hf_model import HFModel
@@ -128,13 +130,15 @@ def load_model(
     return HFModel.load(model_path, dtype, device, max_memory)
 
 
-def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows):
+def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic=False):
     """:class:`worker.llama.LlamaModel` over :class:`worker.quant.linear.Linears`; logs the kernel
     table and the bytes of the weights it holds."""
     from worker.quant.linear import Linears
 
     agree = tp.rank0_ints if tp is not None and tp.world > 1 else None  # the ranks run rank 0's kernels
-    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1], agree=agree)
+    linears = Linears(
+        device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1], agree=agree, deterministic=deterministic
+    )
     model = llama.LlamaModel(
         config,
         weights,
@@ -146,6 +150,7 @@ def _compact(config, weights, device, dtype, max_positions, tp, quantization, ro
         head_linear=linears.head,
         embedding=linears.embedding,
     )
+    model.invariant = deterministic
     linears.count(model.norm)
     for layer in model.layers:
         for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias, layer.o_bias):

@@ -79,6 +79,7 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
         tp=group,
         quantization=cfg.model.quantization,
         rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
+        deterministic=w.deterministic,
     )
     per_token = model_mod.kv_bytes_per_token(config, dtype, world)
     layers, kv_heads, head_dim = model_mod.kv_shape(config, world)

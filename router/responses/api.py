@@ -88,6 +88,7 @@ async def respond(
             max_migrations=api.cfg.router.max_migrations,
             on_migration=timer.on_migration,
             model=api.pick_model,
+            exact=api.cfg.workers_for(api.model_name).deterministic,
         )
     )
     if chat.stream:

@@ -73,6 +73,12 @@ class WorkersConfig(Section):
         120.0, gt=0, description="a queued request waits at most this for KV memory, then gets 503 with Retry-After"
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget per CPU worker, GiB")
+    deterministic: bool = Field(
+        True,
+        description="batch-invariant serving: a sequence's logits the same bit for bit whatever shares its step, "
+        "however its prompt was chunked and on every replica of the revision (exact migration); off: the "
+        "fastest kernels per row count",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1.0, description="share of a GPU's memory a worker may use")
     heartbeat_s: float = Field(1.0, gt=0, le=60)
     heartbeat_timeout_s: float = Field(10.0, gt=0, description="a silent worker is declared dead after this")

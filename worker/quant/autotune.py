@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from worker.quant import invariance
 from worker.quant.format import QuantizedWeight
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check
 
@@ -206,10 +207,12 @@ def tune(
     allow_copies: bool = False,
     timer: Callable[[], float] = time.perf_counter,
     pool: list[Candidate] | None = None,
+    deterministic: bool = False,
 ) -> tuple[Choice, dict[str, Kernel]]:
     """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
     time the eligible ones at ``rows`` and choose. Returns the choice and the eligible kernels built
-    for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible."""
+    for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible. ``deterministic``:
+    only row-invariant kernels, one for every bucket (:mod:`worker.quant.invariance`)."""
     pool = candidates(dt, device) if pool is None else pool
     built = {}
     for cand in pool:
@@ -219,12 +222,15 @@ def tune(
             built[cand.name] = kernel
     n, k = w.shape
     what = weight_label(w, dt)
+    if deterministic:
+        built = invariance.keep_invariant(built, k, dt, device)
     if not built:
         raise RuntimeError(f"no kernel can multiply by a {what} weight {n}x{k} on {device.type} here")
     kernels = list(built.values())
     times = measure(kernels, k, rows, dt, device, timer) if len(kernels) > 1 else {kernels[0].name: {}}
-    if len(kernels) == 1:
-        picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
+    if len(kernels) == 1 or deterministic:
+        name = invariance.one_kernel(list(built), times, rows)
+        picks = [Pick(r, name, times[name].get(r, float("nan"))) for r in rows]
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies
         picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)

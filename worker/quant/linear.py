@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
+from worker.quant import invariance
 from worker.quant.autotune import Choice, Pick, buckets, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
@@ -81,7 +82,9 @@ class Linears:
     ``allow_copies``: also consider float copies of quantized weights (off: quantization is for
     memory). ``timer``: the clock of the measurements (a fake one in tests). ``agree``: with tensor
     parallelism, maps this rank's picks (kernel indices per bucket) to rank 0's
-    (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica runs rank 0's table."""
+    (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica runs rank 0's table.
+    ``deterministic``: only row-invariant kernels, one per weight for every bucket
+    (:mod:`worker.quant.invariance`, whose fallbacks join the pool)."""
 
     def __init__(
         self,
@@ -93,12 +96,15 @@ class Linears:
         allow_copies: bool = False,
         timer: Callable[[], float] = time.perf_counter,
         agree: Callable[[list[int]], list[int]] | None = None,
+        deterministic: bool = False,
     ):
         self.device, self.dtype = device, dtype
         self.bits = rules.bits_of(quantization)
         self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
         self.allow_copies, self.timer, self.agree = allow_copies, timer, agree
-        self.pool = {c.name: c for c in candidates(dtype, device)}
+        self.deterministic = deterministic
+        extra = invariance.candidates(dtype, device) if deterministic else []
+        self.pool = {c.name: c for c in candidates(dtype, device) + extra}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
         self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
         self.choices: dict[tuple, Choice] = {}
@@ -175,7 +181,9 @@ class Linears:
         choice = self.choices.get(key)
         if choice is None:
             start = time.perf_counter()
-            choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
+            choice, built = tune(
+                w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool, self.deterministic
+            )
             if self.agree is not None:
                 choice = self._rank0s(choice, built, w, pool)
             self.seconds += time.perf_counter() - start
