@@ -222,14 +222,12 @@ def tune(
             built[cand.name] = kernel
     n, k = w.shape
     what = weight_label(w, dt)
-    if deterministic:
-        built = invariance.keep_invariant(built, k, dt, device)
     if not built:
         raise RuntimeError(f"no kernel can multiply by a {what} weight {n}x{k} on {device.type} here")
     kernels = list(built.values())
     times = measure(kernels, k, rows, dt, device, timer) if len(kernels) > 1 else {kernels[0].name: {}}
     if len(kernels) == 1 or deterministic:
-        name = invariance.one_kernel(list(built), times, rows)
+        name = invariance.fastest_invariant(built, times, rows, k, dt, device) if deterministic else kernels[0].name
         picks = [Pick(r, name, times[name].get(r, float("nan"))) for r in rows]
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies

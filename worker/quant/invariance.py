@@ -7,10 +7,10 @@ float32 prepacked linear is row-invariant for a 576-wide input and not for a 153
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 
-- keeps only the candidates :func:`row_invariant` passes: each row of a call of ``r`` rows, for
-  every ``r`` of :data:`CHECK_ROWS`, equals that row computed alone, bit for bit (a kernel that
-  declares ``row_invariant = False`` is dropped unchecked);
-- runs one kernel for every bucket (:func:`one_kernel`): the fastest over the buckets summed;
+- runs one kernel for every bucket (:func:`fastest_invariant`): the fastest over the buckets summed
+  that :func:`row_invariant` passes — each row of a call of ``r`` rows, for every ``r`` of
+  :data:`CHECK_ROWS`, equals that row computed alone, bit for bit (a kernel that declares
+  ``row_invariant`` is not checked);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -31,15 +31,17 @@ from worker.quant.kernels import Candidate, Kernel, Weight
 
 log = logging.getLogger(__name__)
 
-CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 257)  # decode batches and prefill chunks
-SHIFT = 9  # rows alone (0 … SHIFT), and calls starting there
+CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 256)  # decode batches and prefill chunks
+ALONE = 256  # rows also computed alone: a bfloat16 output hides most order changes, so many are compared
+SHIFT = 9  # calls starting this many rows in
 SPLIT_K = 512  # column chunk of onednn-split
 
 
 def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
     """Whether ``kernel`` (for a weight [N, ``k``]) gives every row the same output, bit for bit,
     whatever the row count of the call (each of :data:`CHECK_ROWS`) and the row's place in it (the
-    first rows alone, and calls starting :data:`SHIFT` rows in), against one call of them all. A
+    first :data:`ALONE` rows alone, and calls starting :data:`SHIFT` rows in), against one call of
+    them all. An order change that a bfloat16 output rounds away in every compared value passes. A
     kernel that declares ``row_invariant`` (by construction, or known not to be) is not checked."""
     declared = getattr(kernel, "row_invariant", None)
     if declared is not None:
@@ -48,7 +50,7 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
     with torch.inference_mode():
         full = kernel.fn(x)
-        calls = [(0, rows) for rows in CHECK_ROWS] + [(i, 1) for i in range(SHIFT + 1)]
+        calls = [(0, rows) for rows in CHECK_ROWS] + [(i, 1) for i in range(ALONE)]
         calls += [(SHIFT, rows) for rows in CHECK_ROWS[:8]]
         for first, rows in calls:
             if not torch.equal(kernel.fn(x[first : first + rows]), full[first : first + rows]):
@@ -63,16 +65,18 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     return True
 
 
-def keep_invariant(built: dict[str, Kernel], k: int, dt: torch.dtype, device: torch.device) -> dict[str, Kernel]:
-    """The kernels of ``built`` (by name) that are row-invariant here (:func:`row_invariant`)."""
-    return {name: kernel for name, kernel in built.items() if row_invariant(kernel, k, dt, device)}
-
-
-def one_kernel(names: list[str], times: dict[str, dict[int, float]], rows: list[int]) -> str:
-    """The kernel of ``names`` every bucket of ``rows`` runs: the least time over the buckets (a kernel
-    pruned at a bucket counts as infinitely slow there); ties by name."""
-    total = {n: sum(times.get(n, {}).get(r, float("inf")) for r in rows) for n in names}
-    return min(sorted(names), key=lambda n: total[n])
+def fastest_invariant(
+    built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
+) -> str:
+    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the fastest over the buckets
+    summed (a kernel pruned at a bucket counts as infinitely slow there; ties by name) that is
+    row-invariant here (:func:`row_invariant`, checked in that order until one passes). Raises
+    ``RuntimeError`` when none is."""
+    total = {n: sum(times.get(n, {}).get(r, float("inf")) for r in rows) for n in built}
+    for name in sorted(built, key=lambda n: (total[n], n)):
+        if row_invariant(built[name], k, dt, device):
+            return name
+    raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
