@@ -82,16 +82,14 @@ def load_model(
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
     which is also how a replica split by layers over several GPUs (``max_memory``) runs.
-    ``random_init`` (benchmarks) needs the compact path; so does tensor parallelism (``tp``, this
-    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded), and so does
-    ``quantization`` (``int8`` / ``int4``: the linear layers quantized at load). The compact path's
-    linears run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head:
-    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``; ``deterministic``:
-    batch-invariant kernels and attention (``workers.deterministic``). Raises ``ValueError``."""
+    ``random_init`` (benchmarks), tensor parallelism (``tp``, this rank's :class:`worker.tp.TPGroup`:
+    only its shards are loaded) and ``quantization`` (``int8`` / ``int4``: linears quantized at load)
+    need the compact path, whose linears (:class:`worker.quant.linear.Linears`, ``model.linears``)
+    run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head: ``rows[1]``),
+    batch-invariant ones and attention with ``deterministic``. Raises ``ValueError``."""
     why = llama.supports(config)
     rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
-    quantized = quantization in ("int8", "int4")
-    if quantized and (why or max_memory):
+    if quantization in ("int8", "int4") and (why or max_memory):
         raise ValueError(
             f"model.quantization: {quantization} needs a Llama-family model on one device "
             f"({why or 'not with workers.gpus_per_replica > 1'}); use model.quantization: none"

@@ -148,6 +148,7 @@ def assert_same_as_undisturbed(d: Deployment, requests: list[dict], tokens: int)
     assert re.search(rf"migrating from worker {victim['id']} to worker \d after \d+ tokens", d.log())
 
 
+@pytest.mark.timeout(900)  # 32 streams of 128 tokens, the deployment's start included, on 2 shared cores
 def test_greedy_and_seeded_streams_survive_a_kill9_with_the_undisturbed_text(mig):
     """8 greedy and 8 seeded streams of 128 tokens at once, a busy worker killed mid-stream: all 16
     continue on the other replica exactly as undisturbed (the default precision, batch-invariant)."""
@@ -234,6 +235,7 @@ def answer(d: Deployment, body: dict) -> tuple[list[int] | str, list]:
     return choice["message"]["content"], choice["logprobs"]["content"]
 
 
+@pytest.mark.timeout(600)
 def test_a_prompt_gets_the_same_tokens_and_logprobs_alone_batched_and_beside_a_document(mig):
     """The probe alone; beside 7 other chats; then while both workers prefill a 1,500-token document
     (the probe's rows share steps with its chunks): the same text and logprobs, bit for bit,
