@@ -120,7 +120,11 @@ def token_events(d: Deployment, wid: int) -> float:
 def mig(tmp_path_factory):
     d = Deployment(
         tmp_path_factory.mktemp("migration"),
-        {"router": {"policy": "least_loaded"}, "model": {"dtype": "auto", "quantization": "auto"}},
+        {
+            # 16 streams of 128 tokens: after a kill the moved half waits for rows on the other worker
+            "router": {"policy": "least_loaded", "request_timeout_s": 600},
+            "model": {"dtype": "auto", "quantization": "auto"},
+        },
     )
     d.start()
     yield d
