@@ -124,6 +124,8 @@ def mig(tmp_path_factory):
             # 16 streams of 128 tokens: after a kill the moved half waits for rows on the other worker
             "router": {"policy": "least_loaded", "request_timeout_s": 600},
             "model": {"dtype": "auto", "quantization": "auto"},
+            # the probe beside a 1,500-token prefill queues behind it on a loaded box
+            "workers": {"max_queue_wait_s": 600},
         },
     )
     d.start()
