@@ -253,7 +253,7 @@ def test_a_prompt_gets_the_same_tokens_and_logprobs_alone_batched_and_beside_a_d
         batched = [f.result() for f in [pool.submit(answer, mig, b) for b in [PROBE, *others]]]
     assert batched[0] == alone
     settled(mig)
-    doc = {"messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 4, "temperature": 0}
+    doc = {"messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 4, "temperature": 0, "logprobs": True}
     with ThreadPoolExecutor(9) as pool:
         docs = [pool.submit(answer, mig, doc) for _ in range(2)]
         wait_for(lambda: all(w["in_flight"] for w in mig.workers()), 60, what="both workers prefilling", interval=0.05)
