@@ -25,14 +25,14 @@ class ModelRunner:
     block cache ``cache``; with ``group`` (a :class:`worker.tp.TPGroup`, rank 0) every step is
     broadcast to the other ranks first."""
 
-    def __init__(self, model, cache: KVCache, device: torch.device, group=None):
+    def __init__(self, model, cache: KVCache, device: torch.device, group=None, capture=None):
         self.model = model
         self.cache = cache
         self.device = device
         self.group = group
         # An OOM in a tensor-parallel forward leaves the ranks at different collectives: not retried.
         self.oom_recoverable = group is None
-        self.capture = None  # a worker.step.capture.StepCapture: decode-only steps without Python per op
+        self.capture = capture  # a worker.step.capture.StepCapture: decode-only steps without Python per op
 
     def step_counts(self) -> dict[str, int]:
         """The captured and eager decode steps so far (:meth:`worker.step.capture.StepCapture.counts`)."""
