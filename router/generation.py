@@ -39,6 +39,11 @@ from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 
 log = logging.getLogger(__name__)
 
+CONTINUATION = {  # what a migration promises, by workers.deterministic
+    True: "greedy and seeded text continues as undisturbed",
+    False: "the continuation is valid, not necessarily the undisturbed text (workers.deterministic is off)",
+}
+
 
 class UpstreamError(ApiError):
     """The worker failed the request or was lost mid-way (502 unless the worker gave a status)."""
@@ -208,6 +213,7 @@ async def stream_tokens(
     on_migration: Callable[[str], None] | None = None,
     model: str | None = None,
     urgency: Urgency = INTERACTIVE,
+    exact: bool = False,
 ) -> AsyncIterator[Tokens]:
     """The request's events, across retries and migrations (see the module docstring), on
     ``model``'s replicas (a served name; None: any worker), each attempt carrying ``urgency``
@@ -216,7 +222,9 @@ async def stream_tokens(
 
     ``on_tokens(worker_id, event)`` sees every worker event as it arrives (metrics timing);
     ``on_migration(reason)`` is called for each move, ``reason`` a bounded label (``exited``,
-    ``heartbeat_timeout``, ``stalled``, ``shutting_down``, ...)."""
+    ``heartbeat_timeout``, ``stalled``, ``shutting_down``, ...). ``exact``: the workers are
+    batch-invariant (``workers.deterministic``), so a migrated greedy or seeded stream goes on with the
+    undisturbed text; the migration's log line says which it promises."""
     tried: set[int] = set()
     got = _Progress(max_retries, max_migrations)
     moving: tuple[int, _Lost] | None = None  # (from worker, why) while a migration finds its worker
@@ -225,7 +233,7 @@ async def stream_tokens(
         worker = await _choose(pool, tried, last_loss, prompt, model, urgency.priority)
         if moving is not None:
             log.warning(
-                "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d)",
+                "request %s: migrating from worker %d to worker %d after %d tokens (%s; %d/%d); %s",
                 request_tag,
                 moving[0],
                 worker.worker_id,
@@ -233,6 +241,7 @@ async def stream_tokens(
                 moving[1].message,
                 got.migrations,
                 max_migrations,
+                CONTINUATION[exact],
             )
             pool.events.migrated(moving[0], worker.worker_id, len(got.ids), moving[1].message)
         try:

@@ -296,10 +296,8 @@ async def respond(
         await api.grammar_checker.ready()
     texts = api.token_texts if top is not None else None
     count = len(prompts) * req.n
-    if make_choice is None:
-        choices = [Choice(k, chat, tools, texts, top) for k in range(count)]
-    else:
-        choices = [make_choice(k, texts, top) for k in range(count)]
+    make = make_choice or (lambda k, texts, top: Choice(k, chat, tools, texts, top))
+    choices = [make(k, texts, top) for k in range(count)]
     prompt_tokens = sum(len(p) for p in prompts)  # each prompt counted once, whatever n
 
     def on_tokens(worker_id: int, tok) -> None:
@@ -321,6 +319,7 @@ async def respond(
             on_migration=timer.on_migration,
             model=api.pick_model,
             urgency=urgency,
+            exact=api.cfg.workers_for(api.model_name).deterministic,
         )
 
     merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges

@@ -22,6 +22,20 @@ keys/values at their slots, then attends:
 
 Every query row attends to at least its own key, so no row of a softmax is empty: there is no padded
 query row whose output some CUDA kernels return as NaN.
+
+**Batch-invariant attention** (``invariant=True``, ``workers.deterministic``): SDPA's CPU kernels
+reduce a row in an order that depends on how many query rows share the call, on the mask and on
+the padded key count (measured: docs "Batch invariance"), so a sequence's logits would depend on
+its batch, on its prompt's chunking and on whether its keys were written by decode steps or by the
+prefill that rebuilds a migrated sequence's cache. :func:`attend_invariant` computes every row —
+decode token or prompt token alike — the same way, as the recipe of Thinking Machines' "Defeating
+Nondeterminism in LLM Inference" (2025) and vLLM's batch-invariant mode prescribe: the row's keys
+read in fixed-size splits of :data:`SPLIT` slots counted from position 0, in one order; each split's
+scores and weighted values by a matmul of one fixed shape ([G, D] x [D, SPLIT], [G, SPLIT] x
+[SPLIT, D], float32) whatever the step holds; the softmax's maximum over the whole row (exact in any
+order); the splits' sums accumulated in sequence (``cumsum``), so the zero splits that pad a row to
+its batch's longest change nothing. The result depends on the row's query, its keys and values
+only.
 """
 
 from __future__ import annotations
@@ -84,6 +98,8 @@ class AttentionBatch:
     chunks: list[Chunk] = field(default_factory=list)
     copies: dict = field(default_factory=dict)
     decode_span: int | None = None
+    decode_lens: torch.Tensor | None = None
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None  # every row's (key slots, valid): attend_invariant
 
     def on(self, device: torch.device) -> AttentionBatch:
         """This batch with its tensors on ``device`` (copied once per device per step: layer splits)."""
@@ -98,6 +114,7 @@ class AttentionBatch:
                 move(self.decode_mask),
                 [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks],
                 decode_span=self.decode_span,
+                decode_lens=move(self.decode_lens),
             )
         return self.copies[device]
 
@@ -129,6 +146,7 @@ def build_batch(
         slots.append(ctx.gather(1, (lens - 1)[:, None])[:, 0])
         batch.decode_rows = len(decode)
         batch.decode_context = ctx.to(device)
+        batch.decode_lens = lens.to(device)
         # all rows as long as the longest (batch 1 always): no mask, so SDPA converts none per layer
         batch.decode_mask = None if bool(valid.all()) else valid[:, None, None, :].to(device)
         batch.decode_span = _one_span(ctx)
@@ -166,14 +184,75 @@ def attend(
 
 
 def attend_kv(
-    q: torch.Tensor, kv_new: torch.Tensor, cache: KVCache, layer: int, batch: AttentionBatch, scale: float
+    q: torch.Tensor,
+    kv_new: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    batch: AttentionBatch,
+    scale: float,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """:func:`attend` with the new keys and values already in the cache's layout, ``kv_new`` [T, 2, KVH, D]
-    (a view of the fused q/k/v output: k's and v's columns follow each other): one write instead of two."""
+    (a view of the fused q/k/v output: k's and v's columns follow each other): one write instead of two.
+    ``invariant``: every row by :func:`attend_invariant` (batch-invariant) instead of SDPA."""
     kv = cache.layers[layer]
     batch = batch.on(kv.device)
     kv.index_copy_(0, batch.slots, kv_new)
-    return _attend_cached(q, kv, batch, scale)
+    return attend_invariant(q, kv, batch, scale) if invariant else _attend_cached(q, kv, batch, scale)
+
+
+SPLIT = 64  # keys per split of the batch-invariant attention (a fixed size, counted from position 0)
+ROW_SLOTS = 16384  # key slots gathered per pass of attend_invariant: bounds its float32 copies (~25 MiB)
+
+
+def row_contexts(batch: AttentionBatch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's key slots [T, L] and which are its own [T, L] (bool), ``L`` the step's longest
+    context rounded up to :data:`SPLIT`: decode rows first, then each chunk's tokens (the token at
+    position p reads positions 0…p of its chunk's context). Padding reads slot 0, masked."""
+    rows, lens = [], []
+    if batch.decode_rows:
+        rows.append(batch.decode_context)
+        lens.append(batch.decode_lens)
+    for c in batch.chunks:
+        n, width = c.row1 - c.row0, c.context.shape[0]
+        rows.append(c.context.expand(n, width))
+        lens.append(torch.arange(width - n + 1, width + 1, device=device))
+    longest = max(r.shape[1] for r in rows)
+    width = -(-longest // SPLIT) * SPLIT
+    slots = torch.cat([F.pad(r, (0, width - r.shape[1])) for r in rows])
+    valid = torch.arange(width, device=device)[None, :] < torch.cat(lens)[:, None]
+    return slots.masked_fill(~valid, 0), valid
+
+
+def attend_invariant(q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+    """``q`` [T, H, D] over its keys and values in ``kv`` [S, 2, KVH, D], every row by itself in
+    fixed-size splits (module docstring): [T, H · D] in ``q``'s dtype, bit for bit the same for a
+    row whatever else the step holds and however its keys were written."""
+    if batch.rows is None:
+        batch.rows = row_contexts(batch, kv.device)
+    slots, valid = batch.rows
+    T, H, D = q.shape
+    KVH = kv.shape[2]
+    G, width = H // KVH, slots.shape[1]
+    splits = width // SPLIT
+    out = torch.empty((T, KVH, G, D), dtype=q.dtype, device=q.device)
+    step = max(1, ROW_SLOTS // width)
+    for r0 in range(0, T, step):
+        r1 = min(T, r0 + step)
+        n = r1 - r0
+        ctx = kv.index_select(0, slots[r0:r1].reshape(-1)).view(n, splits, SPLIT, 2, KVH, D)
+        # every product reads fresh contiguous float32 operands, [n, KVH, splits, ·, D]: BLAS takes
+        # another path (and sums in another order) for a strided view of another layout
+        keys = _contiguous32(ctx[:, :, :, 0].permute(0, 3, 1, 2, 4))
+        values = _contiguous32(ctx[:, :, :, 1].permute(0, 3, 1, 2, 4))
+        qf = _contiguous32(q[r0:r1].reshape(n, KVH, 1, G, D).expand(n, KVH, splits, G, D))
+        s = torch.matmul(qf, keys.transpose(-1, -2)).mul_(scale)  # [n, KVH, splits, G, SPLIT]
+        s.masked_fill_(~valid[r0:r1].view(n, 1, splits, 1, SPLIT), float("-inf"))
+        p = s.sub_(s.amax(dim=(2, 4), keepdim=True)).exp_()  # the row's maximum: exact in any order
+        total = p.sum(-1).cumsum(2)[:, :, -1]  # [n, KVH, G]: the splits summed in sequence
+        o = torch.matmul(p, values).cumsum(2)[:, :, -1]  # [n, KVH, G, D]
+        out[r0:r1] = o.div_(total.unsqueeze(-1))
+    return out.view(T, H * D)
 
 
 def _attend_cached(q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
@@ -202,6 +281,11 @@ def _attend_cached(q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, sca
         o = F.scaled_dot_product_attention(qc, keys, values, attn_mask=c.mask, scale=scale, enable_gqa=True)
         out[c.row0 : c.row1] = o[0].transpose(0, 1).view(-1, KVH, G, D)
     return out.view(T, H * D)
+
+
+def _contiguous32(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous float32 copy of ``t`` (one copy whatever its dtype and strides)."""
+    return torch.empty(t.shape, dtype=torch.float32, device=t.device).copy_(t)
 
 
 def _span(kv: torch.Tensor, first: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,6 +78,7 @@ class LlamaModel:
         self.heads, self.kv_heads, self.head_dim = attention_dims(config)
         self.reduce = None  # sums a row-parallel layer's partial outputs over the ranks
         self.scratch: torch.Tensor | None = None  # SiLU·up in down_proj's dtype, reused by every layer (_mlp)
+        self.invariant = False  # batch-invariant attention (workers.deterministic): worker.attention
         if tp is not None and tp.world > 1:
             self.heads, self.kv_heads = self.heads // tp.world, self.kv_heads // tp.world
             self.reduce = tp.all_reduce
@@ -147,7 +148,8 @@ class LlamaModel:
             qk = qkv[:, : (H + KVH) * D].view(-1, H + KVH, D)  # rotate q and k at once, in place:
             torch.add(qk * cos, qk.roll(half, -1) * sin, out=qk)  # then k and v are the cache's rows
             kv = qkv[:, H * D :].view(-1, 2, KVH, D)  # [T, 2, KVH, D]
-            o = self._into_residual(layer.o, attend_kv(qk[:, :H], kv, cache, i, batch, self.scale), rows)
+            att = attend_kv(qk[:, :H], kv, cache, i, batch, self.scale, self.invariant)
+            o = self._into_residual(layer.o, att, rows)
             x += o if reduce is None else reduce(o)  # float32 += o's own dtype: the same sum as after a cast
             if layer.o_bias is not None:
                 x += layer.o_bias

@@ -14,6 +14,7 @@ exit 0 when rank 0 stops cleanly, and ignore SIGTERM once loaded (rank 0 decides
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import queue
@@ -21,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from worker.contract.env import SLOT_DEVICE_ENV
 from worker.contract.fingerprint import system_fingerprint
@@ -123,16 +125,18 @@ def run_worker_process(
     address: str,
     world: int = 1,
     dist_init: str | None = None,
+    settings_path: str | None = None,
 ) -> int:
     """Connect to the router, load the replica (rank 0 of ``world`` tensor-parallel ranks meeting
-    at ``dist_init``), serve until told to stop, stop. Returns the process exit code."""
+    at ``dist_init``), serve until told to stop, stop. Returns the process exit code.
+    ``settings_path``: the settings file ``cfg`` was read from (its folder is the run directory)."""
     started = time.monotonic()
     link = connect(cfg, worker_id, device_kind, cpus, address)
     if link is None:
         return 1
     stop = threading.Event()
     catch_signals(link, stop)
-    engine, ready, group = load(cfg, link, device_kind, cpus, model_path, world, dist_init, started)
+    engine, ready, group = load(cfg, link, device_kind, cpus, model_path, world, dist_init, started, settings_path)
     link.engine = engine
     link.transport.announce(ready)
     log.info("ready after %.1fs", time.monotonic() - started)
@@ -200,9 +204,11 @@ def load(
     world: int,
     dist_init: str | None,
     started: float,
+    settings_path: str | None = None,
 ):
-    """Check the GPUs, join the tensor-parallel ranks, load the weights and KV cache, warm up.
-    Returns ``(engine, its Ready message, the rank group or None)``."""
+    """Check the GPUs, join the tensor-parallel ranks, load the weights and KV cache, warm up; with
+    ``workers.deterministic`` the replicas started from one settings file share one kernel table
+    (:func:`kernel_table`). Returns ``(engine, its Ready message, the rank group or None)``."""
     import torch
 
     from worker import gpus as worker_gpus
@@ -216,7 +222,8 @@ def load(
 
         return load_embedder(cfg, link, device_kind, model_path, world, started)
     group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
-    engine, budget = build_engine(cfg, model_path, device_kind, share, group=group)
+    table = kernel_table(cfg, settings_path, model_path)
+    engine, budget = build_engine(cfg, model_path, device_kind, share, group=group, kernel_table=table)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
     linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
@@ -236,6 +243,21 @@ def load(
     )
     log.info("system_fingerprint %s", ready.fingerprint)
     return engine, ready, group
+
+
+def kernel_table(cfg: WorkerSettings, settings_path: str | None, model_path: str) -> Path | None:
+    """With ``workers.deterministic``, the kernel table the replicas of this revision share: in the run
+    directory (the settings file's folder), named for the revision (the settings file's name and a
+    hash of its content and the model path: every replica of one revision reads the same file) and
+    the machine (:func:`worker.quant.autotune.table_name`). None otherwise: each replica measures
+    its own."""
+    if not cfg.workers.deterministic or settings_path is None:
+        return None
+    from worker.quant import autotune
+
+    path = Path(settings_path)
+    digest = hashlib.sha256(path.read_bytes() + b"\0" + model_path.encode()).hexdigest()[:12]
+    return path.parent / autotune.table_name(f"{path.stem}-{digest}")
 
 
 def log_loaded(cfg: WorkerSettings, engine, gpus: list, started: float) -> None:
@@ -437,7 +459,15 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             code = run_worker_process(
-                cfg, args.worker_id, args.device, cpus, args.model_path, args.address, args.world_size, args.dist_init
+                cfg,
+                args.worker_id,
+                args.device,
+                cpus,
+                args.model_path,
+                args.address,
+                args.world_size,
+                args.dist_init,
+                args.config,
             )
     except PeerLost as exc:
         log.error("%s; exiting with code %d", exc, PEER_LOST_EXIT_CODE)

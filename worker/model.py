@@ -77,19 +77,19 @@ def load_model(
     tp=None,
     quantization: str = "none",
     rows: tuple[int, int] = (8, 8),
+    deterministic: bool = False,
+    shared: dict | None = None,
 ):
     """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
     where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
-    which is also how a replica split by layers over several GPUs (``max_memory``) runs.
-    ``random_init`` (benchmarks) needs the compact path; so does tensor parallelism (``tp``, this
-    rank's :class:`worker.tp.TPGroup`: only this rank's shards are loaded), and so does
-    ``quantization`` (``int8`` / ``int4``: the linear layers quantized at load). The compact path's
-    linears run the kernels measured fastest here for steps of up to ``rows[0]`` rows (the LM head:
-    ``rows[1]``), :class:`worker.quant.linear.Linears`, kept as ``model.linears``. Raises ``ValueError``."""
+    also for a replica split by layers over several GPUs (``max_memory``). ``random_init``, tensor
+    parallelism (``tp``: this rank's shards) and ``quantization`` (``int8``/``int4``) need the compact
+    path, whose linears (``model.linears``, :class:`worker.quant.linear.Linears`: steps of up to ``rows[0]``
+    rows, the LM head ``rows[1]``; batch-invariant, with attention, when ``deterministic``; reading and
+    adding to the ``shared`` kernel table) run the kernels measured fastest here. Raises ``ValueError``."""
     why = llama.supports(config)
     rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
-    quantized = quantization in ("int8", "int4")
-    if quantized and (why or max_memory):
+    if quantization in ("int8", "int4") and (why or max_memory):
         raise ValueError(
             f"model.quantization: {quantization} needs a Llama-family model on one device "
             f"({why or 'not with workers.gpus_per_replica > 1'}); use model.quantization: none"
@@ -119,7 +119,7 @@ def load_model(
             weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
         else:
             weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
-        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows)
+        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic, shared)
     if random_init:
         raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
     from worker.hf_model import HFModel
@@ -128,13 +128,22 @@ def load_model(
     return HFModel.load(model_path, dtype, device, max_memory)
 
 
-def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows):
+def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic=False, shared=None):
     """:class:`worker.llama.LlamaModel` over :class:`worker.quant.linear.Linears`; logs the kernel
     table and the bytes of the weights it holds."""
     from worker.quant.linear import Linears
 
     agree = tp.rank0_ints if tp is not None and tp.world > 1 else None  # the ranks run rank 0's kernels
-    linears = Linears(device, dtype, quantization, max_rows=rows[0], max_logit_rows=rows[1], agree=agree)
+    linears = Linears(
+        device,
+        dtype,
+        quantization,
+        max_rows=rows[0],
+        max_logit_rows=rows[1],
+        agree=agree,
+        shared=shared,
+        deterministic=deterministic,
+    )
     model = llama.LlamaModel(
         config,
         weights,
@@ -146,6 +155,7 @@ def _compact(config, weights, device, dtype, max_positions, tp, quantization, ro
         head_linear=linears.head,
         embedding=linears.embedding,
     )
+    model.invariant = deterministic
     linears.count(model.norm)
     for layer in model.layers:
         for t in (layer.attn_norm, layer.mlp_norm, layer.qkv_bias, layer.o_bias):

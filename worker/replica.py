@@ -14,8 +14,10 @@ ranks, so they follow without being told what the steps are for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,6 +30,7 @@ from worker.contract.protocol import Generate, SamplingParams
 from worker.contract.settings import WorkerSettings
 from worker.contract.units import GiB
 from worker.engine import Engine
+from worker.quant import autotune
 from worker.runner import ModelRunner
 from worker.scheduler import Plan, PrefillShares, Scheduler
 from worker.step import capture
@@ -51,12 +54,16 @@ class Shard:
         return self.device.type == "cuda"
 
 
-def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None) -> Shard:
+def load_shard(
+    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
+) -> Shard:
     """Load the model (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
     (after measuring a prefill's activation peak on GPU) and allocate it once. Every rank runs this
     in the same order: the peak measurement's forward is collective, and the block count is the
     minimum over the ranks (each sizes its own from its own GPU, or from ``kv_cache_gib`` for its
-    KV share on CPU). Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
+    KV share on CPU). ``kernel_table``: the file of the kernel table shared with the other replicas
+    (:func:`worker.quant.autotune.load_or_measure`; None: this replica measures its own).
+    Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
     world = group.world if group is not None else 1
     device = model_mod.pick_device(device_kind)
@@ -69,18 +76,22 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
         worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
     )
     prefill, idle = w.prefill_budgets(on_gpu)
-    model = model_mod.load_model(
-        model_path,
-        config,
-        device,
-        dtype,
-        cfg.model.max_model_len,
-        random_init=cfg.model.random_init,
-        max_memory=split,
-        tp=group,
-        quantization=cfg.model.quantization,
-        rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
-    )
+    shared = autotune.load_or_measure(kernel_table) if kernel_table is not None else contextlib.nullcontext()
+    with shared as table:  # another replica measuring the shared table: wait for it, then read it
+        model = model_mod.load_model(
+            model_path,
+            config,
+            device,
+            dtype,
+            cfg.model.max_model_len,
+            random_init=cfg.model.random_init,
+            max_memory=split,
+            tp=group,
+            quantization=cfg.model.quantization,
+            rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
+            deterministic=w.deterministic,
+            shared=table,
+        )
     per_token = model_mod.kv_bytes_per_token(config, dtype, world)
     layers, kv_heads, head_dim = model_mod.kv_shape(config, world)
     devices = model_mod.layer_devices(model, device)
@@ -102,13 +113,15 @@ def load_shard(cfg: WorkerSettings, model_path: str, device_kind: str, share: fl
     return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
 
 
-def build_engine(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None):
-    """Load the replica (:func:`load_shard`) and assemble the engine; with a tensor-parallel
+def build_engine(
+    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
+):
+    """Load the replica (:func:`load_shard`, reading or writing ``kernel_table``) and assemble the engine; with a tensor-parallel
     ``group`` this is rank 0, whose runner announces every step (calibration included) to the
     other ranks. Returns ``(engine, kv_budget_tokens)``.
     Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
-    shard = load_shard(cfg, model_path, device_kind, share, group)
+    shard = load_shard(cfg, model_path, device_kind, share, group, kernel_table)
     config, device, num_blocks = shard.config, shard.device, shard.num_blocks
     tokenizer = model_mod.load_tokenizer(model_path)
     idle = shard.idle_prefill_tokens

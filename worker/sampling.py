@@ -394,10 +394,11 @@ def _sample_rows(z: torch.Tensor, ks: list[int], ps: list[float], gens: list[tor
     """Sample one token per row of tempered logits ``z`` [R, V] under top-k ``ks`` (0 = off) and
     top-p ``ps`` (1 = off). Returns ids [R].
 
-    A full-vocabulary sort is slow on one CPU core (tens of ms for a batch), so on CPU a cut row looks
-    among its ``max(CUT, top_k)`` best tokens: exact whenever those hold the row's whole top-k set
-    and at least ``top_p`` of its probability (the usual case); the other rows take the full sort.
-    Which path a row takes depends on its own logits only (seeded rows stay batch-independent).
+    A full-vocabulary sort is slow on one CPU core (tens of ms for a batch), so on CPU a cut row with
+    ``top_k`` ≤ :data:`CUT` looks among its ``CUT`` best tokens: exact whenever those hold at least
+    ``top_p`` of its probability (the usual case); the other rows take the full sort. Which path a
+    row takes, and the width of its noise, depend on its own logits and parameters only (seeded rows
+    stay batch-independent).
     On GPU every cut row takes the full sort (fast there, and no host sync to decide).
     """
     R, V = z.shape
@@ -412,12 +413,13 @@ def _sample_rows(z: torch.Tensor, ks: list[int], ps: list[float], gens: list[tor
         out[w] = _race(torch.softmax(z[w], dim=-1), [gens[j] for j in whole])
     if not cut:
         return out
-    c = torch.tensor(cut, device=dev)
-    kc = torch.tensor([ks[j] for j in cut], device=dev)
-    pc = torch.tensor([ps[j] for j in cut], device=dev)
-    zc = z[c]
-    K = min(V, max([CUT] + [ks[j] for j in cut]))
-    if dev.type == "cpu" and K < V:
+    K = min(V, CUT)  # the same width for every row: a seeded row's noise does not depend on the others' top_k
+    if dev.type == "cpu" and K < V and (near := [j for j in cut if ks[j] <= K]):
+        c = torch.tensor(near, device=dev)
+        kc = torch.tensor([ks[j] for j in near], device=dev)
+        pc = torch.tensor([ps[j] for j in near], device=dev)
+        zc = z[c]
+        far = [j for j in cut if ks[j] > K]  # a top_k beyond the cut: the full sort
         vals, ids = torch.topk(zc, K, dim=-1)  # sorted, best first
         ranks = torch.arange(K, device=dev).unsqueeze(0)
         vals = vals.masked_fill((kc.unsqueeze(-1) > 0) & (ranks >= kc.unsqueeze(-1)), float("-inf"))
@@ -430,14 +432,15 @@ def _sample_rows(z: torch.Tensor, ks: list[int], ps: list[float], gens: list[tor
         if good:
             g = torch.tensor(good, device=dev)
             pg = _nucleus(probs[g], pc[g])
-            pick = _race(pg, [gens[cut[j]] for j in good])
+            pick = _race(pg, [gens[near[j]] for j in good])
             out[c[g]] = ids[g].gather(1, pick.unsqueeze(-1)).squeeze(-1)
-        rest = [j for j, o in enumerate(okl) if not o]
-        if not rest:
+        cut = [near[j] for j, o in enumerate(okl) if not o] + far
+        if not cut:
             return out
-        c, kc, pc, zc = c[rest], kc[rest], pc[rest], zc[rest]
-        cut = [cut[j] for j in rest]
-    out[c] = _race(torch.softmax(_top_k_top_p(zc, kc, pc), dim=-1), [gens[j] for j in cut])
+    c = torch.tensor(cut, device=dev)
+    kc = torch.tensor([ks[j] for j in cut], device=dev)
+    pc = torch.tensor([ps[j] for j in cut], device=dev)
+    out[c] = _race(torch.softmax(_top_k_top_p(z[c], kc, pc), dim=-1), [gens[j] for j in cut])
     return out
 
 

@@ -105,6 +105,7 @@ async def respond(
             on_migration=timer.on_migration,
             model=api.pick_model,
             urgency=urgency,
+            exact=api.cfg.workers_for(api.model_name).deterministic,
         )
     )
     if chat.stream:

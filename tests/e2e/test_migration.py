@@ -1,10 +1,12 @@
-"""Request migration end to end: real model, 2 CPU workers, ``kill -9`` mid-generation.
+"""Request migration end to end: real model, 2 CPU workers, ``kill -9`` mid-generation, and the batch
+invariance that makes it exact (``workers.deterministic``: off by default, on in ``mig``).
 
-Each test compares a disturbed run with the same requests on the same deployment left alone:
-the streams must finish with exactly the undisturbed text, token count and finish reason. The
-tests on ``mig`` share one deployment (default ``router.max_migrations``), each starting with both
-workers ready and idle; ``off`` is that deployment with migration and retries then turned off
-live (``llamadeploy apply``).
+Each migration test compares a disturbed run with the same requests on the same deployment left
+alone: the streams must finish with exactly the undisturbed text, token count and finish reason.
+The tests on ``mig`` share one deployment at the default precision (the GGUF file's Q4_1 weights as
+stored, ``model.dtype: auto``: bfloat16 activations on a CPU with avx512_bf16) with
+``workers.deterministic: true``, default ``router.max_migrations``, each starting with both workers ready and idle; ``off`` is that
+deployment with migration and retries then turned off live (``llamadeploy apply``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 from tests.helpers.deployment import MODEL, Deployment, all_ready_and_idle, assert_openai_error, wait_for
 
 MAX_TOKENS = 96
+STREAM_TOKENS = 128  # the 16 streams of the kill -9 test
 
 
 class Stream:
@@ -63,12 +66,12 @@ class Stream:
         return self
 
 
-def bodies(sampling: Callable[[int], dict]) -> list[dict]:
+def bodies(sampling: Callable[[int], dict], tokens: int = MAX_TOKENS) -> list[dict]:
     """The 8 concurrent requests of the stream tests, with ``sampling(i)`` for request ``i``."""
     return [
         {
             "messages": [{"role": "user", "content": f"Write a long story about city number {i}."}],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": tokens,
             "ignore_eos": True,
             **sampling(i),
         }
@@ -115,7 +118,16 @@ def token_events(d: Deployment, wid: int) -> float:
 
 @pytest.fixture(scope="module")
 def mig(tmp_path_factory):
-    d = Deployment(tmp_path_factory.mktemp("migration"), {"router": {"policy": "least_loaded"}})
+    d = Deployment(
+        tmp_path_factory.mktemp("migration"),
+        {
+            # 16 streams of 128 tokens: after a kill the moved half waits for rows on the other worker
+            "router": {"policy": "least_loaded", "request_timeout_s": 600},
+            "model": {"dtype": "auto", "quantization": "auto"},
+            # the probe beside a 1,500-token prefill queues behind it on a loaded box
+            "workers": {"max_queue_wait_s": 600, "deterministic": True},
+        },
+    )
     d.start()
     yield d
     assert d.stop() == 0, d.log()[-3000:]
@@ -125,7 +137,7 @@ def settled(d: Deployment) -> None:
     wait_for(lambda: all_ready_and_idle(d), 120, what="both workers ready and idle")
 
 
-def assert_same_as_undisturbed(d: Deployment, requests: list[dict]) -> None:
+def assert_same_as_undisturbed(d: Deployment, requests: list[dict], tokens: int) -> None:
     settled(d)
     reference, _ = run_streams(d, requests)
     assert all(s.finish == ["length"] and not s.errors for s in reference), [(s.finish, s.errors) for s in reference]
@@ -135,19 +147,20 @@ def assert_same_as_undisturbed(d: Deployment, requests: list[dict]) -> None:
     for got, want in zip(streams, reference, strict=True):
         assert got.errors == [] and got.done, got.errors
         assert got.finish == ["length"], got.finish
-        assert got.usage["completion_tokens"] == MAX_TOKENS == want.usage["completion_tokens"], got.usage
+        assert got.usage["completion_tokens"] == tokens == want.usage["completion_tokens"], got.usage
         assert got.usage["prompt_tokens"] == want.usage["prompt_tokens"]
-        assert got.text == want.text
+    assert [s.text for s in streams] == [s.text for s in reference]
     assert migrations(d) - moved_before >= victim["in_flight"]
     assert re.search(rf"migrating from worker {victim['id']} to worker \d after \d+ tokens", d.log())
 
 
-def test_greedy_streams_survive_a_kill9_with_the_undisturbed_text(mig):
-    assert_same_as_undisturbed(mig, bodies(lambda i: {"temperature": 0}))
-
-
-def test_seeded_streams_survive_a_kill9_with_the_undisturbed_text(mig):
-    assert_same_as_undisturbed(mig, bodies(lambda i: {"temperature": 0.8, "seed": 1000 + i}))
+@pytest.mark.timeout(900)  # 32 streams of 128 tokens, the deployment's start included, on 2 shared cores
+def test_greedy_and_seeded_streams_survive_a_kill9_with_the_undisturbed_text(mig):
+    """8 greedy and 8 seeded streams of 128 tokens at once, a busy worker killed mid-stream: all 16
+    continue on the other replica exactly as undisturbed (the default precision, batch-invariant)."""
+    greedy = bodies(lambda i: {"temperature": 0}, STREAM_TOKENS)
+    seeded = bodies(lambda i: {"temperature": 0.8, "seed": 1000 + i}, STREAM_TOKENS)
+    assert_same_as_undisturbed(mig, greedy + seeded, STREAM_TOKENS)
 
 
 def test_a_non_streaming_request_killed_halfway_returns_the_whole_answer(mig):
@@ -205,6 +218,68 @@ def test_a_stop_string_straddling_the_cut_is_caught(mig):
     assert stream.errors == [] and stream.done
     assert stream.text == head and stream.finish == ["stop"], (stream.text[-80:], stream.finish)
     assert migrations(mig) - moved_before == 1  # the cut was inside the stop string, not after it
+
+
+PROBE = {
+    "messages": [{"role": "user", "content": "What are three uses of copper?"}],
+    "max_tokens": 32,
+    "ignore_eos": True,
+    "temperature": 0,
+    "logprobs": True,
+    "top_logprobs": 3,
+}
+DOCUMENT = "Summarise this report. " + " ".join(
+    f"Section {i}: the plant in region {i % 7} shipped {100 + i} units, costs rose {i % 5} percent." for i in range(75)
+)  # about 1,500 tokens
+
+
+def answer(d: Deployment, body: dict) -> tuple[str, list]:
+    """The text and the per-token logprobs (token, logprob, top alternatives) of a chat completion."""
+    r = httpx.post(f"{d.base_url}/chat/completions", json={"model": MODEL, **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"], choice["logprobs"]["content"]
+
+
+@pytest.mark.timeout(600)
+def test_a_prompt_gets_the_same_tokens_and_logprobs_alone_batched_and_beside_a_document(mig):
+    """The probe alone; beside 7 other chats; then while both workers prefill a 1,500-token document
+    (the probe's rows share steps with its chunks): the same text and logprobs, bit for bit,
+    whichever replica serves it and from the prefix cache or not."""
+    settled(mig)
+    alone = answer(mig, PROBE)
+    others = [{**b, "max_tokens": 32, "logprobs": True} for b in bodies(lambda i: {"temperature": 0})[:7]]
+    with ThreadPoolExecutor(8) as pool:
+        batched = [f.result() for f in [pool.submit(answer, mig, b) for b in [PROBE, *others]]]
+    assert batched[0] == alone
+    settled(mig)
+    doc = {"messages": [{"role": "user", "content": DOCUMENT}], "max_tokens": 4, "temperature": 0, "logprobs": True}
+    with ThreadPoolExecutor(9) as pool:
+        docs = [pool.submit(answer, mig, doc) for _ in range(2)]
+        wait_for(lambda: all(w["in_flight"] for w in mig.workers()), 60, what="both workers prefilling", interval=0.05)
+        beside = [pool.submit(answer, mig, b) for b in [PROBE, *others]]
+        assert not any(f.done() for f in docs), "the documents finished before the probe came"
+        assert beside[0].result() == alone
+        assert [f.result() for f in beside[1:]] == batched[1:]
+        for f in docs:
+            f.result()
+
+
+def test_both_replicas_report_the_same_kernel_table(mig):
+    """Replicas of one revision run the same kernel per weight and row count (their Ready's table,
+    ``GET /workers``): a sequence's numbers do not depend on which one serves it."""
+    settled(mig)
+    tables = [
+        [
+            (c["n"], c["k"], c["weight"], c["count"], [(p["rows"], p["kernel"]) for p in c["picks"]])
+            for c in w["kernels"]
+        ]
+        for w in mig.workers()
+    ]
+    assert len(tables) == 2 and tables[0], tables
+    assert tables[0] == tables[1]
+    for *_, picks in tables[0]:
+        assert len({kernel for _, kernel in picks}) == 1, picks  # deterministic: one kernel per weight
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,20 @@ def test_enforce_eager_runs_every_step_eagerly(loaded, prompts):
     assert run.engine.stats().eager_decode_steps > 0
 
 
+def test_a_batch_invariant_model_runs_every_decode_step_eagerly(loaded, prompts):
+    """``workers.deterministic``: the fused decode attention is not the invariant attention's
+    arithmetic, so no step is captured."""
+    run = Run(loaded)
+    model = run.engine.runner.model
+    model.invariant = True
+    try:
+        run.engine.runner.capture = capture.build(model, run.cache, 8, False)
+        assert answers(run, prompts[:2], max_tokens=4) and run.engine.stats().captured_steps == 0
+        assert run.engine.stats().eager_decode_steps > 0
+    finally:
+        model.invariant = False
+
+
 def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
     """The forward the CUDA graphs capture (static shapes: whole-width tables, padded rows), run
     eagerly on CPU: the same logits as the eager step for the real rows."""

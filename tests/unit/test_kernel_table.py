@@ -149,3 +149,23 @@ def test_set_up_without_a_compiler_still_succeeds(tmp_path):
     out = subprocess.run(["/bin/bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ggml kernels not built (cmake, c++ not found)" in out.stdout and "torch's kernels" in out.stdout
+
+
+def test_a_deterministic_worker_names_one_table_per_settings_file_and_model(tmp_path):
+    """Replicas started from one settings file and model read one table in the run directory; another
+    revision (other settings) or model another; with ``workers.deterministic`` off, none."""
+    from worker.contract.settings import WorkerSettings
+    from worker.main import kernel_table
+
+    on = WorkerSettings.model_validate({"workers": {"deterministic": True}})
+    settings = tmp_path / "worker.json"
+    settings.write_text(on.model_dump_json())
+    first = kernel_table(on, str(settings), "/models/a")
+    assert first is not None and first.parent == tmp_path and first.name.startswith("kernels-worker-")
+    assert kernel_table(on, str(settings), "/models/a") == first
+    assert kernel_table(on, str(settings), "/models/b") != first
+    settings.write_text(
+        WorkerSettings.model_validate({"workers": {"deterministic": True, "max_num_seqs": 4}}).model_dump_json()
+    )
+    assert kernel_table(on, str(settings), "/models/a") != first
+    assert kernel_table(WorkerSettings(), str(settings), "/models/a") is None

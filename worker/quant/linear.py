@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType
 
 from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
-from worker.quant import ggml_kernel
+from worker.quant import ggml_kernel, invariance
 from worker.quant.autotune import Choice, Pick, buckets, invariant, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.gguf_blocks import GROUP, unpack
@@ -87,7 +87,9 @@ class Linears:
     indices per bucket) to rank 0's (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica
     runs rank 0's table. ``shared``: a table shared by the replicas of a revision
     (:func:`worker.quant.autotune.load_or_measure`): a weight found there runs its saved picks
-    unmeasured, one measured here is added to it."""
+    unmeasured, one measured here is added to it.
+    ``deterministic``: only row-invariant kernels, one per weight for every bucket
+    (:mod:`worker.quant.invariance`, whose fallbacks join the pool)."""
 
     def __init__(
         self,
@@ -100,12 +102,15 @@ class Linears:
         timer: Callable[[], float] | None = None,
         agree: Callable[[list[int]], list[int]] | None = None,
         shared: dict[str, list[Pick]] | None = None,
+        deterministic: bool = False,
     ):
         self.device, self.dtype = device, dtype
         self.bits = rules.bits_of(quantization)
         self.rows, self.logit_rows = buckets(max_rows), buckets(max_logit_rows)
         self.allow_copies, self.timer, self.agree, self.shared = allow_copies, timer, agree, shared
-        self.pool = {c.name: c for c in candidates(dtype, device)}
+        self.deterministic = deterministic
+        extra = invariance.candidates(dtype, device) if deterministic else []
+        self.pool = {c.name: c for c in candidates(dtype, device) + extra}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
         self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
         self.choices: dict[tuple, Choice] = {}
@@ -203,7 +208,9 @@ class Linears:
             self.choices[key] = choice
         elif choice is None:
             start = time.perf_counter()
-            choice, built = tune(w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool)
+            choice, built = tune(
+                w, self.dtype, self.device, rows, self.allow_copies, self.timer, pool, self.deterministic
+            )
             if self.agree is not None:
                 choice = self._rank0s(choice, built, w, pool)
             self.seconds += time.perf_counter() - start

@@ -33,11 +33,15 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 def unsupported(model, cache, group=None) -> str | None:
     """Why no captured step can serve ``model`` over ``cache`` (None: one can): only this engine's
-    own Llama forward on one rank and one device, in a float compute dtype."""
+    own Llama forward on one rank and one device, in a float compute dtype, without batch-invariant
+    attention (the fused decode attention sums a row's keys in another order than
+    :mod:`worker.attention`'s fixed splits, so its tokens would differ from a prefill's)."""
     from worker.llama import LlamaModel
 
     if not isinstance(model, LlamaModel):
         return "the model runs transformers' forward"
+    if model.invariant:
+        return "workers.deterministic is set (batch-invariant attention)"
     if group is not None or model.reduce is not None:
         return "tensor parallel"
     if len({t.device for t in cache.layers} | {model.device}) > 1:

@@ -1,0 +1,128 @@
+"""Batch invariance of the linear kernels (``workers.deterministic``): which kernels give a row the
+same output, bit for bit, whatever the number of rows beside it, and the kernel table's rule then.
+
+A kernel's output for one row can depend on how many rows the call has: BLAS and oneDNN pick another
+micro-kernel, blocking or reduction order by the row count (on this project's Zen 4, oneDNN's
+float32 prepacked linear is row-invariant for a 576-wide input and not for a 1536-wide one), and a
+table that runs another kernel at another bucket changes the numbers by itself. With
+``deterministic`` the table (:func:`worker.quant.autotune.tune`):
+
+- runs one kernel for every bucket (:func:`fastest_invariant`): the fastest over the buckets summed
+  that :func:`row_invariant` passes — each row of a call of ``r`` rows, for every ``r`` of
+  :data:`CHECK_ROWS`, equals that row computed alone, bit for bit (a kernel that declares
+  ``row_invariant`` is not checked);
+- can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
+  same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
+  for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
+  column chunks of :data:`SPLIT_K`, the products summed in float32 in chunk order; checked like any
+  other).
+
+The source of the recipe: Thinking Machines, "Defeating Nondeterminism in LLM Inference" (2025),
+batch-invariant matmul; vLLM's ``VLLM_BATCH_INVARIANT`` mode.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from worker.quant.kernels import Candidate, Kernel, Weight
+
+log = logging.getLogger(__name__)
+
+CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 256)  # decode batches and prefill chunks
+ALONE = 256  # rows also computed alone: a bfloat16 output hides most order changes, so many are compared
+SHIFT = 9  # calls starting this many rows in
+SPLIT_K = 512  # column chunk of onednn-split
+
+
+def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
+    """Whether ``kernel`` (for a weight [N, ``k``]) gives every row the same output, bit for bit,
+    whatever the row count of the call (each of :data:`CHECK_ROWS`) and the row's place in it (the
+    first :data:`ALONE` rows alone, and calls starting :data:`SHIFT` rows in), against one call of
+    them all. An order change that a bfloat16 output rounds away in every compared value passes. A
+    kernel that declares ``row_invariant`` (by construction, or known not to be) is not checked."""
+    declared = getattr(kernel, "row_invariant", None)
+    if declared is not None:
+        return bool(declared)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
+    with torch.inference_mode():
+        full = kernel.fn(x)
+        calls = [(0, rows) for rows in CHECK_ROWS] + [(i, 1) for i in range(ALONE)]
+        calls += [(SHIFT, rows) for rows in CHECK_ROWS[:8]]
+        for first, rows in calls:
+            if not torch.equal(kernel.fn(x[first : first + rows]), full[first : first + rows]):
+                log.info(
+                    "kernel %s is not row-invariant for K=%d (%d rows from row %d): not used when deterministic",
+                    kernel.name,
+                    k,
+                    rows,
+                    first,
+                )
+                return False
+    return True
+
+
+def fastest_invariant(
+    built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
+) -> str:
+    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the fastest over the buckets
+    summed (a kernel pruned at a bucket counts as infinitely slow there; ties by name) that is
+    row-invariant here (:func:`row_invariant`, checked in that order until one passes). Raises
+    ``RuntimeError`` when none is."""
+    total = {n: sum(times.get(n, {}).get(r, float("inf")) for r in rows) for n in built}
+    for name in sorted(built, key=lambda n: (total[n], n)):
+        if row_invariant(built[name], k, dt, device):
+            return name
+    raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
+
+
+def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
+    """The kernels added to the pool when deterministic: ``rowwise`` (any weight, invariant by
+    construction) and, on CPU, ``onednn-split`` (float weights wider than :data:`SPLIT_K`)."""
+    tol = 1e-4 if dt == torch.float32 else 2e-2
+    out = [Candidate("rowwise", tol, lambda w, d, dev: True, _rowwise)]
+    if device.type == "cpu":
+        out.append(Candidate("onednn-split", tol, _wide_float, _onednn_split))
+    return out
+
+
+def _float(w: Weight, dt: torch.dtype) -> torch.Tensor:
+    return w.to(dt) if isinstance(w, torch.Tensor) else w.dequantize(dt)
+
+
+def _rowwise(w: Weight, dt: torch.dtype) -> Kernel:
+    """Each row its own [1, K] x [K, N] product, one batched call (``bmm`` over the weight expanded,
+    not copied): the same shape for every row, so the same sum."""
+    weight = _float(w, dt)
+    wt = weight.t()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
+
+    kernel = Kernel("rowwise", fn, (weight,))
+    kernel.row_invariant = True
+    return kernel
+
+
+def _wide_float(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    return isinstance(w, torch.Tensor) and w.shape[1] > SPLIT_K
+
+
+def _onednn_split(w: torch.Tensor, dt: torch.dtype) -> Kernel:
+    k = w.shape[1]
+    cuts = list(range(0, k, SPLIT_K))
+    weight = w.to(dt)
+    with torch.no_grad():
+        packs = [torch.ops.mkldnn._reorder_linear_weight(weight[:, c : c + SPLIT_K].contiguous()) for c in cuts]
+    op = torch.ops.mkldnn._linear_pointwise
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        out = op(x[:, :SPLIT_K].contiguous(), packs[0], None, "none", [], "").float()
+        for c, packed in zip(cuts[1:], packs[1:], strict=True):
+            out += op(x[:, c : c + SPLIT_K].contiguous(), packed, None, "none", [], "")
+        return out.to(x.dtype)
+
+    return Kernel("onednn-split", fn, tuple(packs))
