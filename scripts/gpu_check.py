@@ -226,6 +226,7 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     holds ``seqs`` ``max_model_len`` sequences on this machine's first GPU (or a hypothetical
     141 GB one without a GPU), by ``launcher.plan.plan`` — the rule the worker applies."""
     from launcher.config import load_config
+    from launcher.plan.context import AUTO, native_context
     from launcher.plan.placement import discover
     from launcher.plan.plan import parse_gpus
     from launcher.plan.shape import read_shape
@@ -236,15 +237,16 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
     inv = discover()
     gpu = (inv.gpus or parse_gpus("141GB"))[0]
     shape = read_shape(cfg.model.name)
+    length = native_context(shape) if cfg.model.max_model_len == AUTO else cfg.model.max_model_len
     sizing = size(
         shape,
         "bfloat16",
-        cfg.model.max_model_len,
+        length,
         cfg.workers.max_num_seqs,
         max(cfg.workers.prefill_budgets(on_gpu=True)),
         weight_format(cfg.model.quantization, shape.gguf_types),
     )
-    want = int(seqs * cfg.model.max_model_len)
+    want = int(seqs * length)
     lo, hi = 0.001, 1.0
     if planned_budget([gpu], sizing, hi).tokens < want:
         raise SystemExit(f"even gpu_memory_utilization 1.0 holds fewer than {want} tokens on {gpu.name}")
