@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from worker.contract.env import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class ModelRef:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("LLAMADEPLOY_CACHE", Path.home() / ".cache" / "llamadeploy"))
+    """The cache's root (:func:`worker.contract.env.cache_root`)."""
+    return cache_root()
 
 
 def classify(name: str) -> ModelRef:

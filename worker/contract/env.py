@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 KEYS_ENV = "LLAMADEPLOY_CURVE_KEYS"  # the folder of this deployment's CURVE keys (router and worker children)
 PARENT_ENV = "LLAMADEPLOY_PARENT_PID"  # the supervisor's pid: the child dies with it (worker.contract.lifeline)
@@ -19,6 +20,7 @@ NODE_IP_ENV = "LLAMADEPLOY_NODE_IP"  # that node's address
 RAY_GPU_IDS_ENV = "LLAMADEPLOY_RAY_GPU_IDS"  # ray.get_gpu_ids(), comma-separated
 API_KEYS_ENV = "LLAMADEPLOY_API_KEYS"  # the launcher's own: comma-separated router.api_keys
 ADMIN_TOKEN_ENV = "LLAMADEPLOY_ADMIN_TOKEN"  # the launcher's own: router.admin_token
+CACHE_ENV = "LLAMADEPLOY_CACHE"  # the root of what is cached across runs: converted models, built operators
 SECRET_ENVS = frozenset(
     {API_KEYS_ENV, ADMIN_TOKEN_ENV}
 )  # never passed on to a child (the router's settings file has them)
@@ -38,3 +40,9 @@ def expected_from_env(environ: Mapping[str, str] | None = None) -> dict | None:
     (a CPU worker, or one started by hand)."""
     raw = (environ if environ is not None else os.environ).get(EXPECTED_GPUS_ENV, "")
     return json.loads(raw) if raw else None
+
+
+def cache_root() -> Path:
+    """The root of what llamadeploy caches across runs (converted models, built operators):
+    ``$LLAMADEPLOY_CACHE``, else ``~/.cache/llamadeploy``."""
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "llamadeploy"))

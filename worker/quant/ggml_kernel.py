@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from worker.contract import env
+
 log = logging.getLogger(__name__)
 
 # llama-cpp-python's source package, whose vendor/llama.cpp/ggml is built: ggml_get_type_traits_cpu is
@@ -45,7 +47,7 @@ _state: dict[str, bool] = {}
 def cache_root() -> Path:
     """Where built operators live: ``$LLAMADEPLOY_CACHE/ggml`` (default ``~/.cache/llamadeploy/ggml``,
     the model cache's root), outside the source tree."""
-    return Path(os.environ.get("LLAMADEPLOY_CACHE", Path.home() / ".cache" / "llamadeploy")) / "ggml"
+    return env.cache_root() / "ggml"
 
 
 def cpu_flags() -> str:

@@ -25,6 +25,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from worker.contract import env
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fused.cpp")
@@ -36,8 +38,7 @@ FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-f
 
 def cache_dir() -> Path:
     """Where built operators live: ``$LLAMADEPLOY_CACHE`` (else ``~/.cache/llamadeploy``) ``/step``."""
-    root = os.environ.get("LLAMADEPLOY_CACHE") or str(Path.home() / ".cache" / "llamadeploy")
-    return Path(root) / "step"
+    return env.cache_root() / "step"
 
 
 def cpu_flags() -> str:
