@@ -17,7 +17,7 @@ from launcher.console import console, fail, load_or_exit, report_console
 from launcher.rollout.command import apply_command
 from launcher.supervise.ports import port_problems
 from router.admin_protocol import HAS_NO_PROCESS, WorkerState
-from router.policies import POLICIES
+from router.policies.registry import POLICIES
 from router.settings import connect_host
 from worker.contract.logs import setup_logging
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from router import admin_protocol
 from router.admin_protocol import Exited, Started
 from router.errors import ApiError
-from router.policies import POLICIES, make_policy
+from router.policies.registry import POLICIES
 from router.state import API
 from router.workers import State
 
@@ -133,13 +133,13 @@ async def shutdown(request: web.Request) -> web.Response:
 
 
 async def set_policy(request: web.Request) -> web.Response:
-    """Switch the load-balancing policy at run time: ``{"policy": NAME}``, NAME in :data:`router.policies.POLICIES`."""
+    """Switch the load-balancing policy at run time: ``{"policy": NAME}``, NAME in :data:`router.policies.registry.POLICIES`."""
     api = request.app[API]
     body = await _body(request)
     name = body.get("policy")
     if name not in POLICIES:
         raise ApiError(400, f"policy must be one of {sorted(POLICIES)}", param="policy")
-    api.pool.policy = make_policy(name)
+    api.pool.routing.set_policy(name)
     log.info("policy set to %s", name)
     return web.json_response({"policy": name})
 

@@ -22,7 +22,6 @@ from pydantic import ValidationError
 from router import admin_protocol
 from router.admin_protocol import ApplyRequested
 from router.errors import ApiError
-from router.policies import make_policy
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 from router.served import served_model
 from router.settings import RouterSettings
@@ -136,8 +135,8 @@ def apply_live(api: Api, tokens: AdminTokens, cfg: RouterSettings, also: list[Mo
     """Switch the router to ``cfg``: what handlers read per request (limits, timeouts, retries, API
     keys) follows ``api.cfg``; the policy, the pool's watchdog times, the admin token, the log level
     and the served model (:func:`serve_models`) are set here."""
-    if api.pool.policy.name != cfg.router.policy:
-        api.pool.policy = make_policy(cfg.router.policy)
+    if api.pool.routing.name != cfg.router.policy:
+        api.pool.routing.set_policy(cfg.router.policy)
     api.pool.heartbeat_timeout_s = cfg.workers.heartbeat_timeout_s
     api.pool.stall_timeout_s = cfg.workers.stall_timeout_s
     tokens.rotate(cfg.router.admin_token)

@@ -1,4 +1,11 @@
-"""The router's table of workers: states, load, the choice of a worker, request accounting.
+"""The router's table of workers and their states, fed by the workers' messages and the
+supervisor's reports; the front (:class:`WorkerPool`) of the router's dispatch.
+
+The pool is made of small objects, each the only writer of its own state: this module's table of
+slots (:class:`~router.slot.Worker`: state, what each worker reported), the ledger of requests in
+flight (:mod:`router.ledger`: load accounting), the routing (:mod:`router.routing`: the policy in
+force, which owns its own state, :mod:`router.policies`), the event log (:mod:`router.events`) and
+the hold queue (:mod:`router.hold`).
 
 Every message from a worker arrives through the ZeroMQ link (:mod:`router.worker_link`, which
 checks sender and schema) at :meth:`WorkerPool.on_message`, which updates the table (``Hello``,
@@ -29,9 +36,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-import msgspec
 import zmq
 import zmq.asyncio
 
@@ -43,17 +48,16 @@ from router.admin_protocol import (
     StartRequested,
     SupervisorEvent,
     WorkerDown,
-    WorkerInfo,
     WorkerReady,
-    WorkerState,
     WorkerTable,
 )
 from router.errors import ApiError
 from router.events import EventLog
 from router.hold import HoldQueue
-from router.policies import LeastLoaded, RoundRobin, make_policy
-from router.prefix_affinity import PrefixAffinity
-from router.stall import is_stalled, no_step_for
+from router.ledger import Ledger
+from router.policies.base import Policy
+from router.routing import NoWorker, Overloaded, Routing
+from router.slot import RouterRequest, State, Worker, WorkerLost
 from router.worker_link import WorkerLink
 from worker.contract.keys import ServerKeys
 from worker.contract.protocol import (
@@ -79,145 +83,7 @@ IDENTIFY_EVERY_S = 1.0  # how often an unregistered worker is asked to say Hello
 MAX_ORPHANS = 4096  # request ids of unknown requests already cancelled (remembered to cancel once)
 REPORT_GRACE_S = 30.0  # a new router expects the supervisor's reports of its workers within this
 
-
-State = WorkerState  # the one worker-state enum, shared with the supervisor (router.admin_protocol)
-
-
-class WorkerLost(Exception):
-    """Put on a request's queue when its worker dies with the request in flight. ``reason`` is a
-    bounded label (``exited``, ``heartbeat_timeout``, ``stalled``, ``replaced``, ``unreachable``);
-    ``str()`` says what happened."""
-
-    def __init__(self, message: str, reason: str = "exited"):
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(eq=False)
-class RouterRequest:
-    """One attempt of a request on one worker, the router's only record of it: its wire id, the
-    worker that owns it (which holds the record in :attr:`Worker.requests` until it is finished)
-    and the queue its events (``Tokens``, ``Failed``, :class:`WorkerLost`) go to."""
-
-    request_id: str
-    worker: Worker = field(repr=False)
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-
-
-@dataclass
-class Worker:
-    """The router's view of one worker slot (its id survives restarts)."""
-
-    worker_id: int
-    state: State = State.STARTING
-    model: str = ""  # the served name of its model (the supervisor's Started, then its Hello)
-    device: str = ""
-    pid: int = 0
-    max_num_seqs: int = 1
-    max_waiting: int = 0
-    kv_budget_tokens: int = 0
-    served: int = 0
-    failed_requests: int = 0
-    restarts: int = 0
-    started_at: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.monotonic)
-    load_seconds: float = 0.0
-    load: EngineLoad | None = None  # from its last heartbeat (None: none since its process started)
-    heartbeats: int = 0  # Heartbeat frames accepted from this slot's processes
-    requests: dict[str, RouterRequest] = field(default_factory=dict)  # in flight here, by request id
-    exit_reason: str = ""  # why its last process ended
-    registered: bool = False  # this router process has had a Hello from the slot
-    node_id: str = ""  # from its Hello: the cluster node ("" when local)
-    node_ip: str = ""
-    gpu_ids: str = ""
-    gpu_uuids: list[str] = field(default_factory=list)  # from its Ready
-    weight_bytes: int = 0  # from its Ready
-    kernels: list = field(default_factory=list)  # from its Ready: KernelChoice rows
-    fingerprint: str = ""  # from its Ready: its system_fingerprint (worker.contract.fingerprint)
-    progress_at: float = field(default_factory=time.monotonic)  # last engine step seen, or last idle moment
-    progress_cpu_s: float | None = None  # its process's CPU seconds (EngineLoad.cpu_s) at progress_at
-
-    @property
-    def in_flight(self) -> int:
-        """Requests the router has sent this worker and not yet finished."""
-        return len(self.requests)
-
-    @property
-    def busy(self) -> bool:
-        """It has work: requests the router sent it, or sequences its last heartbeat reported."""
-        load = self.load
-        return bool(self.in_flight or (load is not None and (load.running or load.waiting)))
-
-    def stalled_for(self, now: float) -> float:
-        """Seconds its engine has had work but made no step, by the router's clock and the worker's
-        own (:func:`router.stall.no_step_for`; 0 when it is idle or does not report its steps)."""
-        load = self.load
-        if load is None or not self.busy or (load.steps is None and load.last_step_age_s is None):
-            return 0.0
-        return no_step_for(now - self.progress_at, load.last_step_age_s, now - self.last_seen)
-
-    def stalled(self, now: float, timeout_s: float) -> bool:
-        """Its engine loop is stuck (:func:`router.stall.is_stalled`): no step for ``timeout_s`` by
-        both clocks while its process used next to no CPU, or no step for far longer."""
-        load, mark = self.load, self.progress_cpu_s
-        cpu = load.cpu_s - mark if load is not None and load.cpu_s is not None and mark is not None else None
-        return is_stalled(self.stalled_for(now), cpu, timeout_s)
-
-    start_requested: bool = False  # an operator asked the supervisor to start it (it is failed or dead)
-    revision: int = 0  # the configuration revision its process was started with (the supervisor's report)
-
-    @property
-    def capacity(self) -> int:
-        """Requests this worker may hold at once: its batch plus its waiting queue."""
-        return self.max_num_seqs + self.max_waiting
-
-    def report(self) -> WorkerInfo:
-        """This slot as one row of the admin API's worker table (every figure of its last load report)."""
-        up = self.state in (State.READY, State.DRAINING)
-        return WorkerInfo(
-            **msgspec.structs.asdict(self.load or EngineLoad()),
-            id=self.worker_id,
-            model=self.model,
-            device=self.device,
-            pid=self.pid,
-            state=self.state,
-            in_flight=self.in_flight,
-            served=self.served,
-            failed_requests=self.failed_requests,
-            restarts=self.restarts,
-            uptime_s=round(time.time() - self.started_at, 1) if up else 0.0,
-            kv_budget_tokens=self.kv_budget_tokens,
-            max_num_seqs=self.max_num_seqs,
-            max_waiting=self.max_waiting,
-            load_seconds=round(self.load_seconds, 2),
-            exit_reason=self.exit_reason,
-            start_requested=self.start_requested,
-            heartbeats=self.heartbeats,
-            node_id=self.node_id,
-            node_ip=self.node_ip,
-            gpu_ids=self.gpu_ids,
-            gpu_uuids=list(self.gpu_uuids),
-            weight_bytes=self.weight_bytes,
-            kernels=list(self.kernels),
-            system_fingerprint=self.fingerprint,
-            revision=self.revision,
-        )
-
-    def info(self) -> dict:
-        """:meth:`report` as plain JSON-ready data."""
-        return msgspec.to_builtins(self.report())
-
-
-class Overloaded(ApiError):
-    def __init__(self) -> None:
-        super().__init__(
-            429, "every worker's queue is full; retry later", code="overloaded", headers={"Retry-After": "1"}
-        )
-
-
-class NoWorker(ApiError):
-    def __init__(self, why: str = "no worker is ready") -> None:
-        super().__init__(503, why, code="no_ready_worker", headers={"Retry-After": "5"})
+__all__ = ["NoWorker", "Overloaded", "RouterRequest", "State", "Worker", "WorkerLost", "WorkerPool"]
 
 
 class WorkerPool:
@@ -235,9 +101,8 @@ class WorkerPool:
         model_timeouts: dict[str, tuple[float, float]] | None = None,
     ):
         self.address = address
-        self.policy = make_policy(policy)
-        self._policies: dict[str, RoundRobin | LeastLoaded] = {"": self.policy}  # per model: model_policy
-        self.affinity = PrefixAffinity()  # which worker's prefix cache likely holds a prompt
+        self.routing = Routing(policy)  # which worker gets a request: the policy in force
+        self.ledger = Ledger()  # the requests in flight, each worker's load
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.model_timeouts = model_timeouts or {}  # served name -> (heartbeat, stall) s: see timeouts
@@ -298,20 +163,7 @@ class WorkerPool:
         under that model's own rotation (None: any worker, one deployment's only model)."""
         if admitting and not self.accepting:
             raise NoWorker("the server is shutting down")
-        ready = [
-            w
-            for w in self.workers.values()
-            if w.state == State.READY and w.worker_id not in exclude and (model is None or w.model == model)
-        ]
-        if not ready:
-            raise NoWorker() if model is None else NoWorker(f"no worker of model '{model}' is ready")
-        room = [w for w in ready if w.in_flight < w.capacity]
-        if not room:
-            raise Overloaded()
-        policy = self.policy if model is None else self.model_policy(model)
-        if prompt is None:
-            return policy.pick(room)
-        return policy.pick(room, lambda w: self.affinity.cached(w.worker_id, prompt))
+        return self.routing.pick(self.workers.values(), exclude, prompt, model)
 
     def expects(self, model: str | None) -> bool:
         """A replica of ``model`` (None: any worker) is ready or expected to become ready: some slot
@@ -336,26 +188,20 @@ class WorkerPool:
         self.accepting = False
         self.notify()
 
-    def model_policy(self, model: str) -> RoundRobin | LeastLoaded:
-        """``model``'s own instance of the policy (its rotation over its own replicas); a new
-        ``policy`` set through the admin API replaces them all."""
-        if self._policies.get("") is not self.policy:
-            self._policies = {"": self.policy}
-        if model not in self._policies:
-            self._policies[model] = make_policy(self.policy.name)
-        return self._policies[model]
+    @property
+    def policy(self) -> Policy:
+        """The routing policy in force (:meth:`Routing.set_policy <router.routing.Routing.set_policy>` changes it)."""
+        return self.routing.policy
 
     def register(self, worker: Worker, request_id: str) -> RouterRequest:
-        """Count ``request_id`` against ``worker`` at once; returns its record, whose ``events`` the
-        caller reads. The caller must :meth:`finish` it on every path."""
-        req = RouterRequest(request_id, worker)
-        worker.requests[request_id] = req
-        return req
+        """Count ``request_id`` against ``worker`` at once (:meth:`Ledger.register
+        <router.ledger.Ledger.register>`); the caller must :meth:`finish` it on every path."""
+        return self.ledger.register(worker, request_id)
 
     async def send_generate(self, req: RouterRequest, gen: Generate) -> None:
         """Send a registered request; an unreachable worker puts :class:`WorkerLost` on its queue."""
         wid = req.worker.worker_id
-        self.affinity.record(wid, gen.prompt_token_ids)
+        self.routing.dispatched(req, gen.prompt_token_ids)
         try:
             await self._send(wid, gen)
         except zmq.ZMQError:
@@ -376,18 +222,13 @@ class WorkerPool:
 
     def finish(self, req: RouterRequest, ok: bool) -> None:
         """Release the request: on every ending path (done, error, cancel, timeout, loss)."""
-        w = req.worker
-        if w.requests.pop(req.request_id, None) is None:
-            return
-        if ok:
-            w.served += 1
-        else:
-            w.failed_requests += 1
-        self.notify()
+        if self.ledger.finish(req, ok):
+            self.routing.finished(req)
+            self.notify()
 
     def owner_of(self, request_id: str) -> RouterRequest | None:
         """The record of ``request_id``, whichever worker holds it (None: not in flight)."""
-        return next((w.requests[request_id] for w in self.workers.values() if request_id in w.requests), None)
+        return self.ledger.owner_of(request_id)
 
     async def wait_change(self, timeout_s: float) -> None:
         """Return at the next change of any worker's state or load (a state set, a request
@@ -415,7 +256,7 @@ class WorkerPool:
             pid=self.router.pid, restarts=self.router.restarts, uptime_s=round(time.time() - self._router_started, 1)
         )
         return WorkerTable(
-            policy=self.policy.name,
+            policy=self.routing.name,
             accepting=self.accepting,
             router=router,
             workers=[w.report() for w in sorted(self.workers.values(), key=lambda w: w.worker_id)],
@@ -486,7 +327,7 @@ class WorkerPool:
                 self.mark_lost(worker_id, "replaced by a new process", kind="replaced")
             w.pid, w.load = pid, None
             self.events.process_started(worker_id, pid, restarts)
-            self.affinity.forget(worker_id)  # a new process: its prefix cache is empty
+            self.routing.worker_gone(worker_id)  # a new process: its prefix cache is empty
             self._set(w, State.STARTING)
 
     async def shutdown_worker(self, worker_id: int, reason: str) -> None:
@@ -508,6 +349,7 @@ class WorkerPool:
         elif w.state not in (State.FAILED, State.STOPPED) or w.requests:  # a clean exit after Bye stays "stopped"
             self._set(w, State.DEAD)
             self.tell_supervisor(WorkerDown(worker_id=worker_id, pid=w.pid, reason=reason))  # alive there: hung
+        self.routing.worker_gone(worker_id)  # its prefix cache went with its process
         for req in list(w.requests.values()):
             req.events.put_nowait(WorkerLost(f"worker {worker_id} was lost ({reason})", kind))
 
@@ -594,13 +436,18 @@ class WorkerPool:
         if isinstance(msg, Ready):
             self._on_ready(w, msg)
         elif isinstance(msg, Heartbeat):
-            if not w.busy or w.load is None or msg.load.steps != w.load.steps:
-                w.progress_at, w.progress_cpu_s = w.last_seen, msg.load.cpu_s
-            w.load = msg.load
-            w.heartbeats += 1
+            self._on_heartbeat(w, msg.load)
         elif isinstance(msg, Bye):
             w.exit_reason = msg.reason
             self._set(w, State.STOPPED)
+
+    @staticmethod
+    def _on_heartbeat(w: Worker, load: EngineLoad) -> None:
+        """The worker's load report: an engine step since the last one (or no work) is progress."""
+        if not w.busy or w.load is None or load.steps != w.load.steps:
+            w.progress_at, w.progress_cpu_s = w.last_seen, load.cpu_s
+        w.load = load
+        w.heartbeats += 1
 
     def _on_hello(self, wid: int, w: Worker | None, msg: Hello) -> None:
         """A worker process introduces itself (a new one, or one re-registering): ``starting``."""
@@ -622,7 +469,7 @@ class WorkerPool:
         w.kv_budget_tokens, w.load_seconds = msg.kv_budget_tokens, msg.load_seconds
         w.gpu_uuids = list(msg.gpu_uuids)
         w.weight_bytes, w.kernels, w.fingerprint = msg.weight_bytes, list(msg.kernels), msg.fingerprint
-        self.affinity.configure(w.worker_id, msg.block_size, msg.kv_budget_tokens // max(1, msg.block_size))
+        w.block_size = msg.block_size
         if w.state == State.STARTING:
             self._set(w, State.READY)
 

@@ -4,9 +4,9 @@ under each routing policy in turn.
 ``python -m launcher.bench.affinity [--url U] [--admin-url A] [--admin-token T] [--repeats N]``
 switches the deployment's policy through the admin API (``POST /admin/policy``), sends a fresh
 ~1,500-token document ``N`` times one after another (a 1-token answer, so the time is the
-prefill), and prints each attempt's latency and the mean repeat's ratio to the first, for
-``least_loaded`` (cache-aware among idle workers, :mod:`router.prefix_affinity`) and
-``round_robin`` (strict rotation). On a deployment of several replicas the rotation sends a
+prefill), and prints each attempt's latency and the mean repeat's ratio to the first, for each
+registered policy (:mod:`router.policies.registry`: ``least_loaded``, cache-aware among idle
+workers; ``round_robin``, strict rotation; ``cache_aware``). On a deployment of several replicas the rotation sends a
 repeat to a worker that has not seen the document; the policy in force before is set back at
 the end.
 """
@@ -19,7 +19,7 @@ import time
 import httpx
 
 from launcher.bench.client import first_generative
-from router.policies import POLICIES
+from router.policies.registry import POLICIES
 
 
 def document(tag: str, clauses: int = 45) -> str:
