@@ -14,7 +14,8 @@ only) processes every row of a step together, in this order (vLLM's and HF's ord
 5. the grammar's token bitmask (xgrammar, :mod:`worker.grammar`);
 6. log-probabilities, for rows that asked: ``log_softmax`` of the logits after 2-5 at temperature
    1 (what vLLM calls processed logprobs), a masked token reported as ``LOGPROB_FLOOR``;
-7. greedy rows (temperature below ``GREEDY_BELOW``) take the argmax; the others are divided by
+7. greedy rows (temperature below ``GREEDY_BELOW``) take the argmax (a step whose rows are all
+   greedy, without steps 2-6, is one ``max`` over the raw logits and nothing else); the others are divided by
    their temperature, cut to top-k then top-p (one descending sort shared by both; top-p keeps the
    smallest set of tokens whose probability reaches ``top_p``, Holtzman et al. 2019, as
    transformers' ``TopPLogitsWarper``), and sampled by an exponential race:
@@ -53,6 +54,8 @@ BAN_BELOW = -100.0  # a logit_bias at or below this removes the token (OpenAI: "
 BAD_TOKEN = -1
 MAX_TOP_LOGPROBS = 20
 _M64 = (1 << 64) - 1
+NOT_FINITE = "the model's logits are not finite (NaN or +inf)"
+NOTHING_ALLOWED = "no token is allowed (logit_bias, min_tokens or the grammar masked every token)"
 
 
 class SamplingError(ValueError):
@@ -241,9 +244,16 @@ def sample_batch(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> list[i
 def sample_batch_ex(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> SampleResult:
     """Sample one token per row of ``logits`` [B, V] (any float dtype, any device); see the module
     docstring for the order of operations. Does not change ``logits`` or advance the samplers."""
+    if logits.shape[0] != len(samplers):
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(samplers)} samplers")
+    if all(s.greedy and s.logprobs is None and s.plain for s in samplers):
+        return _greedy(logits, samplers)
+    return _general(logits, samplers)
+
+
+def _general(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> SampleResult:
+    """:func:`sample_batch_ex` for any rows: steps 1-7 of the module docstring."""
     B, V = logits.shape
-    if len(samplers) != B:
-        raise ValueError(f"{B} rows of logits for {len(samplers)} samplers")
     dev = logits.device
     x = logits.float().clone()
     total = x.sum(dim=-1)  # NaN or +inf anywhere in a row shows in its sum; -inf is a masked token, not an error
@@ -289,6 +299,25 @@ def sample_batch_ex(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> Sam
     packed = torch.cat(cols, dim=-1).tolist()
 
     return _unpack(packed, samplers, bad, k_top)
+
+
+def _greedy(logits: torch.Tensor, samplers: Sequence[RowSampler]) -> SampleResult:
+    """:func:`sample_batch_ex` where every row is greedy, plain and wants no logprobs: one ``max``
+    over the raw logits [B, V] and one transfer. The same tokens as the general path (the same
+    ``max`` over the same values); a bad row shows in its maximum (NaN or +inf: not finite; -inf:
+    nothing allowed)."""
+    top_val, best = torch.max(logits.float(), dim=-1)
+    packed = torch.stack((best.double(), top_val.double()), dim=-1).tolist()
+    token_ids: list[int] = []
+    bad: dict[int, str] = {}
+    for i, (tok, top) in enumerate(packed):
+        samplers[i]._last = None
+        if top != top or top == float("inf"):
+            bad[i] = NOT_FINITE
+        elif top == float("-inf"):
+            bad[i] = NOTHING_ALLOWED
+        token_ids.append(BAD_TOKEN if i in bad else int(tok))
+    return SampleResult(token_ids, [None] * len(packed), bad)
 
 
 def _penalize(x: torch.Tensor, samplers: Sequence[RowSampler]) -> None:
@@ -347,9 +376,9 @@ def _unpack(packed: list[list[float]], samplers: Sequence[RowSampler], bad: dict
     for i, row in enumerate(packed):
         s = samplers[i]
         if row[1] == 1.0:
-            bad[i] = "the model's logits are not finite (NaN or +inf)"
+            bad[i] = NOT_FINITE
         elif row[1] == 2.0 and i not in bad:
-            bad[i] = "no token is allowed (logit_bias, min_tokens or the grammar masked every token)"
+            bad[i] = NOTHING_ALLOWED
         if i in bad:
             token_ids.append(BAD_TOKEN)
             s._last = None

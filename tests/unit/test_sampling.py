@@ -288,3 +288,28 @@ def test_grammar_json_object_and_terminated_row_is_bad(tokenizer):
     s.accept(eos)
     res = sample_batch_ex(logits, [s])
     assert res.token_ids == [BAD_TOKEN] and 0 in res.bad_rows
+
+
+def test_greedy_fast_path_equals_the_general_path_bitwise():
+    """A step of plain greedy rows takes one ``max``; tokens and bad rows are the general path's,
+    ties (the first maximum), NaN, +inf and an all ``-inf`` row included."""
+    from worker.sampling import _general, _greedy
+
+    torch.manual_seed(0)
+    logits = torch.randn(6, V)
+    logits[1, 4] = float("nan")
+    logits[2, 7] = float("inf")
+    logits[3, :] = float("-inf")
+    logits[4, :] = 1.0  # a tie over the whole row
+    logits[5, 9] = logits[5, 11] = 50.0  # a tie between two tokens
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        greedy = [row(temperature=0.0) for _ in range(6)]
+        fast, slow = _greedy(x, greedy), _general(x, greedy)
+        assert fast.token_ids == slow.token_ids and fast.bad_rows == slow.bad_rows
+        assert fast.logprobs == slow.logprobs == [None] * 6
+        assert set(fast.bad_rows) == {1, 2, 3} and fast.token_ids[4] == 0 and fast.token_ids[5] == 9
+    # rows that need more than the argmax take the general path through sample_batch_ex
+    mixed = [row(temperature=0.0), row(temperature=0.0, logprobs=2), row(temperature=0.0, logit_bias={9: -100})]
+    res = sample_batch_ex(logits[[0, 0, 5]], mixed)
+    assert res.logprobs[1] is not None and res.token_ids[2] == 11
