@@ -313,3 +313,26 @@ def test_greedy_fast_path_equals_the_general_path_bitwise():
     mixed = [row(temperature=0.0), row(temperature=0.0, logprobs=2), row(temperature=0.0, logit_bias={9: -100})]
     res = sample_batch_ex(logits[[0, 0, 5]], mixed)
     assert res.logprobs[1] is not None and res.token_ids[2] == 11
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_row_max_is_torch_max_first_index_nan_and_ties(rows):
+    """The two-level maximum: torch.max's values and first indices, over ties, NaN and infinities."""
+    from worker.sampling import CHUNK, row_max
+
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        x = torch.randn(rows, CHUNK * 7, generator=g)
+        if trial % 2:
+            x = x.round()  # many ties, within and across chunks
+        if trial % 5 == 1:
+            x[0, 3 * CHUNK + 5] = x[-1, 2] = float("nan")
+        if trial % 7 == 2:
+            x[-1, :] = float("-inf")
+        if trial % 11 == 3:
+            x[0, 6 * CHUNK] = x[0, CHUNK + 1] = float("inf")
+        got, want = row_max(x), torch.max(x, dim=-1)
+        torch.testing.assert_close(got[0], want.values, equal_nan=True, atol=0, rtol=0)
+        assert torch.equal(got[1], want.indices), trial
+    odd = torch.randn(rows, CHUNK + 3, generator=g)  # not a multiple of the chunk: torch.max itself
+    assert torch.equal(row_max(odd)[1], odd.argmax(-1))
