@@ -18,10 +18,12 @@ nano-vllm's block accounting):
   newest admitted. Nothing fails for lack of memory mid-decode.
 * **Short prompts next.** Prompt tokens are computed in chunks under a per-step budget of
   ``max_prefill_tokens`` (``idle_prefill_tokens`` when nothing decodes). A prompt is *short* when
-  it has at most ``long_prefill_token_threshold`` tokens left to compute (a waiting one: its whole
-  length). Short prompts already prefilling continue, then waiting short ones are admitted in
-  order — including those queued behind a long prompt, which does not block them (no head-of-line
-  blocking) unless it could start now and only KV memory stops it.
+  it has at most ``long_prefill_token_threshold`` tokens to compute: a waiting one its whole
+  length, a running one what was left to compute when it was admitted (after its prefix-cache
+  hits). A long prompt stays long to its last chunk, so its tail never takes the short prompts'
+  part of the budget. Short prompts already prefilling continue, then waiting short ones are
+  admitted in order — including those queued behind a long prompt, which does not block them (no
+  head-of-line blocking) unless it could start now and only KV memory stops it.
 * **Long prompts share what is left**, and at least ``long_prefill_share`` of the step's budget
   whenever one is prefilling or could start: at most ``max_long_partial_prefills`` long prompts
   prefill at once (the others wait their turn in order), so every long prefill advances by at
@@ -123,6 +125,7 @@ class Scheduler:
         self.shares = shares or PrefillShares()
         self.waiting: list = []  # sorted by _rank
         self.running: list = []  # in admission order
+        self._long: set[str] = set()  # request ids of the running sequences admitted as long prompts
         self.peak_running = 0
         self.preemptions = 0
         self._arrivals = itertools.count()
@@ -163,6 +166,7 @@ class Scheduler:
         assert status.finished, status
         if seq in self.running:
             self.running.remove(seq)
+            self._long.discard(seq.request_id)
             self.blocks.release(seq.table)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -244,6 +248,7 @@ class Scheduler:
         in the order); it recomputes its tokens when readmitted."""
         plan = plan if plan is not None else Plan()
         self.running.remove(seq)
+        self._long.discard(seq.request_id)
         self.blocks.release(seq.table)
         seq.computed = 0
         seq.preemptions += 1
@@ -273,8 +278,11 @@ class Scheduler:
                 plan.decode.append(seq)
 
     def _is_long(self, seq) -> bool:
-        left = seq.num_tokens - seq.computed if seq in self.running else seq.num_tokens
-        return left > self.shares.long_threshold
+        """A running sequence: whether it was admitted with more than the threshold to compute (a
+        document's last chunks stay long); a waiting one: its whole length."""
+        if seq in self.running:
+            return seq.request_id in self._long
+        return seq.num_tokens > self.shares.long_threshold
 
     def _long_prefills(self) -> list:
         return [s for s in self.running if s.num_tokens - s.computed > 1 and self._is_long(s)]
@@ -341,6 +349,8 @@ class Scheduler:
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
         left = seq.num_tokens - seq.computed
+        if left > self.shares.long_threshold:
+            self._long.add(seq.request_id)
         if left == 1:
             plan.decode.append(seq)
             return budget - 1

@@ -299,3 +299,19 @@ def test_status_is_an_enum_the_scheduler_keeps():
     assert a.status.finished and not s.running and s.blocks.num_free == 100
     s.add(Seq("w", 3))
     assert s.drop_waiting("w").status is RequestStatus.FINISHED_ABORTED
+
+
+def test_a_long_prompts_last_chunks_stay_long_so_a_new_short_prompt_goes_first():
+    s = make(blocks=200, bs=4, prefill=32, idle=32, shares=shares())  # long: > 16 tokens; 8 kept for long
+    decoding(s)
+    doc = Seq("doc", 100, base=1000)
+    s.add(doc)
+    while doc.num_tokens - doc.computed > 14:  # into its last 16 tokens: what is left is below the threshold
+        run_step(s)
+    short = Seq("short", 12, base=3000)
+    s.add(short)
+    plan = run_step(s)
+    chunks = [(q.request_id, b, e) for q, b, e in plan.prefill]
+    assert chunks[0] == ("short", 0, 12)  # whole and first: the document's tail does not take its budget
+    assert chunks[1] == ("doc", chunks[1][1], 100)  # and the document finishes its prompt beside it
+    assert short.output
