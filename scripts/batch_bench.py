@@ -1,6 +1,6 @@
 """The 100-document batch target of issue 32, on a deployment this script starts and breaks.
 
-Usage: ``python scripts/batch_bench.py [deploy.yaml] [--port 8120] [--lines 100] [--output batch_bench]``
+Usage: ``PYTHONPATH=. python scripts/batch_bench.py [deploy.yaml] [--port 8120] [--lines 100] [--output batch_bench]``
 from the repository root. It starts ``llamadeploy up`` on the file (its ports moved to ``--port`` and
 ``--port + 1``, a fresh state folder), then, with ``--chat-clients`` closed-loop chat clients (the
 mixed suite's: short questions, 48 tokens streamed):
@@ -48,7 +48,8 @@ CHAT_TOKENS = 48
 
 def start(config: Path, port: int, folder: Path) -> subprocess.Popen:
     """``llamadeploy up`` on ``config`` moved to ``port``/``port + 1`` with its state in ``folder``;
-    returns once ``GET /v1/models`` answers (the process runs in its own session)."""
+    returns once every worker is ready (the admin API's ``GET /admin/workers``; the process runs in
+    its own session)."""
     cfg = yaml.safe_load(config.read_text()) or {}
     router = cfg.setdefault("router", {})
     router.update(port=port, admin_port=port + 1, state_dir=str(folder / "state"))
@@ -65,9 +66,10 @@ def start(config: Path, port: int, folder: Path) -> subprocess.Popen:
         if proc.poll() is not None:
             raise SystemExit(f"llamadeploy up exited with {proc.returncode}; see {folder / 'up.log'}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 200:
+            workers = httpx.get(f"http://127.0.0.1:{port + 1}/admin/workers", timeout=5).json()["workers"]
+            if workers and all(w["state"] == "ready" for w in workers):
                 return proc
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError, KeyError):
             pass
         time.sleep(2)
     raise SystemExit(f"the deployment was not ready within 900 s; see {folder / 'up.log'}")
