@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("config", nargs="?", default="deploy.yaml", type=Path)
     ap.add_argument("--port", type=int, default=8120, help="the endpoint's port (the admin API: the next one)")
     ap.add_argument("--lines", type=int, default=100, help="summary lines in each batch")
-    ap.add_argument("--doc-chars", type=int, default=2000, help="characters of each document (~4 per token)")
+    ap.add_argument("--doc-chars", type=int, default=1500, help="characters of each document (~4 per token)")
     ap.add_argument("--answer-tokens", type=int, default=96, help="max_tokens of each summary")
     ap.add_argument("--chat-clients", type=int, default=4)
     ap.add_argument("--no-faults", action="store_true", help="skip the third phase (kill -9 of worker and router)")

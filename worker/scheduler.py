@@ -32,10 +32,12 @@ nano-vllm's block accounting):
 * **Admission by need.** A waiting request is admitted when the blocks for its tokens (less its
   prefix-cache hits) are free with one block to spare per running sequence (so the running ones can
   grow), and fewer than ``max_num_seqs`` run. It reserves what it needs now, not the padded worst
-  case of the batch. An interactive request that does not fit preempts running flex sequences,
-  newest first, until it fits (recompute preemption: the flex one resumes later, its text
-  unchanged). A sequence that must score its prompt (prompt logprobs, :mod:`worker.prompt_logprobs`)
-  takes no prefix-cache hit: every position is computed (its blocks still serve later requests).
+  case of the batch. An interactive request that does not fit, in the cache or in the batch
+  (``max_num_seqs`` running), preempts running flex sequences, newest first, until it fits
+  (recompute preemption: the flex one resumes later, its text unchanged, recomputing only what the
+  prefix cache no longer holds). A sequence that must score its prompt (prompt logprobs,
+  :mod:`worker.prompt_logprobs`) takes no prefix-cache hit: every position is computed (its blocks
+  still serve later requests).
 * The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
   which the router's count mirrors), a request that could never fit the whole cache alone is
   refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
@@ -312,7 +314,7 @@ class Scheduler:
         that could start but does not fit the cache stops the short ones behind it too, so shorts do
         not take its memory for ever. Returns what is left of ``budget``."""
         for seq in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            if budget <= 0:
                 break
             if self._is_long(seq) != long:
                 if long or len(self._long_prefills()) >= self.shares.max_long or self._fits(seq):
@@ -320,10 +322,21 @@ class Scheduler:
                 break  # a long one that could start now waits only for memory: shorts queue behind it
             if long and len(self._long_prefills()) >= self.shares.max_long:
                 break
-            if not self._make_room(seq, plan):
+            if not self._take_seat(seq, plan) or not self._make_room(seq, plan):
                 break
             budget = self._start(seq, plan, budget)
         return budget
+
+    def _take_seat(self, seq, plan: Plan) -> bool:
+        """Whether ``seq`` has a place in the batch (fewer than ``max_num_seqs`` run), after
+        preempting running flex sequences (newest first) for an interactive one: a batch's lines
+        must not hold every seat while a colleague's question waits for one to end."""
+        while len(self.running) >= self.max_num_seqs:
+            flex = [s for s in self.running if s.flex] if not seq.flex else []
+            if not flex:
+                return False
+            self.preempt(flex[-1], plan)
+        return True
 
     def _fits(self, seq) -> bool:
         use_cache = not getattr(seq, "needs_prompt_logprobs", False)
