@@ -18,10 +18,12 @@ nano-vllm's block accounting):
   newest admitted. Nothing fails for lack of memory mid-decode.
 * **Short prompts next.** Prompt tokens are computed in chunks under a per-step budget of
   ``max_prefill_tokens`` (``idle_prefill_tokens`` when nothing decodes). A prompt is *short* when
-  it has at most ``long_prefill_token_threshold`` tokens left to compute (a waiting one: its whole
-  length). Short prompts already prefilling continue, then waiting short ones are admitted in
-  order — including those queued behind a long prompt, which does not block them (no head-of-line
-  blocking) unless it could start now and only KV memory stops it.
+  it has at most ``long_prefill_token_threshold`` tokens to compute: a waiting one its whole
+  length, a running one what was left to compute when it was admitted (after its prefix-cache
+  hits). A long prompt stays long to its last chunk, so its tail never takes the short prompts'
+  part of the budget. Short prompts already prefilling continue, then waiting short ones are
+  admitted in order — including those queued behind a long prompt, which does not block them (no
+  head-of-line blocking) unless it could start now and only KV memory stops it.
 * **Long prompts share what is left**, and at least ``long_prefill_share`` of the step's budget
   whenever one is prefilling or could start: at most ``max_long_partial_prefills`` long prompts
   prefill at once (the others wait their turn in order), so every long prefill advances by at
@@ -30,10 +32,12 @@ nano-vllm's block accounting):
 * **Admission by need.** A waiting request is admitted when the blocks for its tokens (less its
   prefix-cache hits) are free with one block to spare per running sequence (so the running ones can
   grow), and fewer than ``max_num_seqs`` run. It reserves what it needs now, not the padded worst
-  case of the batch. An interactive request that does not fit preempts running flex sequences,
-  newest first, until it fits (recompute preemption: the flex one resumes later, its text
-  unchanged). A sequence that must score its prompt (prompt logprobs, :mod:`worker.prompt_logprobs`)
-  takes no prefix-cache hit: every position is computed (its blocks still serve later requests).
+  case of the batch. An interactive request that does not fit, in the cache or in the batch
+  (``max_num_seqs`` running), preempts running flex sequences, newest first, until it fits
+  (recompute preemption: the flex one resumes later, its text unchanged, recomputing only what the
+  prefix cache no longer holds). A sequence that must score its prompt (prompt logprobs,
+  :mod:`worker.prompt_logprobs`) takes no prefix-cache hit: every position is computed (its blocks
+  still serve later requests).
 * The worker holds at most ``max_num_seqs + max_waiting`` requests (:class:`QueueFull` beyond it,
   which the router's count mirrors), a request that could never fit the whole cache alone is
   refused at once (:class:`TooLarge`), and one that waited longer than ``max_queue_wait_s`` is
@@ -123,6 +127,7 @@ class Scheduler:
         self.shares = shares or PrefillShares()
         self.waiting: list = []  # sorted by _rank
         self.running: list = []  # in admission order
+        self._long: set[str] = set()  # request ids of the running sequences admitted as long prompts
         self.peak_running = 0
         self.preemptions = 0
         self._arrivals = itertools.count()
@@ -163,6 +168,7 @@ class Scheduler:
         assert status.finished, status
         if seq in self.running:
             self.running.remove(seq)
+            self._long.discard(seq.request_id)
             self.blocks.release(seq.table)
         elif seq in self.waiting:
             self.waiting.remove(seq)
@@ -244,6 +250,7 @@ class Scheduler:
         in the order); it recomputes its tokens when readmitted."""
         plan = plan if plan is not None else Plan()
         self.running.remove(seq)
+        self._long.discard(seq.request_id)
         self.blocks.release(seq.table)
         seq.computed = 0
         seq.preemptions += 1
@@ -273,8 +280,11 @@ class Scheduler:
                 plan.decode.append(seq)
 
     def _is_long(self, seq) -> bool:
-        left = seq.num_tokens - seq.computed if seq in self.running else seq.num_tokens
-        return left > self.shares.long_threshold
+        """A running sequence: whether it was admitted with more than the threshold to compute (a
+        document's last chunks stay long); a waiting one: its whole length."""
+        if seq in self.running:
+            return seq.request_id in self._long
+        return seq.num_tokens > self.shares.long_threshold
 
     def _long_prefills(self) -> list:
         return [s for s in self.running if s.num_tokens - s.computed > 1 and self._is_long(s)]
@@ -304,7 +314,7 @@ class Scheduler:
         that could start but does not fit the cache stops the short ones behind it too, so shorts do
         not take its memory for ever. Returns what is left of ``budget``."""
         for seq in list(self.waiting):
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            if budget <= 0:
                 break
             if self._is_long(seq) != long:
                 if long or len(self._long_prefills()) >= self.shares.max_long or self._fits(seq):
@@ -312,10 +322,21 @@ class Scheduler:
                 break  # a long one that could start now waits only for memory: shorts queue behind it
             if long and len(self._long_prefills()) >= self.shares.max_long:
                 break
-            if not self._make_room(seq, plan):
+            if not self._take_seat(seq, plan) or not self._make_room(seq, plan):
                 break
             budget = self._start(seq, plan, budget)
         return budget
+
+    def _take_seat(self, seq, plan: Plan) -> bool:
+        """Whether ``seq`` has a place in the batch (fewer than ``max_num_seqs`` run), after
+        preempting running flex sequences (newest first) for an interactive one: a batch's lines
+        must not hold every seat while a colleague's question waits for one to end."""
+        while len(self.running) >= self.max_num_seqs:
+            flex = [s for s in self.running if s.flex] if not seq.flex else []
+            if not flex:
+                return False
+            self.preempt(flex[-1], plan)
+        return True
 
     def _fits(self, seq) -> bool:
         use_cache = not getattr(seq, "needs_prompt_logprobs", False)
@@ -341,6 +362,8 @@ class Scheduler:
         seq.status = RequestStatus.RUNNING
         self.running.append(seq)
         left = seq.num_tokens - seq.computed
+        if left > self.shares.long_threshold:
+            self._long.add(seq.request_id)
         if left == 1:
             plan.decode.append(seq)
             return budget - 1

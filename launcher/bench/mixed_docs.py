@@ -30,16 +30,22 @@ QUESTIONS = (
 )
 
 
-def documents(count: int, chars: int) -> list[tuple[str, str]]:
-    """``count`` (name, text) documents (module docstring), repeated in order when fewer are installed."""
+def descriptions(chars: int) -> list[tuple[str, str]]:
+    """The installed packages' (name, description) of at least ``chars`` characters, whole, in
+    package-name order. Raises RuntimeError when there is none."""
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name, text = (dist.metadata.get("Name") or "").lower(), dist.metadata.get_payload() or ""
         if name and len(text) >= chars and name not in found:
-            found[name] = text[:chars]
+            found[name] = text
     if not found:
         raise RuntimeError(f"no installed package has a description of {chars} characters or more")
-    ordered = sorted(found.items())
+    return sorted(found.items())
+
+
+def documents(count: int, chars: int) -> list[tuple[str, str]]:
+    """``count`` (name, text) documents (module docstring), repeated in order when fewer are installed."""
+    ordered = [(name, text[:chars]) for name, text in descriptions(chars)]
     return [ordered[i % len(ordered)] for i in range(count)]
 
 

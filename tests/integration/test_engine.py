@@ -314,3 +314,17 @@ def test_interactive_request_preempts_a_flex_one_which_resumes_with_the_same_tok
     assert run.tokens("chat") == want_chat and run.failed() == []
     assert run.tokens("flex") == want_flex  # resumed after recomputing: the same text, nothing sent twice
     assert run.finish("flex").usage.completion_tokens == 40
+
+
+def test_interactive_request_takes_a_flex_ones_seat_which_resumes_with_the_same_tokens(loaded, prompts):
+    params = {"max_tokens": 24, "ignore_eos": True}
+    want_flex = alone(loaded, prompts[2], **params).tokens("solo")
+    run = Run(loaded, max_num_seqs=1)  # memory to spare, one seat
+    run.submit("flex", prompts[2], flex=True, **params)
+    run.steps(5)
+    assert len(run.tokens("flex")) >= 2
+    run.submit("chat", prompts[3], max_tokens=4)
+    run.steps(1)
+    assert run.scheduler.preemptions == 1 and [s.request_id for s in run.scheduler.running] == ["chat"]
+    run.drain()
+    assert run.tokens("flex") == want_flex and run.failed() == []  # its prompt and tokens found in the prefix cache

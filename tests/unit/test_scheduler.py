@@ -299,3 +299,44 @@ def test_status_is_an_enum_the_scheduler_keeps():
     assert a.status.finished and not s.running and s.blocks.num_free == 100
     s.add(Seq("w", 3))
     assert s.drop_waiting("w").status is RequestStatus.FINISHED_ABORTED
+
+
+def test_a_long_prompts_last_chunks_stay_long_so_a_new_short_prompt_goes_first():
+    s = make(blocks=200, bs=4, prefill=32, idle=32, shares=shares())  # long: > 16 tokens; 8 kept for long
+    decoding(s)
+    doc = Seq("doc", 100, base=1000)
+    s.add(doc)
+    while doc.num_tokens - doc.computed > 14:  # into its last 16 tokens: what is left is below the threshold
+        run_step(s)
+    short = Seq("short", 12, base=3000)
+    s.add(short)
+    plan = run_step(s)
+    chunks = [(q.request_id, b, e) for q, b, e in plan.prefill]
+    assert chunks[0] == ("short", 0, 12)  # whole and first: the document's tail does not take its budget
+    assert chunks[1] == ("doc", chunks[1][1], 100)  # and the document finishes its prompt beside it
+    assert short.output
+
+
+def test_interactive_request_takes_the_seat_of_a_flex_one_when_the_batch_is_full():
+    s = make(blocks=200, bs=4, seqs=2, prefill=64, idle=64)  # memory to spare, two seats
+    lines = [Seq("line0", 6, max_output=10, flex=True), Seq("line1", 6, max_output=10, base=100, flex=True)]
+    for line in lines:
+        s.add(line)
+    for _ in range(3):
+        run_step(s)
+    made = [list(line.output) for line in lines]
+    s.add(Seq("line2", 6, max_output=10, base=200, flex=True))
+    run_step(s)
+    assert s.preemptions == 0  # a flex one waits for a flex seat
+    chat = Seq("chat", 5, max_output=3, base=500)
+    s.add(chat)
+    plan = run_step(s)
+    assert plan.preempted == [lines[1]] and chat.status is RequestStatus.RUNNING  # the newest flex gives way
+    assert [q.request_id for q in s.waiting] == ["line1", "line2"]  # it keeps its place among the flex
+    while len(chat.output) < 3:
+        run_step(s)
+    s.retire({"chat"})
+    while len(lines[1].output) < 10:
+        run_step(s)
+        s.retire({q.request_id for q in s.running if len(q.output) >= 10})
+    assert lines[1].output[: len(made[1])] == made[1] and lines[1].preemptions == 1
