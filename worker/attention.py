@@ -100,6 +100,7 @@ class AttentionBatch:
     decode_span: int | None = None
     decode_lens: torch.Tensor | None = None
     rows: tuple[torch.Tensor, torch.Tensor] | None = None  # every row's (key slots, valid): attend_invariant
+    paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (tables, seq, lens): paged_rows
 
     def on(self, device: torch.device) -> AttentionBatch:
         """This batch with its tensors on ``device`` (copied once per device per step: layer splits)."""
@@ -115,6 +116,7 @@ class AttentionBatch:
                 [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks],
                 decode_span=self.decode_span,
                 decode_lens=move(self.decode_lens),
+                paged=None if self.paged is None else tuple(move(t) for t in self.paged),
             )
         return self.copies[device]
 
@@ -159,7 +161,29 @@ def build_batch(
         batch.chunks.append(Chunk(row, row + end - start, context.to(device), mask.to(device)))
         row += end - start
     batch.slots = torch.cat(slots).to(device) if slots else torch.empty(0, dtype=torch.long, device=device)
+    batch.paged = paged_rows(block_size, device, decode, prefill)
     return batch
+
+
+def paged_rows(
+    block_size: int,
+    device: torch.device,
+    decode: list[tuple[list[int], int]],
+    prefill: list[tuple[list[int], int, int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row's keys as the paged attention operator reads them (:func:`attend_paged`): ``tables``
+    [N, W] block ids (one per decode row, then one per chunk; zero-padded), ``seq`` [T] the table of
+    each row, ``lens`` [T] how many keys each row attends to (its position + 1: the causal limit)."""
+    need = [(t, -(-n // block_size)) for t, n in decode] + [(t, -(-end // block_size)) for t, _, end in prefill]
+    width = max((blocks for _, blocks in need), default=1)
+    tables = [t[:blocks] + [0] * (width - blocks) for t, blocks in need]
+    seq, lens = list(range(len(decode))), [n for _, n in decode]
+    for i, (_, start, end) in enumerate(prefill):
+        seq += [len(decode) + i] * (end - start)
+        lens += range(start + 1, end + 1)
+    flat = torch.tensor([*seq, *lens, *(b for t in tables for b in t)], dtype=torch.long)
+    t = len(seq)
+    return flat[2 * t :].view(len(tables), width).to(device), flat[:t].to(device), flat[t : 2 * t].to(device)
 
 
 def _one_span(ctx: torch.Tensor) -> int | None:
@@ -194,11 +218,44 @@ def attend_kv(
 ) -> torch.Tensor:
     """:func:`attend` with the new keys and values already in the cache's layout, ``kv_new`` [T, 2, KVH, D]
     (a view of the fused q/k/v output: k's and v's columns follow each other): one write instead of two.
-    ``invariant``: every row by :func:`attend_invariant` (batch-invariant) instead of SDPA."""
+    ``invariant``: every row batch-invariant, by :func:`attend_paged` (the C++ operator the captured
+    decode step runs) where it is built for ``q``'s device, else :func:`attend_invariant`; without it
+    SDPA."""
     kv = cache.layers[layer]
     batch = batch.on(kv.device)
     kv.index_copy_(0, batch.slots, kv_new)
-    return attend_invariant(q, kv, batch, scale) if invariant else _attend_cached(q, kv, batch, scale)
+    if not invariant:
+        return _attend_cached(q, kv, batch, scale)
+    ops = paged_ops(kv.device)
+    if ops is None:
+        return attend_invariant(q, kv, batch, scale)
+    return attend_paged(ops, q, kv, batch, cache.block_size, scale)
+
+
+_OPS: list = []  # the fused operators' module (or None), loaded on the first CPU call
+
+
+def paged_ops(device: torch.device):
+    """The compiled operators (:mod:`worker.step.fused`) holding ``paged_attention`` for a CPU
+    ``device``; None on other devices or where they could not be built (that log line says why)."""
+    if device.type != "cpu":
+        return None
+    if not _OPS:
+        from worker.step import fused
+
+        _OPS.append(fused.load())
+    return _OPS[0]
+
+
+def attend_paged(ops, q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, block_size: int, scale: float):
+    """``q`` [T, H, D] over the keys and values of ``kv`` [S, 2, KVH, D] that ``batch.paged`` names,
+    by the C++ operator ``ops.paged_attention`` (worker/step/attention.h): [T, H · D] in ``q``'s dtype,
+    each row computed alone in one fixed order (batch-invariant, the same as a captured decode
+    step's)."""
+    if batch.paged is None:
+        raise ValueError("attend_paged: the batch has no paged rows (build it with build_batch)")
+    tables, seq, lens = batch.paged
+    return ops.paged_attention(q, kv, tables, seq, lens, block_size, scale, q.dtype)
 
 
 SPLIT = 64  # keys per split of the batch-invariant attention (a fixed size, counted from position 0)
