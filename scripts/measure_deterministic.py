@@ -109,7 +109,7 @@ def main() -> None:
         for det in (False, True):
             got[det] = measure(name, det, args)
             d, pf, how = got[det]
-            print(f"{name:10} {str(det):>13} {d * 1e3:10.2f} {how:>9} {pf * 1e3:11.1f}")
+            print(f"{name:10} {det!s:>13} {d * 1e3:10.2f} {how:>9} {pf * 1e3:11.1f}")
         (off, poff, _), (on, pon, _) = got[False], got[True]
         print(f"{name:10} {'cost':>13} {on / off:9.3f}x {'':>9} {pon / poff:10.3f}x   (on / off, CPU time)")
 
