@@ -185,6 +185,10 @@ class LlamaModel:
         output stays in it: only gate is widened for SiLU, and the product, computed in float32 as
         before, is written in down's dtype straight into a buffer the layers share: the same values in
         four tensor operations instead of five (two of them casts of the whole [T, 2·I])."""
+        ops = paged_ops(x.device) if self.invariant else None
+        if ops is not None:  # batch-invariant: the captured step's SiLU·up (its exp), as it calls it
+            (act, fn), (down_act, down) = (self._uncast(f, rows) for f in (layer.gate_up, layer.down))
+            return down(ops.silu_mul(fn(x.to(act)), self.dtype, down_act))
         act, fn = layer.gate_up.native(rows)
         down_act, down = layer.down.native(rows)
         if act is None or down_act != act or self.dtype != torch.float32:
@@ -195,6 +199,12 @@ class LlamaModel:
         if buf is None or buf.shape != up.shape or buf.dtype != act:
             buf = self.scratch = torch.empty(up.shape, dtype=act, device=up.device)  # once per step size
         return down(torch.mul(F.silu(gate.float()), up, out=buf))
+
+    def _uncast(self, linear, rows: int) -> tuple[torch.dtype, Callable]:
+        """``(input dtype, fn)`` of ``linear`` at ``rows`` rows as the captured step calls it
+        (:func:`worker.step.decode._native`): its kernel without casts in a float32 model, else itself."""
+        act, fn = linear.native(rows) if self.dtype == torch.float32 else (None, None)
+        return (self.dtype, linear) if act is None else (act, fn)
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
