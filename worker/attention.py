@@ -27,15 +27,16 @@ query row whose output some CUDA kernels return as NaN.
 reduce a row in an order that depends on how many query rows share the call, on the mask and on
 the padded key count (measured: docs "Batch invariance"), so a sequence's logits would depend on
 its batch, on its prompt's chunking and on whether its keys were written by decode steps or by the
-prefill that rebuilds a migrated sequence's cache. :func:`attend_invariant` computes every row —
-decode token or prompt token alike — the same way, as the recipe of Thinking Machines' "Defeating
-Nondeterminism in LLM Inference" (2025) and vLLM's batch-invariant mode prescribe: the row's keys
-read in fixed-size splits of :data:`SPLIT` slots counted from position 0, in one order; each split's
-scores and weighted values by a matmul of one fixed shape ([G, D] x [D, SPLIT], [G, SPLIT] x
-[SPLIT, D], float32) whatever the step holds; the softmax's maximum over the whole row (exact in any
-order); the splits' sums accumulated in sequence (``cumsum``), so the zero splits that pad a row to
-its batch's longest change nothing. The result depends on the row's query, its keys and values
-only.
+prefill that rebuilds a migrated sequence's cache. :func:`attend_paged` computes every row — decode
+token or prompt token alike — by one compiled operator (``paged_attention``,
+worker/step/attention.h, the one the captured decode step runs): each row alone, its keys read from
+its block table in position order, every sum in one fixed order (the recipe of Thinking Machines'
+"Defeating Nondeterminism in LLM Inference", 2025, and vLLM's batch-invariant mode, with one split
+per row). Where that operator is not built, :func:`attend_invariant` does the same in torch
+operations: the row's keys in fixed-size splits of :data:`SPLIT` slots counted from position 0, each
+split by a matmul of one fixed shape, the softmax's maximum over the whole row, the splits' sums
+accumulated in sequence (``cumsum``). Either way the result depends on the row's query, its keys
+and values only.
 """
 
 from __future__ import annotations

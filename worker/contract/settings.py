@@ -123,8 +123,8 @@ class WorkersConfig(Section):
         False,
         description="batch-invariant serving: a sequence's logits the same bit for bit whatever shares its step, "
         "however its prompt was chunked and on every replica of the revision (a migrated stream continues with "
-        "identical text); off by default because it measured 0.91x decode and 0.22x prefill throughput at the "
-        "default precision (row-invariant kernels, fixed-split attention, no captured decode step)",
+        "identical text); costs row-invariant matmul kernels (one kernel per weight) and the compiled invariant "
+        "attention in prefill (docs: Batch invariance)",
     )
     gpu_memory_utilization: float = Field(
         0.9,
