@@ -120,11 +120,11 @@ class WorkersConfig(Section):
         1.0, gt=0, description="KV-cache budget per CPU worker, GiB, allocated at start (per rank with tensor parallel)"
     )
     deterministic: bool = Field(
-        False,
+        True,
         description="batch-invariant serving: a sequence's logits the same bit for bit whatever shares its step, "
         "however its prompt was chunked and on every replica of the revision (a migrated stream continues with "
-        "identical text); costs row-invariant matmul kernels (one kernel per weight) and the compiled invariant "
-        "attention in prefill (docs: Batch invariance)",
+        "identical text); false: the fastest kernel per batch size and SDPA's prefill attention (faster prefill), "
+        "a migrated stream then continues validly but not identically",
     )
     gpu_memory_utilization: float = Field(
         0.9,
