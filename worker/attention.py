@@ -27,15 +27,16 @@ query row whose output some CUDA kernels return as NaN.
 reduce a row in an order that depends on how many query rows share the call, on the mask and on
 the padded key count (measured: docs "Batch invariance"), so a sequence's logits would depend on
 its batch, on its prompt's chunking and on whether its keys were written by decode steps or by the
-prefill that rebuilds a migrated sequence's cache. :func:`attend_invariant` computes every row —
-decode token or prompt token alike — the same way, as the recipe of Thinking Machines' "Defeating
-Nondeterminism in LLM Inference" (2025) and vLLM's batch-invariant mode prescribe: the row's keys
-read in fixed-size splits of :data:`SPLIT` slots counted from position 0, in one order; each split's
-scores and weighted values by a matmul of one fixed shape ([G, D] x [D, SPLIT], [G, SPLIT] x
-[SPLIT, D], float32) whatever the step holds; the softmax's maximum over the whole row (exact in any
-order); the splits' sums accumulated in sequence (``cumsum``), so the zero splits that pad a row to
-its batch's longest change nothing. The result depends on the row's query, its keys and values
-only.
+prefill that rebuilds a migrated sequence's cache. :func:`attend_paged` computes every row — decode
+token or prompt token alike — by one compiled operator (``paged_attention``,
+worker/step/attention.h, the one the captured decode step runs): each row alone, its keys read from
+its block table in position order, every sum in one fixed order (the recipe of Thinking Machines'
+"Defeating Nondeterminism in LLM Inference", 2025, and vLLM's batch-invariant mode, with one split
+per row). Where that operator is not built, :func:`attend_invariant` does the same in torch
+operations: the row's keys in fixed-size splits of :data:`SPLIT` slots counted from position 0, each
+split by a matmul of one fixed shape, the softmax's maximum over the whole row, the splits' sums
+accumulated in sequence (``cumsum``). Either way the result depends on the row's query, its keys
+and values only.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class AttentionBatch:
     decode_span: int | None = None
     decode_lens: torch.Tensor | None = None
     rows: tuple[torch.Tensor, torch.Tensor] | None = None  # every row's (key slots, valid): attend_invariant
+    paged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (tables, seq, lens): paged_rows
 
     def on(self, device: torch.device) -> AttentionBatch:
         """This batch with its tensors on ``device`` (copied once per device per step: layer splits)."""
@@ -115,6 +117,7 @@ class AttentionBatch:
                 [Chunk(c.row0, c.row1, move(c.context), move(c.mask)) for c in self.chunks],
                 decode_span=self.decode_span,
                 decode_lens=move(self.decode_lens),
+                paged=None if self.paged is None else tuple(move(t) for t in self.paged),
             )
         return self.copies[device]
 
@@ -159,7 +162,29 @@ def build_batch(
         batch.chunks.append(Chunk(row, row + end - start, context.to(device), mask.to(device)))
         row += end - start
     batch.slots = torch.cat(slots).to(device) if slots else torch.empty(0, dtype=torch.long, device=device)
+    batch.paged = paged_rows(block_size, device, decode, prefill)
     return batch
+
+
+def paged_rows(
+    block_size: int,
+    device: torch.device,
+    decode: list[tuple[list[int], int]],
+    prefill: list[tuple[list[int], int, int]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row's keys as the paged attention operator reads them (:func:`attend_paged`): ``tables``
+    [N, W] block ids (one per decode row, then one per chunk; zero-padded), ``seq`` [T] the table of
+    each row, ``lens`` [T] how many keys each row attends to (its position + 1: the causal limit)."""
+    need = [(t, -(-n // block_size)) for t, n in decode] + [(t, -(-end // block_size)) for t, _, end in prefill]
+    width = max((blocks for _, blocks in need), default=1)
+    tables = [t[:blocks] + [0] * (width - blocks) for t, blocks in need]
+    seq, lens = list(range(len(decode))), [n for _, n in decode]
+    for i, (_, start, end) in enumerate(prefill):
+        seq += [len(decode) + i] * (end - start)
+        lens += range(start + 1, end + 1)
+    flat = torch.tensor([*seq, *lens, *(b for t in tables for b in t)], dtype=torch.long)
+    t = len(seq)
+    return flat[2 * t :].view(len(tables), width).to(device), flat[:t].to(device), flat[t : 2 * t].to(device)
 
 
 def _one_span(ctx: torch.Tensor) -> int | None:
@@ -194,11 +219,44 @@ def attend_kv(
 ) -> torch.Tensor:
     """:func:`attend` with the new keys and values already in the cache's layout, ``kv_new`` [T, 2, KVH, D]
     (a view of the fused q/k/v output: k's and v's columns follow each other): one write instead of two.
-    ``invariant``: every row by :func:`attend_invariant` (batch-invariant) instead of SDPA."""
+    ``invariant``: every row batch-invariant, by :func:`attend_paged` (the C++ operator the captured
+    decode step runs) where it is built for ``q``'s device, else :func:`attend_invariant`; without it
+    SDPA."""
     kv = cache.layers[layer]
     batch = batch.on(kv.device)
     kv.index_copy_(0, batch.slots, kv_new)
-    return attend_invariant(q, kv, batch, scale) if invariant else _attend_cached(q, kv, batch, scale)
+    if not invariant:
+        return _attend_cached(q, kv, batch, scale)
+    ops = paged_ops(kv.device)
+    if ops is None:
+        return attend_invariant(q, kv, batch, scale)
+    return attend_paged(ops, q, kv, batch, cache.block_size, scale)
+
+
+_OPS: list = []  # the fused operators' module (or None), loaded on the first CPU call
+
+
+def paged_ops(device: torch.device):
+    """The compiled operators (:mod:`worker.step.fused`) holding ``paged_attention`` for a CPU
+    ``device``; None on other devices or where they could not be built (that log line says why)."""
+    if device.type != "cpu":
+        return None
+    if not _OPS:
+        from worker.step import fused
+
+        _OPS.append(fused.load())
+    return _OPS[0]
+
+
+def attend_paged(ops, q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, block_size: int, scale: float):
+    """``q`` [T, H, D] over the keys and values of ``kv`` [S, 2, KVH, D] that ``batch.paged`` names,
+    by the C++ operator ``ops.paged_attention`` (worker/step/attention.h): [T, H · D] in ``q``'s dtype,
+    each row computed alone in one fixed order (batch-invariant, the same as a captured decode
+    step's)."""
+    if batch.paged is None:
+        raise ValueError("attend_paged: the batch has no paged rows (build it with build_batch)")
+    tables, seq, lens = batch.paged
+    return ops.paged_attention(q, kv, tables, seq, lens, block_size, scale, q.dtype)
 
 
 SPLIT = 64  # keys per split of the batch-invariant attention (a fixed size, counted from position 0)

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from worker.attention import AttentionBatch, KVCache, attend_kv
+from worker.attention import AttentionBatch, KVCache, attend_kv, paged_ops
 from worker.contract.llama_family import ARCHITECTURES, supports  # noqa: F401 (the family's home; used as llama.supports)
 from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
@@ -139,7 +140,7 @@ class LlamaModel:
         cos = cast(self.cos[positions])[:, None, :]  # [T, 1, D], gathered once per step for every layer
         sin = cast(self.sin_signed[positions])[:, None, :]
         half = D // 2
-        norm = rms_norm_cpu if x.device.type == "cpu" else _rms_norm
+        norm = self._norm(x.device)
         rows = x.shape[0]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(cast(norm(x, layer.attn_norm, self.eps)))  # [T, (H + 2 KVH) D]
@@ -161,6 +162,15 @@ class LlamaModel:
             return self.head(x[logit_rows]), x[hidden_rows]
         return self.head(x[logit_rows])
 
+    def _norm(self, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]:
+        """The layers' RMSNorm: torch's operations (:func:`rms_norm_cpu` on a CPU); batch-invariant
+        (``invariant``) on a CPU where the compiled operators are built, their ``rms_norm``, the one
+        the captured decode step runs, so a row's values are the same decoded or prefilled."""
+        ops = paged_ops(device) if self.invariant else None
+        if ops is not None:
+            return lambda x, weight, eps: ops.rms_norm(x, weight, eps, torch.float32)
+        return rms_norm_cpu if device.type == "cpu" else _rms_norm
+
     def _into_residual(self, linear, x: torch.Tensor, rows: int) -> torch.Tensor:
         """``linear(x)`` for a float32 residual add: in the kernel's own dtype where it casts to one
         (no cast back: widening to float32 inside the add is exact), else in the compute dtype."""
@@ -175,6 +185,10 @@ class LlamaModel:
         output stays in it: only gate is widened for SiLU, and the product, computed in float32 as
         before, is written in down's dtype straight into a buffer the layers share: the same values in
         four tensor operations instead of five (two of them casts of the whole [T, 2·I])."""
+        ops = paged_ops(x.device) if self.invariant else None
+        if ops is not None:  # batch-invariant: the captured step's SiLU·up (its exp), as it calls it
+            (act, fn), (down_act, down) = (self._uncast(f, rows) for f in (layer.gate_up, layer.down))
+            return down(ops.silu_mul(fn(x.to(act)), self.dtype, down_act))
         act, fn = layer.gate_up.native(rows)
         down_act, down = layer.down.native(rows)
         if act is None or down_act != act or self.dtype != torch.float32:
@@ -185,6 +199,12 @@ class LlamaModel:
         if buf is None or buf.shape != up.shape or buf.dtype != act:
             buf = self.scratch = torch.empty(up.shape, dtype=act, device=up.device)  # once per step size
         return down(torch.mul(F.silu(gate.float()), up, out=buf))
+
+    def _uncast(self, linear, rows: int) -> tuple[torch.dtype, Callable]:
+        """``(input dtype, fn)`` of ``linear`` at ``rows`` rows as the captured step calls it
+        (:func:`worker.step.decode._native`): its kernel without casts in a float32 model, else itself."""
+        act, fn = linear.native(rows) if self.dtype == torch.float32 else (None, None)
+        return (self.dtype, linear) if act is None else (act, fn)
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """Request migration end to end: real model, 2 CPU workers, ``kill -9`` mid-generation, and the batch
-invariance that makes it exact (``workers.deterministic``: off by default, on in ``mig``).
+invariance that makes it exact (``workers.deterministic``, on by default).
 
 Each migration test compares a disturbed run with the same requests on the same deployment left
 alone: the streams must finish with exactly the undisturbed text, token count and finish reason.
 The tests on ``mig`` share one deployment at the default precision (the GGUF file's Q4_1 weights as
-stored, ``model.dtype: auto``: bfloat16 activations on a CPU with avx512_bf16) with
-``workers.deterministic: true``, default ``router.max_migrations``, each starting with both workers ready and idle; ``off`` is that
+stored, ``model.dtype: auto``: bfloat16 activations on a CPU with avx512_bf16) with the default
+``workers.deterministic`` (true), default ``router.max_migrations``, each starting with both workers ready and idle; ``off`` is that
 deployment with migration and retries then turned off live (``llamadeploy apply``).
 """
 
@@ -125,7 +125,7 @@ def mig(tmp_path_factory):
             "router": {"policy": "least_loaded", "request_timeout_s": 600},
             "model": {"dtype": "auto", "quantization": "auto"},
             # the probe beside a 1,500-token prefill queues behind it on a loaded box
-            "workers": {"max_queue_wait_s": 600, "deterministic": True},
+            "workers": {"max_queue_wait_s": 600},
         },
     )
     d.start()

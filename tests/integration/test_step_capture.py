@@ -68,7 +68,7 @@ def test_fused_operators_match_torch(ops, dtype):
     torch.testing.assert_close(q, rotated[:, :H], atol=0, rtol=0)
     torch.testing.assert_close(kv[slots, 0], rotated[:, H:], atol=0, rtol=0)
     torch.testing.assert_close(kv[slots, 1], qkv[:, (H + KVH) * D :].view(2, KVH, D), atol=0, rtol=0)
-    out = ops.decode_attention(q, kv, tables, lens, block, D**-0.5, dtype)
+    out = ops.paged_attention(q, kv, tables, torch.empty(0, dtype=torch.long), lens, block, D**-0.5, dtype)
     for b in range(2):
         ctx = [int(tables[b, j // block]) * block + j % block for j in range(int(lens[b]))]
         k, v = kv[ctx, 0].transpose(0, 1), kv[ctx, 1].transpose(0, 1)  # [KVH, L, D]
@@ -104,16 +104,32 @@ def test_enforce_eager_runs_every_step_eagerly(loaded, prompts):
     assert run.engine.stats().eager_decode_steps > 0
 
 
-def test_a_batch_invariant_model_runs_every_decode_step_eagerly(loaded, prompts):
-    """``workers.deterministic``: the fused decode attention is not the invariant attention's
-    arithmetic, so no step is captured."""
-    run = Run(loaded)
-    model = run.engine.runner.model
+def logprobs(run: Run, n: int) -> list:
+    """Each request's sampled tokens' logprobs with their top alternatives, in order."""
+    return [
+        [
+            (lp.token_id, lp.logprob, lp.top)
+            for e in run.events
+            if isinstance(e, Tokens) and e.request_id == f"r{i}"
+            for lp in e.logprobs or []
+        ]
+        for i in range(n)
+    ]
+
+
+def test_a_batch_invariant_model_is_captured_with_the_eager_steps_values(loaded, prompts, ops):
+    """``workers.deterministic``: the captured step serves it, and each decode step's logits are bit
+    for bit the eager step's (the same RMSNorm and attention operators; RoPE and SiLU·up round as
+    the eager operations do), so whether a step was captured changes no logprob."""
+    model = loaded[0]
     model.invariant = True
     try:
-        run.engine.runner.capture = capture.build(model, run.cache, 8, False)
-        assert answers(run, prompts[:2], max_tokens=4) and run.engine.stats().captured_steps == 0
-        assert run.engine.stats().eager_decode_steps > 0
+        eager = Run(loaded)
+        want = answers(eager, prompts[:3], max_tokens=8, logprobs=2)
+        run = captured(loaded)
+        assert answers(run, prompts[:3], max_tokens=8, logprobs=2) == want
+        assert run.engine.stats().captured_steps > 0 and run.engine.stats().eager_decode_steps == 0
+        assert logprobs(run, 3) == logprobs(eager, 3) and all(logprobs(run, 3))
     finally:
         model.invariant = False
 

@@ -1,7 +1,9 @@
 """Batch invariance of each operator a step runs (``workers.deterministic``), compared bit for bit:
 the attention (a decode row alone, beside others, as a prompt token of a prefill, of a chunked
 prefill), the RMSNorm, and each linear kernel the deterministic table keeps (1 … max_num_seqs rows
-and prefill-sized calls)."""
+and prefill-sized calls). The attention is checked twice: the compiled operator
+(``paged_attention``, worker/step/attention.h) and the torch form a set-up without a compiler runs
+(:func:`worker.attention.attend_invariant`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from worker import attention
 from worker.attention import SPLIT, KVCache, attend_kv, build_batch
 from worker.llama import rms_norm_cpu
 from worker.quant import invariance
@@ -19,6 +22,16 @@ from worker.quant.kernels import Kernel
 CPU = torch.device("cpu")
 BS, KVH, G, D = 16, 3, 3, 64
 H = KVH * G
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def implementation(request, monkeypatch):
+    """Each attention test runs against the compiled operator and against the torch fallback."""
+    if request.param == "torch":
+        monkeypatch.setattr(attention, "paged_ops", lambda device: None)
+    else:
+        assert attention.paged_ops(CPU) is not None, "the compiled operators did not build (see the log)"
+    return request.param
 
 
 def _write_and_attend(cache, q, k, v, decode, prefill):
@@ -33,7 +46,7 @@ def _stream(length: int, dt: torch.dtype, seed: int):
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
-def test_a_tokens_attention_is_the_same_decoded_alone_batched_prefilled_or_chunked(dt):
+def test_a_tokens_attention_is_the_same_decoded_alone_batched_prefilled_or_chunked(dt, implementation):
     n = 3 * SPLIT + 5  # more than one split, the last one partial
     q, k, v = _stream(n, dt, 0)
     table = list(range(-(-n // BS)))
@@ -45,12 +58,13 @@ def test_a_tokens_attention_is_the_same_decoded_alone_batched_prefilled_or_chunk
     cache = KVCache(1, 64, BS, KVH, D, dt, CPU)
     whole = _write_and_attend(cache, q, k, v, [], [(table, 0, n)])
     assert torch.equal(whole, want)  # the prefill that rebuilds a migrated sequence's cache
-    cache = KVCache(1, 64, BS, KVH, D, dt, CPU)
-    chunks = []
-    for start in range(0, n, 37):
-        end = min(n, start + 37)
-        chunks.append(_write_and_attend(cache, q[start:end], k[start:end], v[start:end], [], [(table, start, end)]))
-    assert torch.equal(torch.cat(chunks), want)
+    for size in (1, 7, 37, SPLIT, SPLIT + 1, 150):
+        cache = KVCache(1, 64, BS, KVH, D, dt, CPU)
+        chunks = []
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            chunks.append(_write_and_attend(cache, q[start:end], k[start:end], v[start:end], [], [(table, start, end)]))
+        assert torch.equal(torch.cat(chunks), want), f"chunks of {size}"
     # the last token decoded beside 7 other sequences of other lengths and a prefill chunk
     others = [_stream(length, dt, 10 + i) for i, length in enumerate((5, 300, 17, 64, 129, 2, 250, 40))]
     cache = KVCache(1, 128, BS, KVH, D, dt, CPU)
@@ -71,17 +85,41 @@ def test_a_tokens_attention_is_the_same_decoded_alone_batched_prefilled_or_chunk
     assert torch.equal(mixed[:1], want[n - 1 :])
 
 
-def test_attention_close_to_sdpa():
-    """The invariant attention computes attention: SDPA's result within float32 rounding."""
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_decode_rows_are_the_same_alone_and_in_batches_of_one_to_eight(dt, implementation):
+    lengths = (1, 63, 64, 65, 200, 9, 130, 17)  # mixed contexts: split edges, one key, the longest first
+    cache = KVCache(1, 128, BS, KVH, D, dt, CPU)
+    seqs, tables, first = [], [], 0
+    for i, length in enumerate(lengths):
+        seqs.append(_stream(length, dt, 20 + i))
+        tables.append(list(range(first, first + -(-length // BS))))
+        first += len(tables[-1])
+        q, k, v = seqs[-1]
+        if length > 1:
+            _write_and_attend(cache, q[:-1], k[:-1], v[:-1], [], [(tables[-1], 0, length - 1)])
+    last = [tuple(t[-1:] for t in s) for s in seqs]  # each sequence's decode token: q, k, v [1, ...]
+    alone = [_write_and_attend(cache, *last[i], [(tables[i], n)], []) for i, n in enumerate(lengths)]
+    for rows in range(1, 9):
+        for start in (0, 8 - rows):
+            pick = range(start, start + rows)
+            q, k, v = (torch.cat([last[i][j] for i in pick]) for j in range(3))
+            got = _write_and_attend(cache, q, k, v, [(tables[i], lengths[i]) for i in pick], [])
+            assert torch.equal(got, torch.cat([alone[i] for i in pick])), f"rows {list(pick)}"
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_attention_close_to_sdpa(dt, implementation):
+    """The invariant attention computes attention: SDPA's result (in float32 from the same inputs)
+    within float32 rounding, or bfloat16's rounding of the output."""
     n = 200
-    q, k, v = _stream(n, torch.float32, 3)
-    cache = KVCache(1, 64, BS, KVH, D, torch.float32, CPU)
+    q, k, v = _stream(n, dt, 3)
+    cache = KVCache(1, 64, BS, KVH, D, dt, CPU)
     table = list(range(-(-n // BS)))
     got = _write_and_attend(cache, q, k, v, [], [(table, 0, n)]).view(n, KVH, G, D)
-    ref = F.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], is_causal=True, enable_gqa=True
-    )[0].transpose(0, 1)
-    assert torch.allclose(got.reshape(n, H, D), ref, atol=1e-5, rtol=1e-4)
+    q, k, v = (t.float().transpose(0, 1)[None] for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+    tol = {"atol": 1e-5, "rtol": 1e-4} if dt == torch.float32 else {"atol": 8e-3, "rtol": 8e-3}
+    torch.testing.assert_close(got.reshape(n, H, D).float(), ref, **tol)
 
 
 def test_rms_norm_rows_do_not_see_each_other():

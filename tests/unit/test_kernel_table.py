@@ -168,4 +168,5 @@ def test_a_deterministic_worker_names_one_table_per_settings_file_and_model(tmp_
         WorkerSettings.model_validate({"workers": {"deterministic": True, "max_num_seqs": 4}}).model_dump_json()
     )
     assert kernel_table(on, str(settings), "/models/a") != first
-    assert kernel_table(WorkerSettings(), str(settings), "/models/a") is None
+    off = WorkerSettings.model_validate({"workers": {"deterministic": False}})
+    assert kernel_table(off, str(settings), "/models/a") is None

@@ -33,15 +33,13 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 def unsupported(model, cache, group=None) -> str | None:
     """Why no captured step can serve ``model`` over ``cache`` (None: one can): only this engine's
-    own Llama forward on one rank and one device, in a float compute dtype, without batch-invariant
-    attention (the fused decode attention sums a row's keys in another order than
-    :mod:`worker.attention`'s fixed splits, so its tokens would differ from a prefill's)."""
+    own Llama forward on one rank and one device, in a float compute dtype. Batch-invariant models
+    (``workers.deterministic``) are served: the step's attention is the operator their eager steps
+    run (:func:`worker.attention.attend_paged`), and so is its RMSNorm."""
     from worker.llama import LlamaModel
 
     if not isinstance(model, LlamaModel):
         return "the model runs transformers' forward"
-    if model.invariant:
-        return "workers.deterministic is set (batch-invariant attention)"
     if group is not None or model.reduce is not None:
         return "tensor parallel"
     if len({t.device for t in cache.layers} | {model.device}) > 1:
@@ -101,15 +99,16 @@ class FusedDecode:
         lengths (position + 1). Returns float32 logits [B, V]."""
         m, ops = self.model, self.ops
         H, KVH, eps, dt, bs, scale = m.heads, m.kv_heads, m.eps, m.dtype, self.block_size, m.scale
-        rope, attend, norm, silu_mul = ops.rope_cache, ops.decode_attention, ops.rms_norm, ops.silu_mul
+        rope, attend, norm, silu_mul = ops.rope_cache, ops.paged_attention, ops.rms_norm, ops.silu_mul
         cos, sin = m.cos, m.sin_signed
+        own = ids.new_empty(0)  # paged attention's seq: row b reads table b
         x = m.embed(ids)  # [B, hidden] float32, a fresh tensor: the residual adds go in place
         for n1, qa, qkv, qkv_bias, oa, o, o_bias, n2, ga, gate_up, da, down, kv in self.layers(ids.shape[0]):
             t = qkv(norm(x, n1, eps, qa))
             if qkv_bias is not None:
                 t = t + qkv_bias
             q = rope(t, cos, sin, positions, kv, slots, H, KVH, dt)
-            x.add_(o(attend(q, kv, tables, lens, bs, scale, oa)))
+            x.add_(o(attend(q, kv, tables, own, lens, bs, scale, oa)))
             if o_bias is not None:
                 x.add_(o_bias)
             x.add_(down(silu_mul(gate_up(norm(x, n2, eps, ga)), dt, da)))

@@ -98,71 +98,6 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   return q;
 }
 
-// One query row and head over its context: softmax(q . k_j * scale) . v_j, in float (each dot product
-// summed in SIMD lanes: a fixed order that depends on D only, never on other rows).
-template <typename C>
-void attend_head(const C* q, const C* kv, const int64_t* table, int64_t len, int64_t block, int64_t KVH,
-                 int64_t kvh, int64_t D, float scale, float* scores, float* acc) {
-  const int64_t row = 2 * KVH * D;
-  for (int64_t d = 0; d < D; ++d) acc[d] = ld(q, d);  // q widened once (acc is free until the sums)
-  float top = -INFINITY;
-  for (int64_t j = 0; j < len; ++j) {
-    const C* k = kv + (table[j / block] * block + j % block) * row + kvh * D;
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t d = 0; d < D; ++d) dot += acc[d] * ld(k, d);
-    scores[j] = dot * scale;
-    top = std::max(top, scores[j]);
-  }
-  float total = 0.f;
-  for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
-  for (int64_t j = 0; j < len; ++j) {
-    const float p = std::exp(scores[j] - top);
-    total += p;
-    const C* v = kv + (table[j / block] * block + j % block) * row + (KVH + kvh) * D;
-    for (int64_t d = 0; d < D; ++d) acc[d] += p * ld(v, d);
-  }
-  for (int64_t d = 0; d < D; ++d) acc[d] /= total;
-}
-
-// q [B, H, D] (kv's dtype) over kv [S, 2, KVH, D]: row b attends to the first lens[b] tokens of its
-// block table tables[b] ([B, W] block ids of `block` tokens). Returns [B, H * D] in out_dtype.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables,
-                            const at::Tensor& lens, int64_t block, double scale, at::ScalarType out_dtype) {
-  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous() && q.scalar_type() == kv.scalar_type());
-  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), KVH = kv.size(2), G = H / KVH;
-  auto tb = tables.contiguous();
-  auto ln = lens.contiguous();
-  const int64_t W = tb.size(1);
-  const int64_t* pt = tb.data_ptr<int64_t>();
-  const int64_t* pl = ln.data_ptr<int64_t>();
-  int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(pl[b] >= 1 && pl[b] <= W * block, "decode_attention: context length out of its table");
-    longest = std::max(longest, pl[b]);
-  }
-  auto out = at::empty({B, H * D}, q.options().dtype(out_dtype));
-  by_type(kv.scalar_type(), [&](auto* ctag) {
-    using C = std::remove_pointer_t<decltype(ctag)>;
-    by_type(out_dtype, [&](auto* otag) {
-      using O = std::remove_pointer_t<decltype(otag)>;
-      const C* pq = static_cast<const C*>(q.data_ptr());
-      const C* pkv = static_cast<const C*>(kv.data_ptr());
-      O* po = static_cast<O*>(out.data_ptr());
-      at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(longest), acc(D);
-        for (int64_t i = begin; i < end; ++i) {
-          const int64_t b = i / H, h = i % H;
-          attend_head(pq + i * D, pkv, pt + b * W, pl[b], block, KVH, h / G, D, static_cast<float>(scale),
-                      scores.data(), acc.data());
-          for (int64_t d = 0; d < D; ++d) st(po + i * D, d, acc[d]);
-        }
-      });
-    });
-  });
-  return out;
-}
-
 // gate_up [T, 2I] -> silu(gate) * up [T, I] in out_dtype: computed in float, SiLU and the product
 // each rounded to `round` (the dtype the eager step computes them in).
 at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarType out_dtype) {
@@ -191,9 +126,11 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
 
 }  // namespace
 
+#include "attention.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, written in out_dtype");
   m.def("rope_cache", &rope_cache, "RoPE on q and k, k and v written to the cache; returns q");
-  m.def("decode_attention", &decode_attention, "one query token per row over its block table");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up");
+  m.def("paged_attention", &paged::attention, "batch-invariant attention of any rows over their block tables");
 }

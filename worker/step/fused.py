@@ -30,6 +30,7 @@ from worker.contract import env
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fused.cpp")
+HEADERS = [Path(__file__).with_name("attention.h")]  # included by SOURCE: part of the build key
 NAME = "llamadeploy_step"
 _loaded: dict[str, object] = {}
 # -ffp-contract=off: no fused multiply-adds, so RoPE's products and sum round as torch's operations do
@@ -58,6 +59,8 @@ def build_key() -> str:
     import torch
 
     h = hashlib.sha256(SOURCE.read_bytes())
+    for header in HEADERS:
+        h.update(header.read_bytes())
     for part in (torch.__version__, sys.version, cpu_flags(), " ".join(FLAGS)):
         h.update(part.encode())
     return h.hexdigest()[:16]

@@ -1,0 +1,250 @@
+// Batch-invariant attention over the block-table KV cache (worker/step/fused.cpp includes this file;
+// worker/step/fused.py builds both as one module and hashes both into its build key).
+//
+// One operator for every row of a step: a decode token, a prompt token of a prefill chunk, a token of
+// the prefill that rebuilds a migrated sequence's cache. Row t attends to the first lens[t] keys of
+// the block table tables[seq[t]], and its output is a function of its query, those keys and values
+// and nothing else: every sum is written out here in one order that depends on the key position and
+// the head size only, never on the step's rows, the table's width, the chunking or the threads (a
+// thread computes a whole (row, KV head) pair). The keys of a row are one split read in position
+// order (the fixed-split recipe with one split: a row is never divided between threads, so no
+// partial results are combined); the keys of a KV head are read once for the group's query heads.
+//   * a score q . k sums D products in 16 lanes (lane l: the products at l, l + 16, ... in order),
+//     then the lanes in a fixed tree (hsum);
+//   * the softmax's maximum is taken over the row's scores (exact in any order);
+//   * exp is one polynomial written out here (no libm call whose vector form could differ);
+//   * the probabilities and the weighted values are summed over keys in position order.
+// The 16 lanes are 16 separate float accumulators (a GCC/Clang vector type), so a compiler using one
+// 512-bit register or two 256-bit ones computes the same sums. Built with -ffp-contract=off: no
+// fused multiply-adds, so a build on another x86 CPU gives the same bits.
+#pragma once
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace paged {
+namespace {  // internal: inlined, not exported through the PLT
+
+constexpr int64_t kLanes = 16;  // independent partial sums of a dot product
+
+template <typename T> inline float widen(T v) { return static_cast<float>(v); }
+
+// Calls f with a typed null pointer for float32, bfloat16 or float16.
+template <typename F> void by_float(at::ScalarType t, F&& f) {
+  switch (t) {
+    case at::kFloat: f(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: f(static_cast<c10::BFloat16*>(nullptr)); break;
+    case at::kHalf: f(static_cast<c10::Half*>(nullptr)); break;
+    default: TORCH_CHECK(false, "paged attention: unsupported dtype ", t);
+  }
+}
+
+// exp(x) for x <= 0 (a score minus the row's maximum): Cephes' expf polynomial, ~1 ulp; below -87
+// it returns about 1e-38 instead of 0 (a weight no float32 sum of ones can see).
+inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return y * two_n;
+}
+
+// Sixteen float lanes as one value (GCC/Clang vector extension): each lane is its own accumulator,
+// so the sums are the same whether the compiler uses one 512-bit register or two 256-bit ones.
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+static_assert(kLanes == 16, "v16 holds kLanes lanes");
+
+inline v16 load16(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1.
+inline float hsum(v16 v) {
+  v8 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  const v8 a = lo + hi;
+  v4 c, d;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
+  const v4 b = c + d;
+  const float e0 = b[0] + b[2], e1 = b[1] + b[3];
+  return e0 + e1;
+}
+
+// Up to 16 values of a cache row from `src` (n of them; the other lanes zero), widened to float.
+// A full group of float32 or bfloat16 is read as one vector (built from scalars on the stack, a
+// wide load after narrow stores would stall on store forwarding at every key).
+template <typename C> inline v16 widen16(const C* src, int64_t n) {
+  float t[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) t[l] = l < n ? widen(src[l]) : 0.f;
+  return load16(t);
+}
+
+template <> inline v16 widen16<float>(const float* src, int64_t n) {
+  if (n == kLanes) return load16(src);
+  float t[kLanes] = {0.f};
+  std::memcpy(t, src, n * sizeof(float));
+  return load16(t);
+}
+
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+template <> inline v16 widen16<c10::BFloat16>(const c10::BFloat16* src, int64_t n) {
+  u16x16 h = {};
+  std::memcpy(&h, src, n * sizeof(uint16_t));  // bfloat16 is float32's upper half
+  const u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+  v16 v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+
+constexpr int64_t kMaxChunks = 16;  // head_dim up to 256: a row of keys is at most 16 lane groups
+
+// Scratch of one thread: the group's scaled queries and outputs [G, chunks] lane groups (zero
+// past D), its scores [G, len].
+struct Scratch {
+  std::vector<float> q, out, scores;  // floats, read and written as v16 through memcpy (no alignment)
+  Scratch(int64_t G, int64_t chunks, int64_t longest)
+      : q(G * chunks * kLanes), out(G * chunks * kLanes), scores(G * longest) {}
+};
+
+inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+
+// The G query heads of KV head `kvh` of one row (queries in s.q) over its first `len` keys, read
+// in position order through `table`: s.out [G, chunks] = softmax(scores) . values, unnormalised,
+// and the softmax's sums in `total` [G]. Each score sums its D products in 16 lanes (lane l: the
+// products at l, l + 16, ...), then the lanes by hsum; each sum over keys runs in position order.
+// CH: the lane groups of a row (D / 16) when known at compile time (its key and value vectors then
+// stay in registers), 0 for any D; the arithmetic is the same either way.
+template <typename C, int64_t CH>
+void attend_group(const C* kv, const int64_t* table, int64_t len, int64_t block, int64_t KVH, int64_t kvh,
+                  int64_t G, int64_t D, Scratch& s, float* total) {
+  const int64_t row = 2 * KVH * D, chunks = CH ? CH : (D + kLanes - 1) / kLanes;
+  float* sc = s.scores.data();
+  v16 x[kMaxChunks];
+  for (int64_t p = 0; p < len; ++p) {
+    const C* k = kv + (table[p / block] * block + p % block) * row + kvh * D;
+    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(k + c * kLanes, CH ? kLanes : std::min(kLanes, D - c * kLanes));
+    for (int64_t g = 0; g < G; ++g) {
+      const float* q = s.q.data() + g * chunks * kLanes;
+      v16 acc = load16(q) * x[0];
+      for (int64_t c = 1; c < chunks; ++c) acc += load16(q + c * kLanes) * x[c];
+      sc[g * len + p] = hsum(acc);
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* r = sc + g * len;
+    float top = r[0];
+    for (int64_t p = 1; p < len; ++p) top = r[p] > top ? r[p] : top;
+    for (int64_t p = 0; p < len; ++p) r[p] = exp_neg(r[p] - top);
+    float t = 0.f;
+    for (int64_t p = 0; p < len; ++p) t += r[p];
+    total[g] = t;
+  }
+  std::fill(s.out.begin(), s.out.end(), 0.f);
+  for (int64_t p = 0; p < len; ++p) {
+    const C* v = kv + (table[p / block] * block + p % block) * row + (KVH + kvh) * D;
+    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(v + c * kLanes, CH ? kLanes : std::min(kLanes, D - c * kLanes));
+    for (int64_t g = 0; g < G; ++g) {
+      float* o = s.out.data() + g * chunks * kLanes;
+      const float w = sc[g * len + p];
+      for (int64_t c = 0; c < chunks; ++c) store16(o + c * kLanes, load16(o + c * kLanes) + w * x[c]);
+    }
+  }
+}
+
+}  // namespace
+
+// q [T, H, D] (rows may be strided; any float dtype) over kv [S, 2, KVH, D] (float32, bfloat16 or
+// float16, contiguous): row t attends to the first lens[t] keys of block table tables[seq[t]]
+// ([N, W] block ids of `block` tokens; seq empty: row t reads table t). Returns [T, H * D] in
+// out_dtype. Work is split over (row, KV head) pairs in torch's thread pool.
+inline at::Tensor attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& tables, const at::Tensor& seq,
+                            const at::Tensor& lens, int64_t block, double scale, at::ScalarType out_dtype) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2), "paged attention: q [T, H, D] rows");
+  TORCH_CHECK(kv.dim() == 4 && kv.is_contiguous() && kv.size(1) == 2 && kv.size(3) == q.size(2));
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = kv.size(2);
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "paged attention: query heads not a multiple of KV heads");
+  TORCH_CHECK(D <= kMaxChunks * kLanes, "paged attention: head_dim over ", kMaxChunks * kLanes);
+  const int64_t G = H / KVH;
+  auto tb = tables.to(at::kLong).contiguous();
+  auto ln = lens.to(at::kLong).contiguous();
+  auto sq = seq.to(at::kLong).contiguous();
+  TORCH_CHECK(tb.dim() == 2 && ln.numel() == T && (sq.numel() == 0 || sq.numel() == T));
+  const int64_t N = tb.size(0), W = tb.size(1), S = kv.size(0);
+  const int64_t* pt = tb.data_ptr<int64_t>();
+  const int64_t* pl = ln.data_ptr<int64_t>();
+  const int64_t* ps = sq.numel() ? sq.data_ptr<int64_t>() : nullptr;
+  int64_t longest = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t i = ps ? ps[t] : t;
+    TORCH_CHECK(i >= 0 && i < N, "paged attention: row ", t, " names table ", i, " of ", N);
+    TORCH_CHECK(pl[t] >= 1 && pl[t] <= W * block, "paged attention: row ", t, "'s context is out of its table");
+    longest = std::max(longest, pl[t]);
+  }
+  for (int64_t i = 0; i < N * W; ++i) TORCH_CHECK(pt[i] >= 0 && (pt[i] + 1) * block <= S, "paged attention: block id");
+  auto out = at::empty({T, H * D}, q.options().dtype(out_dtype));
+  auto qf = q.to(at::kFloat);  // widened once; the scale is applied to it, as SDPA scales q
+  const int64_t qs = qf.stride(0);
+  const float fscale = static_cast<float>(scale);
+  const float* pq = qf.data_ptr<float>();
+  const int64_t per_item = longest * G * D;  // about the work of one (row, KV head)
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(per_item, 1));
+  by_float(kv.scalar_type(), [&](auto* ctag) {
+    using C = std::remove_pointer_t<decltype(ctag)>;
+    by_float(out_dtype, [&](auto* otag) {
+      using O = std::remove_pointer_t<decltype(otag)>;
+      const C* pkv = static_cast<const C*>(kv.data_ptr());
+      O* po = static_cast<O*>(out.data_ptr());
+      at::parallel_for(0, T * KVH, grain, [&](int64_t begin, int64_t end) {
+        const int64_t chunks = (D + kLanes - 1) / kLanes;
+        Scratch s(G, chunks, longest);
+        std::vector<float> total(G), lanes(chunks * kLanes);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t t = i / KVH, kvh = i % KVH;
+          for (int64_t g = 0; g < G; ++g) {
+            const float* src = pq + t * qs + (kvh * G + g) * D;
+            for (int64_t e = 0; e < chunks * kLanes; ++e) lanes[e] = e < D ? src[e] * fscale : 0.f;
+            std::memcpy(s.q.data() + g * chunks * kLanes, lanes.data(), lanes.size() * sizeof(float));
+          }
+          const int64_t* table = pt + (ps ? ps[t] : t) * W;
+          if (D == 64)
+            attend_group<C, 4>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
+          else if (D == 128)
+            attend_group<C, 8>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
+          else
+            attend_group<C, 0>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
+          O* dst = po + t * H * D + kvh * G * D;
+          for (int64_t g = 0; g < G; ++g) {
+            std::memcpy(lanes.data(), s.out.data() + g * chunks * kLanes, lanes.size() * sizeof(float));
+            for (int64_t e = 0; e < D; ++e) dst[g * D + e] = static_cast<O>(lanes[e] / total[g]);
+          }
+        }
+      });
+    });
+  });
+  return out;
+}
+
+}  // namespace paged
