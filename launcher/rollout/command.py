@@ -119,11 +119,16 @@ def watch(client: AdminClient, rid: str) -> RolloutStatus:
 
 
 def describe(status: dict) -> str:
-    """One line on the last apply (``llamadeploy status``): its id, revision, state and what it
-    did: the reason it was refused or failed, else its last progress line, else its plan."""
-    what = status.get("reason") or (status.get("progress") or [""])[-1] or "; ".join(status.get("plan") or [])
+    """One line on the last apply (``llamadeploy status``): its id, revision, how it ended (with its
+    time, from the last progress line) and what it did: the reason it was refused or failed, else
+    its plan (the keys changed live or rolling, and each step)."""
+    state = status.get("state", "")
+    last = (status.get("progress") or [""])[-1]
+    ended = last if last.startswith(f"{state} in ") else state  # "done in 12.3s"
+    plan = [line for line in status.get("plan") or [] if not line.startswith("warning: ")]
+    what = status.get("reason") or "; ".join(plan) or (last if last != ended else "")
     rev = f" revision {status['revision']}" if status.get("revision") else ""
-    return f"last apply ({status.get('id', '')}){rev}: {status.get('state', '')}" + (f": {what}" if what else "")
+    return f"last apply ({status.get('id', '')}){rev}: {ended}" + (f": {what}" if what else "")
 
 
 def outcome(status: RolloutStatus) -> int:

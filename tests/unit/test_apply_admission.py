@@ -106,3 +106,23 @@ def test_the_gpus_this_deployment_uses_count_as_free_for_the_check(tmp_path):
     busy = [GpuInfo(i, "GPU", f"GPU-{i}", 80 * GIB, 8 * GIB) for i in range(2)]
     seen = _as_if_stopped(sup, Inventory(gpus=busy, cpus=[0, 1], ram_available_bytes=GIB))
     assert [g.free_bytes for g in seen.gpus] == [8 * GIB, 80 * GIB]  # GPU 0 is someone else's
+
+
+def test_status_names_what_the_last_apply_did():
+    from launcher.rollout.command import describe
+
+    done = {
+        "id": "a1",
+        "state": "done",
+        "revision": 4,
+        "plan": ["rolling (each replica replaced): workers.max_num_seqs", "wave 0: replace worker 0 (surge: ...)"],
+        "progress": ["revision 4 (abc): 1 step(s)", "done in 57.2s"],
+    }
+    assert describe(done) == (
+        "last apply (a1) revision 4: done in 57.2s: rolling (each replica replaced): workers.max_num_seqs; "
+        "wave 0: replace worker 0 (surge: ...)"
+    )
+    live = {"id": "a2", "state": "done", "revision": 5, "plan": ["live (no restart): router.policy"], "progress": []}
+    assert describe(live) == "last apply (a2) revision 5: done: live (no restart): router.policy"
+    refused = {"id": "a3", "state": "refused", "reason": "the new deploy.yaml: workers.replicas: ...", "plan": []}
+    assert describe(refused) == "last apply (a3): refused: the new deploy.yaml: workers.replicas: ..."

@@ -1,0 +1,66 @@
+"""The hold suite's bookkeeping: what counts as 5xx, a cut stream or another failure per event,
+the target's verdict, the table; ``--suite hold`` needs ``--config``."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from launcher.bench.command import bench_options
+from launcher.bench.hold_suite import SLACK_S, _row, print_hold
+from launcher.bench.hold_traffic import Call
+
+
+class FakeTraffic:
+    def __init__(self, calls):
+        self.calls = calls
+
+
+class FakeProbe:
+    def __init__(self, longest):
+        self.longest = longest
+
+    def hold_count(self) -> float:
+        return 7.0
+
+
+class Worker:
+    load_seconds = 10.0
+
+
+CALLS = [
+    Call(1, True, 0.0, 0.5, 1.0, 200),
+    Call(1, True, 0.0, 0.5, 1.0, 200, cut=True, error="the stream ended without data: [DONE]"),
+    Call(1, False, 0.0, 0.5, 1.0, 503, error="no_ready_worker"),
+    Call(1, False, 0.0, None, 1.0, None, error="ConnectError: refused"),
+    Call(2, True, 0.0, 0.5, 1.0, 502, error="other phase"),
+]
+
+
+def test_an_event_counts_its_own_phase_5xx_cut_streams_and_other_failures_apart():
+    row = _row("kill -9", FakeTraffic(CALLS), FakeProbe({1: 3.0}), 1, 2.0, Worker(), 12.3, "pid 1 killed")
+    assert (row["requests"], row["server_errors"], row["streams_cut"], row["other_failures"]) == (4, 1, 1, 1)
+    assert row["held"] == 5.0 and row["longest_hold_s"] == 3.0 and row["load_s"] == 10.0
+    assert row["within_target"] and "no_ready_worker" in row["errors"]
+
+
+@pytest.mark.parametrize("longest, within", [(10.0 + SLACK_S, True), (10.0 + SLACK_S + 0.1, False)])
+def test_the_target_is_every_hold_within_the_load_time_plus_the_slack(longest, within):
+    row = _row("apply", FakeTraffic([]), FakeProbe({1: longest}), 1, 0.0, Worker(), 1.0, "")
+    assert row["within_target"] is within
+
+
+def test_the_table_has_one_row_per_event_and_says_no_when_the_target_is_missed(capsys):
+    rows = [_row("kill -9", FakeTraffic(CALLS), FakeProbe({1: 30.0}), 1, 0.0, Worker(), 40.0, "pid 1 killed")]
+    print_hold({"events": rows})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["event", "requests"]
+    assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "7"] and out[1].split()[-2] == "NO"
+    assert any("error: no_ready_worker" in line for line in out)
+
+
+def test_the_hold_suite_needs_the_deployments_file():
+    given = {"suite": "hold", "scenario": ["chat"], "extra_body": "{}", "response_format": None, "compare": []}
+    with pytest.raises(typer.BadParameter, match="--config"):
+        bench_options({**given, "concurrency": "1", "config": None})
+    assert bench_options({**given, "concurrency": "1", "config": "d.yaml"}).config == "d.yaml"
