@@ -5,7 +5,7 @@ under :class:`~launcher.bench.hold_traffic.Traffic` (``--streams`` streaming cli
 request loop) the whole time, its only worker is replaced three ways, one after another:
 
 1. ``llamadeploy apply`` of the file with ``workers.max_num_seqs`` one higher (a rolling apply);
-2. ``llamadeploy restart-worker 0`` (as typed, no ``--drain``);
+2. ``llamadeploy restart-worker ID`` of the only worker (as typed, no ``--drain``);
 3. ``kill -9`` of the worker's process (the supervisor restarts it).
 
 Each event lasts from its start until the replacement is ready and every streaming client has
@@ -38,7 +38,7 @@ from launcher.bench.hold_traffic import Traffic
 
 SAMPLE_S = 0.2  # how often the router's longest current hold is read
 SLACK_S = 2.0  # the target: every hold ≤ the replacement's load time + this
-EVENTS = ("apply max_num_seqs", "restart-worker 0", "kill -9")
+EVENTS = ("apply max_num_seqs", "restart-worker", "kill -9")
 
 
 def run_hold_bench(config: Path, streams: int, api_key: str | None, output: Path, timeout: float) -> dict:
@@ -132,7 +132,7 @@ def _apply(config: Path, before, _admin) -> str:
 
 
 def _restart(config: Path, before, _admin) -> str:
-    return _last_line(_cli("restart-worker", str(before.id), "--config", str(config)))
+    return f"worker {before.id}: " + _last_line(_cli("restart-worker", str(before.id), "--config", str(config)))
 
 
 def _kill(_config: Path, before, _admin) -> str:
@@ -140,7 +140,7 @@ def _kill(_config: Path, before, _admin) -> str:
     return f"pid {before.pid} killed"
 
 
-ACTIONS = {"apply max_num_seqs": _apply, "restart-worker 0": _restart, "kill -9": _kill}
+ACTIONS = {"apply max_num_seqs": _apply, "restart-worker": _restart, "kill -9": _kill}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -115,8 +115,16 @@ class Traffic:
                 call.first = call.first or time.monotonic()
                 if line == "data: [DONE]":
                     done = True
-                elif '"error"' in line and "error" in json.loads(line[6:]):
+                elif '"error"' in line and _is_error(line[6:]):
                     call.error = line[6:200]
             call.cut = not done or bool(call.error)
             if not done and not call.error:
                 call.error = "the stream ended without data: [DONE]"
+
+
+def _is_error(data: str) -> bool:
+    """An SSE event's data is an error object (OpenAI's ``{"error": {...}}``), not a chunk."""
+    try:
+        return "error" in json.loads(data)
+    except ValueError:
+        return True  # not JSON: not a chunk either

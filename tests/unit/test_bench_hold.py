@@ -64,3 +64,33 @@ def test_the_hold_suite_needs_the_deployments_file():
     with pytest.raises(typer.BadParameter, match="--config"):
         bench_options({**given, "concurrency": "1", "config": None})
     assert bench_options({**given, "concurrency": "1", "config": "d.yaml"}).config == "d.yaml"
+
+
+def answered(status: int, body: bytes):
+    """One request of the hold suite's traffic against a server answering ``status`` and ``body``."""
+    import httpx
+
+    from launcher.bench.hold_traffic import Traffic
+
+    traffic = Traffic("http://127.0.0.1:9/v1", "m", None)
+    http = httpx.Client(transport=httpx.MockTransport(lambda _req: httpx.Response(status, content=body)))
+    call = Call(1, True, 0.0)
+    traffic._stream(http, {}, call)
+    return call
+
+
+CHUNK = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    "status, body, cut, failed, server_error",
+    [
+        (200, CHUNK + b"data: [DONE]\n\n", False, False, False),
+        (200, CHUNK, True, True, False),  # the connection ended before [DONE]
+        (200, CHUNK + b'data: {"error": {"message": "worker lost"}}\n\ndata: [DONE]\n\n', True, True, False),
+        (503, b'{"error": {"message": "no worker"}}', False, True, True),
+    ],
+)
+def test_a_stream_is_complete_cut_or_answered_5xx(status, body, cut, failed, server_error):
+    call = answered(status, body)
+    assert (call.cut, call.failed, call.server_error) == (cut, failed, server_error), call
