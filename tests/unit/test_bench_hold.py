@@ -55,8 +55,16 @@ def test_the_table_has_one_row_per_event_and_says_no_when_the_target_is_missed(c
     print_hold({"events": rows})
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["event", "requests"]
-    assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "7"] and out[1].split()[-2] == "NO"
+    assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "7"] and out[1].split()[-3:-1] == ["NO", "yes"]
     assert any("error: no_ready_worker" in line for line in out)
+
+
+def test_a_retried_requests_wait_is_its_first_byte_beyond_the_steady_median():
+    steady = [Call(0, True, 0.0, 2.0, 3.0, 200) for _ in range(3)]
+    retried = Call(1, True, 10.0, 10.0 + 2.0 + Worker.load_seconds + SLACK_S + 0.5, 30.0, 200)
+    row = _row("kill -9", FakeTraffic([*steady, retried]), FakeProbe({}), 1, 7.0, Worker(), 30.0, "")
+    assert row["steady_first_byte_s"] == 2.0 and row["longest_first_byte_s"] == 14.5
+    assert row["within_target"] and not row["client_within_target"]  # no queue wait, a retry's wait
 
 
 def test_the_hold_suite_needs_the_deployments_file():
