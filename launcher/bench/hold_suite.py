@@ -8,8 +8,8 @@ request loop) the whole time, its only worker is replaced three ways, one after 
 2. ``llamadeploy restart-worker ID`` of the only worker (as typed, no ``--drain``);
 3. ``kill -9`` of the worker's process (the supervisor restarts it).
 
-Each event lasts from its start until the replacement is ready and every streaming client has
-finished one more request. Per event it prints the requests answered 5xx, the streams cut, the
+Each event lasts from its start until the replacement is ready and every client has finished one
+more request; its figures count every request in flight at any time during it. Per event it prints the requests answered 5xx, the streams cut, the
 other failures, the requests held (``llamadeploy_request_hold_seconds``' count), the longest hold
 wait (the router's ``held_oldest_s``, sampled every :data:`SAMPLE_S`), the replacement's load time
 (its ``load_seconds``) and whether every wait was within that load time + :data:`SLACK_S`. A
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -58,20 +59,25 @@ def run_hold_bench(config: Path, streams: int, api_key: str | None, output: Path
         raise typer.BadParameter(f"--suite hold runs against a one-replica deployment; this one has {len(workers)}")
     probe = Probe(root, api_key)
     model = served_model(root + "/v1", api_key)
-    rows = []
+    events: list[Event] = []
     with Traffic(root + "/v1", model, api_key, streams=streams, timeout=timeout) as traffic, probe:
         _settle(traffic, streams, time.monotonic(), timeout)
         for n, name in enumerate(EVENTS, start=1):
-            traffic.phase = probe.phase = n
-            held0 = probe.hold_count()
+            probe.phase, held0 = n, probe.hold_count()
             before = admin.table().workers[0]
             typer.echo(f"event {n}: {name} ...", err=True)
             t0 = time.monotonic()
             detail = ACTIONS[name](config, before, admin)
             after = _replaced(admin, before.pid, timeout)
             _settle(traffic, streams, time.monotonic(), timeout)
-            rows.append(_row(name, traffic, probe, n, held0, after, time.monotonic() - t0, detail))
-        traffic.phase = probe.phase = len(EVENTS) + 1
+            held = probe.hold_count() - held0
+            events.append(
+                Event(name, t0, time.monotonic(), held, probe.longest.get(n, 0.0), after.load_seconds, detail)
+            )
+        probe.phase = len(EVENTS) + 1
+    # the clients have stopped: every request, also one in flight across an event, is recorded
+    steady = [c for c in traffic.calls if events and c.end < events[0].start and not c.failed]
+    rows = [_row(e, traffic.calls, steady) for e in events]
     result = {"suite": "hold", "started": time.strftime("%Y-%m-%d %H:%M:%S"), "streams": streams, "events": rows}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.with_suffix(".json").write_text(json.dumps(result, indent=2))
@@ -173,34 +179,50 @@ def _settle(traffic: Traffic, streams: int, since: float, timeout: float) -> Non
         time.sleep(0.2)
 
 
+@dataclass(frozen=True)
+class Event:
+    """One replacement: its name, from its start to its end (the replacement ready and every
+    client answered again; monotonic seconds), the requests the router held and dispatched meanwhile,
+    the longest hold it showed, the replacement's load time (seconds) and what the command said."""
+
+    name: str
+    start: float
+    end: float
+    held: float
+    longest_hold_s: float
+    load_s: float
+    detail: str
+
+
 def first_byte_s(calls) -> list[float]:
     """Each answered request's seconds from sending to its first byte, in order."""
     return [c.first - c.start for c in calls if c.first is not None]
 
 
-def _row(name: str, traffic: Traffic, probe: Probe, phase: int, held0: float, after, wall_s: float, detail: str):
-    calls = [c for c in list(traffic.calls) if c.phase == phase]
-    longest = probe.longest.get(phase, 0.0)
-    steady = sorted(first_byte_s([c for c in list(traffic.calls) if c.phase == 0 and not c.failed])) or [0.0]
-    waits = first_byte_s(calls) or [0.0]
+def _row(event: Event, calls: list, steady_calls: list) -> dict:
+    """``event``'s figures over the requests in flight at any time during it (``calls``), against the
+    median time to first byte of ``steady_calls`` (before the first event)."""
+    calls = [c for c in calls if c.start < event.end and c.end > event.start]
+    steady = sorted(first_byte_s(steady_calls)) or [0.0]
+    median, waits = steady[len(steady) // 2], first_byte_s(calls) or [0.0]
     return {
-        "event": name,
-        "detail": detail,
+        "event": event.name,
+        "detail": event.detail,
         "requests": len(calls),
         "server_errors": sum(c.server_error for c in calls),
         "streams_cut": sum(c.cut for c in calls if c.stream),
         "other_failures": sum(c.failed and not c.server_error and not c.cut for c in calls),
         "errors": sorted({c.error for c in calls if c.failed})[:3],
-        "held": probe.hold_count() - held0,
-        "longest_hold_s": round(longest, 2),
-        "load_s": round(after.load_seconds, 2),
-        "within_target": longest <= after.load_seconds + SLACK_S,
+        "held": event.held,
+        "longest_hold_s": round(event.longest_hold_s, 2),
+        "load_s": round(event.load_s, 2),
+        "within_target": event.longest_hold_s <= event.load_s + SLACK_S,
         # a request in flight when the worker died is retried, not queued: its wait shows in the client's
-        # time to first byte only (beyond the steady median, which is prefill and queueing behind others)
+        # time to first byte only (beyond the steady median: prefill and queueing behind the others)
         "longest_first_byte_s": round(max(waits), 2),
-        "steady_first_byte_s": round(steady[len(steady) // 2], 2),
-        "client_within_target": max(waits) - steady[len(steady) // 2] <= after.load_seconds + SLACK_S,
-        "wall_s": round(wall_s, 1),
+        "steady_first_byte_s": round(median, 2),
+        "client_within_target": max(waits) - median <= event.load_s + SLACK_S,
+        "wall_s": round(event.end - event.start, 1),
     }
 
 

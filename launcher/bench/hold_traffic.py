@@ -2,9 +2,8 @@
 
 :class:`Traffic` runs ``streams`` clients that each stream chat completions one after another and
 one client that sends non-streaming ones one after another, all against one OpenAI-compatible
-``/v1`` URL, until stopped. Each request becomes a :class:`Call` tagged with the phase (an
-integer the driver sets) it started in, so a driver can count per event what was answered 5xx
-and which streams were cut.
+``/v1`` URL, until stopped. Each request becomes a :class:`Call` with its times, so a driver can
+count what was answered 5xx and which streams were cut among the requests in flight during an event.
 """
 
 from __future__ import annotations
@@ -21,11 +20,10 @@ from launcher.bench.client import auth_headers
 
 @dataclass
 class Call:
-    """One request: the phase it started in, whether it streamed, its start, first byte and end
+    """One request: whether it streamed, its start, first byte and end
     (monotonic seconds), its HTTP status (None: no answer) and ``cut`` (a 200 stream that ended
     without ``data: [DONE]`` or carried an error event) with what went wrong (``error``)."""
 
-    phase: int
     stream: bool
     start: float
     first: float | None = None
@@ -54,7 +52,6 @@ class Traffic:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.headers = model, auth_headers(api_key)
         self.max_tokens, self.timeout = kw.get("max_tokens", 8), kw.get("timeout", 600.0)
-        self.phase = 0
         self.calls: list[Call] = []
         self._stop = threading.Event()
         self._threads = [
@@ -80,7 +77,7 @@ class Traffic:
             n = 0
             while not self._stop.is_set():
                 n += 1
-                call = Call(self.phase, stream, time.monotonic())
+                call = Call(stream, time.monotonic())
                 body = {
                     "messages": [{"role": "user", "content": f"Count from {n} to {n + 20}."}],
                     "max_tokens": self.max_tokens if stream else max(1, self.max_tokens // 2),

@@ -7,38 +7,26 @@ import pytest
 import typer
 
 from launcher.bench.command import bench_options
-from launcher.bench.hold_suite import SLACK_S, _row, print_hold
+from launcher.bench.hold_suite import SLACK_S, Event, _row, print_hold
 from launcher.bench.hold_traffic import Call
 
 
-class FakeTraffic:
-    def __init__(self, calls):
-        self.calls = calls
-
-
-class FakeProbe:
-    def __init__(self, longest):
-        self.longest = longest
-
-    def hold_count(self) -> float:
-        return 7.0
-
-
-class Worker:
-    load_seconds = 10.0
+def event(longest_hold_s: float = 3.0, start: float = 10.0, end: float = 20.0) -> Event:
+    return Event("kill -9", start, end, 5.0, longest_hold_s, 10.0, "pid 1 killed")
 
 
 CALLS = [
-    Call(1, True, 0.0, 0.5, 1.0, 200),
-    Call(1, True, 0.0, 0.5, 1.0, 200, cut=True, error="the stream ended without data: [DONE]"),
-    Call(1, False, 0.0, 0.5, 1.0, 503, error="no_ready_worker"),
-    Call(1, False, 0.0, None, 1.0, None, error="ConnectError: refused"),
-    Call(2, True, 0.0, 0.5, 1.0, 502, error="other phase"),
+    Call(True, 11.0, 11.5, 12.0, 200),
+    Call(True, 9.0, 9.5, 12.0, 200, cut=True, error="the stream ended without data: [DONE]"),  # began before
+    Call(False, 19.0, 19.5, 21.0, 503, error="no_ready_worker"),
+    Call(False, 12.0, None, 13.0, None, error="ConnectError: refused"),
+    Call(True, 21.0, 21.5, 22.0, 502, error="after the event"),
+    Call(True, 1.0, 1.5, 9.9, 502, error="before the event"),
 ]
 
 
-def test_an_event_counts_its_own_phase_5xx_cut_streams_and_other_failures_apart():
-    row = _row("kill -9", FakeTraffic(CALLS), FakeProbe({1: 3.0}), 1, 2.0, Worker(), 12.3, "pid 1 killed")
+def test_an_event_counts_every_request_in_flight_during_it_5xx_cut_streams_and_other_failures_apart():
+    row = _row(event(), CALLS, [])
     assert (row["requests"], row["server_errors"], row["streams_cut"], row["other_failures"]) == (4, 1, 1, 1)
     assert row["held"] == 5.0 and row["longest_hold_s"] == 3.0 and row["load_s"] == 10.0
     assert row["within_target"] and "no_ready_worker" in row["errors"]
@@ -46,23 +34,21 @@ def test_an_event_counts_its_own_phase_5xx_cut_streams_and_other_failures_apart(
 
 @pytest.mark.parametrize("longest, within", [(10.0 + SLACK_S, True), (10.0 + SLACK_S + 0.1, False)])
 def test_the_target_is_every_hold_within_the_load_time_plus_the_slack(longest, within):
-    row = _row("apply", FakeTraffic([]), FakeProbe({1: longest}), 1, 0.0, Worker(), 1.0, "")
-    assert row["within_target"] is within
+    assert _row(event(longest), [], [])["within_target"] is within
 
 
 def test_the_table_has_one_row_per_event_and_says_no_when_the_target_is_missed(capsys):
-    rows = [_row("kill -9", FakeTraffic(CALLS), FakeProbe({1: 30.0}), 1, 0.0, Worker(), 40.0, "pid 1 killed")]
-    print_hold({"events": rows})
+    print_hold({"events": [_row(event(30.0), CALLS, [])]})
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["event", "requests"]
-    assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "7"] and out[1].split()[-3:-1] == ["NO", "yes"]
+    assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "5"] and out[1].split()[-3:-1] == ["NO", "yes"]
     assert any("error: no_ready_worker" in line for line in out)
 
 
 def test_a_retried_requests_wait_is_its_first_byte_beyond_the_steady_median():
-    steady = [Call(0, True, 0.0, 2.0, 3.0, 200) for _ in range(3)]
-    retried = Call(1, True, 10.0, 10.0 + 2.0 + Worker.load_seconds + SLACK_S + 0.5, 30.0, 200)
-    row = _row("kill -9", FakeTraffic([*steady, retried]), FakeProbe({}), 1, 7.0, Worker(), 30.0, "")
+    steady = [Call(True, 0.0, 2.0, 3.0, 200) for _ in range(3)]
+    retried = Call(True, 10.0, 10.0 + 2.0 + 10.0 + SLACK_S + 0.5, 30.0, 200)
+    row = _row(event(0.0), [retried], steady)
     assert row["steady_first_byte_s"] == 2.0 and row["longest_first_byte_s"] == 14.5
     assert row["within_target"] and not row["client_within_target"]  # no queue wait, a retry's wait
 
@@ -82,7 +68,7 @@ def answered(status: int, body: bytes):
 
     traffic = Traffic("http://127.0.0.1:9/v1", "m", None)
     http = httpx.Client(transport=httpx.MockTransport(lambda _req: httpx.Response(status, content=body)))
-    call = Call(1, True, 0.0)
+    call = Call(True, 0.0)
     traffic._stream(http, {}, call)
     return call
 
