@@ -9,7 +9,7 @@ request loop) the whole time, its only worker is replaced three ways, one after 
 3. ``kill -9`` of the worker's process (the supervisor restarts it).
 
 Each event lasts from its start until the replacement is ready and every client has finished one
-more request; its figures count every request in flight at any time during it. Per event it prints the requests answered 5xx, the streams cut, the
+more request; its figures count every request that ended from its start until the next event's. Per event it prints the requests answered 5xx, the streams cut, the
 other failures, the requests held (``llamadeploy_request_hold_seconds``' count), the longest hold
 wait (the router's ``held_oldest_s``, sampled every :data:`SAMPLE_S`), the replacement's load time
 (its ``load_seconds``) and whether every wait was within that load time + :data:`SLACK_S`. A
@@ -77,7 +77,8 @@ def run_hold_bench(config: Path, streams: int, api_key: str | None, output: Path
         probe.phase = len(EVENTS) + 1
     # the clients have stopped: every request, also one in flight across an event, is recorded
     steady = [c for c in traffic.calls if events and c.end < events[0].start and not c.failed]
-    rows = [_row(e, traffic.calls, steady) for e in events]
+    ends = [e.start for e in events[1:]] + [float("inf")]
+    rows = [_row(e, traffic.calls, steady, until) for e, until in zip(events, ends, strict=True)]
     result = {"suite": "hold", "started": time.strftime("%Y-%m-%d %H:%M:%S"), "streams": streams, "events": rows}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.with_suffix(".json").write_text(json.dumps(result, indent=2))
@@ -199,10 +200,11 @@ def first_byte_s(calls) -> list[float]:
     return [c.first - c.start for c in calls if c.first is not None]
 
 
-def _row(event: Event, calls: list, steady_calls: list) -> dict:
-    """``event``'s figures over the requests in flight at any time during it (``calls``), against the
-    median time to first byte of ``steady_calls`` (before the first event)."""
-    calls = [c for c in calls if c.start < event.end and c.end > event.start]
+def _row(event: Event, calls: list, steady_calls: list, until: float = float("inf")) -> dict:
+    """``event``'s figures over the requests of ``calls`` that ended from its start until ``until``
+    (the next event's start: a request fails when it ends, whenever it began), against the median
+    time to first byte of ``steady_calls`` (before the first event)."""
+    calls = [c for c in calls if event.start <= c.end < until]
     steady = sorted(first_byte_s(steady_calls)) or [0.0]
     median, waits = steady[len(steady) // 2], first_byte_s(calls) or [0.0]
     return {

@@ -20,13 +20,13 @@ CALLS = [
     Call(True, 9.0, 9.5, 12.0, 200, cut=True, error="the stream ended without data: [DONE]"),  # began before
     Call(False, 19.0, 19.5, 21.0, 503, error="no_ready_worker"),
     Call(False, 12.0, None, 13.0, None, error="ConnectError: refused"),
-    Call(True, 21.0, 21.5, 22.0, 502, error="after the event"),
+    Call(True, 21.0, 21.5, 22.0, 502, error="after the event"),  # began after its end, ended in the next one
     Call(True, 1.0, 1.5, 9.9, 502, error="before the event"),
 ]
 
 
-def test_an_event_counts_every_request_in_flight_during_it_5xx_cut_streams_and_other_failures_apart():
-    row = _row(event(), CALLS, [])
+def test_an_event_counts_every_request_that_ended_in_it_5xx_cut_streams_and_other_failures_apart():
+    row = _row(event(), CALLS, [], until=21.5)  # the request that ended at 22.0 is the next event's
     assert (row["requests"], row["server_errors"], row["streams_cut"], row["other_failures"]) == (4, 1, 1, 1)
     assert row["held"] == 5.0 and row["longest_hold_s"] == 3.0 and row["load_s"] == 10.0
     assert row["within_target"] and "no_ready_worker" in row["errors"]
@@ -38,7 +38,7 @@ def test_the_target_is_every_hold_within_the_load_time_plus_the_slack(longest, w
 
 
 def test_the_table_has_one_row_per_event_and_says_no_when_the_target_is_missed(capsys):
-    print_hold({"events": [_row(event(30.0), CALLS, [])]})
+    print_hold({"events": [_row(event(30.0), CALLS, [], until=21.5)]})
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["event", "requests"]
     assert out[1].split()[:7] == ["kill", "-9", "4", "1", "1", "1", "5"] and out[1].split()[-3:-1] == ["NO", "yes"]
