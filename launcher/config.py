@@ -218,7 +218,13 @@ def merged_workers(top: WorkersConfig, override: WorkersConfig | None) -> Worker
 
 
 class ConfigError(Exception):
-    """deploy.yaml is unreadable or invalid; ``str()`` names each bad key and how to fix it."""
+    """deploy.yaml is unreadable or invalid. ``problems``: one line per problem, each naming the
+    key path and the fix; ``str()``: those lines, each prefixed with the file (``source``), so a
+    file with one problem is one line (``deploy.yaml: workers.replicas: ...``)."""
+
+    def __init__(self, source: str, *problems: str):
+        self.source, self.problems = source, list(problems)
+        super().__init__("\n".join(f"{source}: {p}" for p in self.problems))
 
 
 SECRET_KEYS = frozenset({"api_keys", "admin_token"})
@@ -248,6 +254,9 @@ def _describe(err: dict, model: type[BaseModel]) -> str:
         return f"{loc}: unknown key{hint}"
     got = err.get("input")
     msg = err["msg"].removeprefix("Value error, ")  # our validators' own sentences, as written
+    if err["type"] in ("model_type", "model_attributes_type", "dict_type"):  # pydantic names its classes
+        named = err["loc"] in (("model",), ("models",)) or (len(err["loc"]) == 2 and err["loc"][0] == "models")
+        msg = "a section is needed: a mapping of its keys" + (" (or the model's name)" if named else "")
     where = f"{loc}: " if loc else ""  # a check over the whole file names its keys itself
     if isinstance(got, dict) or any(str(p) in SECRET_KEYS for p in err["loc"]):
         return f"{where}{msg}"  # a whole section, or a secret: do not echo it
@@ -272,7 +281,7 @@ def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections (model, router, workers, ...)")
+        raise ConfigError(source, "the top level must be a mapping of sections (model, router, workers, ...)")
     data = _named_models(data)
     lines = quoted_numbers(data, DeployConfig)
     try:
@@ -281,7 +290,7 @@ def parse_config(data: Any, source: str = "deploy.yaml") -> DeployConfig:
         lines += [_describe(e, DeployConfig) for e in _merge_union_errors(exc.errors(), DeployConfig)]
     if not lines:
         return cfg
-    raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines)) from None
+    raise ConfigError(source, *lines) from None
 
 
 def _named_models(data: dict) -> dict:
@@ -392,13 +401,26 @@ def read_yaml(p: Path) -> Any:
     """The YAML document in file ``p`` ({} when empty). Raises :class:`ConfigError` for a folder,
     a missing file or invalid YAML."""
     if p.is_dir():
-        raise ConfigError(f"{p}: is a directory; give the deploy.yaml file itself (such as {p / 'deploy.yaml'})")
+        raise ConfigError(str(p), f"is a directory; give the deploy.yaml file itself (such as {p / 'deploy.yaml'})")
     if not p.is_file():
-        raise ConfigError(f"{p}: no such file (copy deploy.yaml from the repository as a start)")
+        raise ConfigError(str(p), "no such file (copy deploy.yaml from the repository as a start)")
     try:
-        return yaml.safe_load(p.read_text()) or {}
+        return yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(str(p), f"not valid YAML: {_yaml_problem(exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), f"not UTF-8 text (byte {exc.start}): is it the deploy.yaml file?") from None
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line: where (1-based line and column) and what, without its
+    multi-line excerpt of the file."""
+    mark = getattr(exc, "problem_mark", None)
+    what = "; ".join(str(x) for x in (getattr(exc, "context", None), getattr(exc, "problem", None)) if x)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (what or " ".join(str(exc).split()))
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> DeployConfig:
@@ -414,9 +436,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     if not isinstance(data, dict):
         return parse_config(data, source)
     if "models" in data and data["models"] is None:  # a bare `models:` would otherwise serve the default model
-        raise ConfigError(
-            f"{source} is invalid:\n  models: is empty; list at least one model (- name: ...) or remove it"
-        )
+        raise ConfigError(source, "models: is empty; list at least one model (- name: ...) or remove it")
     env = {
         "router.api_keys": [k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()] or None,
         "router.admin_token": os.environ.get(ADMIN_TOKEN_ENV) or None,
@@ -445,8 +465,8 @@ def _override_entries(data: dict[str, Any], section: str, key: str, value: Any) 
         return False
     if section == "model" and key == "name":
         raise ConfigError(
-            "model.name (--model) names the one model, but deploy.yaml has a models: list: "
-            "set each model's name in its entry"
+            "--model",
+            "model.name names the one model, but deploy.yaml has a models: list: set each model's name in its entry",
         )
     for entry in entries:
         if not isinstance(entry, dict):

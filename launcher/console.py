@@ -31,11 +31,19 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def load_or_exit(config: Path | None, overrides: dict | None = None) -> DeployConfig:
-    """:func:`launcher.config.load_config`, or exit 2 with its message when the config is invalid."""
+    """:func:`launcher.config.load_config`, or exit 2 with its message when the config is invalid:
+    one ``error:`` line per problem, each naming the file and the key path, no traceback."""
     try:
         return load_config(config_path(config), overrides)
     except ConfigError as exc:
-        fail(str(exc))
+        fail_lines(str(exc).splitlines())
+
+
+def fail_lines(lines: list[str], code: int = 2) -> None:
+    """Print each of ``lines`` as an error line on stderr (one per problem) and exit ``code``."""
+    for line in lines[:-1]:
+        console.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+    fail(lines[-1] if lines else "", code)
 
 
 def report_console() -> Console:

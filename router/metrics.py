@@ -167,7 +167,10 @@ class WorkerCollector:
             "Requests waiting for a ready replica of their model (router.hold)",
             ("model",),
         )
-        counts = {w.model: 0 for w in self.pool.workers.values()} | self.pool.hold.by_model()
+        counts = {w.model: 0 for w in self.pool.workers.values()}
+        for model, count in self.pool.hold.by_model().items():
+            named = served_name(self.pool, model)
+            counts[named] = counts.get(named, 0) + count
         for model, count in sorted(counts.items()):
             held.add_metric([model], count)
         figures = {name: _family(*spec) for name, spec in LOAD_METRICS.items()}
@@ -198,8 +201,17 @@ def _hold_histogram(pool: WorkerPool, registry: CollectorRegistry) -> Histogram:
         buckets=E2E_BUCKETS,
         registry=registry,
     )
-    pool.hold.on_leave = lambda model, outcome, s: hist.labels(model or "", outcome).observe(s)
+    pool.hold.on_leave = lambda model, outcome, s: hist.labels(served_name(pool, model), outcome).observe(s)
     return hist
+
+
+def served_name(pool: WorkerPool, model: str | None) -> str:
+    """The ``model`` label of a held request: its model, or for the one-model queue (``None`` or
+    ``""``: a deployment of one model) that model's served name, as its workers' series say."""
+    if model:
+        return model
+    names = {w.model for w in pool.workers.values()}
+    return names.pop() if len(names) == 1 else ""
 
 
 class Metrics:

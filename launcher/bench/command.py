@@ -37,7 +37,9 @@ SUITE = typer.Option(
     help="engine: the engine table (c1, closed loop, burst, doc, stall, doc "
     "again) · load: throughput and latency against --concurrency · embed: /v1/embeddings inputs/s and "
     "latency at concurrency 1, 8, 64 and one 512-input request · mixed: documents asked structured questions "
-    "beside chat clients (chat TTFT alone and beside, longest pause, documents/min, answers that parse)",
+    "beside chat clients (chat TTFT alone and beside, longest pause, documents/min, answers that parse) · hold: "
+    "a one-replica deployment's only worker replaced by apply, restart-worker and kill -9 under --streams "
+    "streaming clients and a request loop (5xx, streams cut, longest hold vs load time; needs --config)",
 )
 MODEL = typer.Option(
     DEFAULTS.model, help="the `model` to request (default: the first model of GET /models that generates)"
@@ -54,7 +56,9 @@ PROMPTS = typer.Option(
 CLIENTS = typer.Option(DEFAULTS.clients, min=1, help="engine: clients of the closed loop")
 DOC_TOKENS = typer.Option(DEFAULTS.doc_tokens, min=32, help="engine: templated length of the document, tokens")
 DOC_OUTPUT_TOKENS = typer.Option(DEFAULTS.doc_output_tokens, min=1, help="engine: the document's answer length")
-STREAMS = typer.Option(DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives")
+STREAMS = typer.Option(
+    DEFAULTS.streams, min=1, help="engine: chat streams running when the document arrives; hold: streaming clients"
+)
 SCENARIO = typer.Option(list(DEFAULTS.scenarios), help="load: long (256 in / 128 out) and/or chat (short in / 64 out)")
 CONCURRENCY = typer.Option(",".join(map(str, DEFAULTS.concurrency)), help="load: comma-separated concurrency levels")
 IGNORE_EOS = typer.Option(
@@ -90,7 +94,9 @@ LAYOUTS = typer.Option(
     help="GPU hosts: deploy --config as data parallel ×N, tensor parallel N and layer split N in turn "
     "(each its own `up`) and print latency, 8-way throughput and peak memory per GPU side by side",
 )
-CONFIG = typer.Option(None, "--config", help="--layouts: the deploy.yaml each layout starts from")
+CONFIG = typer.Option(
+    None, "--config", help="--layouts: the deploy.yaml each layout starts from; --suite hold: the running deployment's"
+)
 GPUS = typer.Option(None, min=1, help="--layouts: N, the GPUs each layout uses (default: all)")
 PERPLEXITY = typer.Option(
     None,
@@ -182,6 +188,8 @@ def bench_options(given: dict) -> BenchOptions:
     suite or scenario, extra body that is not JSON, or a response format file that is not an object."""
     if given["suite"] not in SUITES:
         raise typer.BadParameter(f"unknown suite {given['suite']!r}; choose from {', '.join(SUITES)}")
+    if given["suite"] == "hold" and given.get("config") is None:
+        raise typer.BadParameter("--suite hold needs --config: the running deployment's deploy.yaml")
     if given.get("embedding_load") and given["suite"] != "engine":
         raise typer.BadParameter("--embedding-load runs the engine suite's chat figures: use it with --suite engine")
     unknown = [s for s in given["scenario"] if s not in SCENARIOS]

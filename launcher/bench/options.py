@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUITES = ("engine", "load", "embed", "mixed")
+SUITES = ("engine", "load", "embed", "mixed", "hold")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class BenchOptions:
     ask two structured questions (``answer_tokens`` at most) of each of ``documents`` documents
     beside ``chat_clients`` closed-loop chat clients (``output_tokens`` streamed, default 48), after
     the chat clients alone (``requests`` requests, default 4 per client); ``compare`` may hold peer URLs.
+
+    The hold suite (``suite="hold"``, :mod:`launcher.bench.hold_suite`): the deployment ``config``
+    describes (one replica) has its only worker replaced three ways under ``streams`` streaming
+    clients and a request loop.
     """
 
     base_url: str = "http://127.0.0.1:8000/v1"
@@ -75,6 +79,8 @@ class BenchOptions:
     documents: int = 10
     chat_clients: int = 4
     answer_tokens: int = 160
+    # the hold suite: the running deployment's deploy.yaml
+    config: Path | None = None
 
     @property
     def short_output_tokens(self) -> int:

@@ -56,15 +56,24 @@ def run_embeddings_bench(opts: BenchOptions, suite: str) -> dict:
     return run_beside_bench(opts, {}, None)
 
 
+def run_own_client_bench(opts: BenchOptions, suite: str) -> dict:
+    """A suite with its own clients and report (embed, chat beside embeddings, mixed, hold)."""
+    if suite in ("embed", "beside"):
+        return run_embeddings_bench(opts, suite)
+    if suite == "hold":
+        from launcher.bench.hold_suite import run_hold_bench
+
+        return run_hold_bench(opts.config, opts.streams, opts.api_key, opts.output, opts.timeout)
+    from launcher.bench.mixed_suite import run_mixed_bench
+
+    return run_mixed_bench(opts)
+
+
 def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
     """Run ``opts`` against its server; returns the result that was written and printed."""
     suite = json.loads(opts.replay.read_text()).get("suite", "load") if opts.replay is not None else opts.suite
-    if suite in ("embed", "beside"):
-        return run_embeddings_bench(opts, suite)
-    if suite == "mixed":
-        from launcher.bench.mixed_suite import run_mixed_bench
-
-        return run_mixed_bench(opts)
+    if suite in ("embed", "beside", "mixed", "hold"):
+        return run_own_client_bench(opts, suite)
     if opts.replay is not None:
         result = json.loads(opts.replay.read_text())
         others = read_others(opts, result.get("suite", "load"))

@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from launcher.config import DeployConfig
-from launcher.console import console, fail, load_or_exit
+from launcher.config import ConfigError, DeployConfig, load_config
+from launcher.console import config_path, console, fail
 from launcher.supervise.admin_client import AdminClient, AdminError
 from router import admin_protocol
 from router.rollout_protocol import ApplyRequest, RolloutStatus
@@ -47,12 +47,7 @@ def apply_command(
     ),
 ) -> None:
     """Apply deploy.yaml to the running deployment: router settings live, worker changes rolling, scale."""
-    cfg = load_or_exit(config)
-    if not rollback:
-        from launcher.plan.layouts import tp_refusal
-
-        if problem := tp_refusal(cfg):
-            fail(problem)
+    cfg = _read_or_refuse(config, rollback)
     client = AdminClient(admin_url or cfg.router.admin_url, admin_token or cfg.router.admin_token)
     request = ApplyRequest(
         config=request_config(cfg), dry_run=dry_run, rollback=rollback, max_unavailable=max_unavailable
@@ -65,6 +60,29 @@ def apply_command(
         fail(f"no router answers at {client.base} ({exc}); is `llamadeploy up` running?", 1)
     status = watch(client, rid)
     raise typer.Exit(outcome(status))
+
+
+def _read_or_refuse(config: Path, rollback: bool) -> DeployConfig:
+    """The new file, validated with ``up``'s rules here; exit 2 with ``refused: ...`` (``up``'s
+    lines, nothing sent, nothing changed) for a file ``up`` cannot read or split."""
+    from launcher.plan.layouts import tp_refusal
+
+    try:
+        cfg = load_config(config_path(config))
+    except ConfigError as exc:
+        raise typer.Exit(refused(str(exc))) from None
+    if not rollback and (problem := tp_refusal(cfg)):
+        raise typer.Exit(refused(problem))
+    return cfg
+
+
+def refused(reason: str) -> int:
+    """Print an apply's refusal on stderr (each line of ``reason`` after ``refused:``, then that
+    nothing changed); its exit code, 2."""
+    for line in reason.splitlines():
+        console.print(f"[bold red]refused:[/] {escape(line.strip())}", highlight=False)
+    console.print("(nothing changed)", highlight=False)
+    return 2
 
 
 def request_config(cfg: DeployConfig) -> dict:
@@ -101,21 +119,22 @@ def watch(client: AdminClient, rid: str) -> RolloutStatus:
 
 
 def describe(status: dict) -> str:
-    """One line on the last apply (``llamadeploy status``): its id, revision, state and what it
-    did: the reason it was refused or failed, else its last progress line, else its plan."""
-    what = status.get("reason") or (status.get("progress") or [""])[-1] or "; ".join(status.get("plan") or [])
+    """One line on the last apply (``llamadeploy status``): its id, revision, how it ended (with its
+    time, from the last progress line) and what it did: the reason it was refused or failed, else
+    its plan (the keys changed live or rolling, and each step)."""
+    state = status.get("state", "")
+    last = (status.get("progress") or [""])[-1]
+    ended = last if last.startswith(f"{state} in ") else state  # "done in 12.3s"
+    plan = [line for line in status.get("plan") or [] if not line.startswith("warning: ")]
+    what = status.get("reason") or "; ".join(plan) or (last if last != ended else "")
     rev = f" revision {status['revision']}" if status.get("revision") else ""
-    return f"last apply ({status.get('id', '')}){rev}: {status.get('state', '')}" + (f": {what}" if what else "")
+    return f"last apply ({status.get('id', '')}){rev}: {ended}" + (f": {what}" if what else "")
 
 
 def outcome(status: RolloutStatus) -> int:
     """Print how the apply ended; its exit code."""
     if status.state == "refused":
-        console.print(
-            f"[bold red]refused:[/] {escape(status.reason).replace(chr(10), chr(10) + '  ')}\n(nothing changed)",
-            highlight=False,
-        )
-        return 2
+        return refused(status.reason)
     if status.state == "failed":
         reason = " ".join(status.reason.split())  # one line
         console.print(f"[bold red]error:[/] apply failed, rolled back: {escape(reason)}", highlight=False)

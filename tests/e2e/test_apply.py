@@ -18,8 +18,10 @@ import time
 
 import httpx
 import pytest
+import yaml
 
-from tests.helpers.deployment import MODEL, Deployment, deep_merge, wait_for
+from tests.helpers.deployment import MODEL, Deployment, cli, deep_merge, free_port, wait_for
+from tests.helpers.refusals import ADMIT_REFUSALS, case_id
 from tests.helpers.steady_load import SteadyLoad
 
 pytestmark = pytest.mark.timeout(900)
@@ -132,6 +134,37 @@ def test_a_model_that_does_not_exist_is_refused_and_changes_nothing(d):
     errors = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
     assert len(errors) == 1 and "no-such-model" in errors[0], done.stdout
     assert "rolled back" not in done.stdout and "plan:" not in done.stdout
+    assert pids(d) == before and revisions(d) == revs
+
+
+def fix(lines: list[str]) -> str:
+    """The fix a refusal names (its text after ``fix:``), else its first line."""
+    said = " ".join(line.strip() for line in lines)
+    return said.split("fix: ", 1)[1] if "fix: " in said else lines[0]
+
+
+MACHINE_FREE = [(sections, says) for sections, says, anywhere in ADMIT_REFUSALS if anywhere]
+
+
+@pytest.mark.parametrize("sections, says", MACHINE_FREE, ids=[case_id(c) for c in MACHINE_FREE])
+def test_a_file_up_refuses_is_refused_by_apply_with_ups_message_and_changes_nothing(d, sections, says):
+    """``up`` of the new file (on other ports: this deployment holds its own) and ``apply`` of it to
+    the running deployment give the same first line; no process or revision changes."""
+    before, revs = pids(d), revisions(d)
+    new = deep_merge(d.config, sections)
+    elsewhere = d.tmp / f"up-{case_id((sections,))}.yaml"
+    elsewhere.write_text(yaml.safe_dump(deep_merge(new, {"router": {"port": free_port(), "admin_port": free_port()}})))
+    up = cli("up", str(elsewhere), timeout=180)
+    assert up.returncode == 2, up.stdout + up.stderr
+    up_says = [line for line in up.stderr.split("error: ", 1)[-1].splitlines() if "--force" not in line]
+    done = d.apply(sections)
+    assert done.returncode == 2, done.stdout
+    refused = [line.removeprefix("refused: ") for line in done.stdout.splitlines() if line.startswith("refused: ")]
+    assert refused and refused[0] == up_says[0], (refused, up_says)
+    # the figures may differ (up sees this deployment's RAM in use, apply counts it free); the fix is the same
+    assert says in " ".join(refused) and says in " ".join(up_says), (refused, up_says)
+    assert [fix(refused)] == [fix(up_says)], (refused, up_says)
+    assert "(nothing changed)" in done.stdout and "plan:" not in done.stdout and "rolled back" not in done.stdout
     assert pids(d) == before and revisions(d) == revs
 
 

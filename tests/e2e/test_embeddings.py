@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import itertools
 import os
+import re
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -19,8 +21,9 @@ import pytest
 from openai import OpenAI
 
 from tests.helpers.deployment import MODEL as CHAT_MODEL
-from tests.helpers.deployment import Deployment, wait_for
+from tests.helpers.deployment import Deployment, cli, wait_for
 from tests.helpers.java import run_example
+from tests.helpers.steady_load import SteadyLoad
 
 EMBED_MODEL = "all-minilm-l6-v2"
 SUBJECTS = ["The cat", "A data centre", "My grandmother", "The river", "An old violin"]
@@ -44,6 +47,7 @@ def emb(tmp_path_factory) -> Deployment:
                 {"name": EMBED_MODEL},  # task: auto finds a sentence-transformers folder
             ],
             "workers": {"replicas": 1, "max_waiting": 160},
+            "router": {"hold_s": 400},  # a chat worker reloading on a busy 2-core box: its requests wait
         },
     )
     try:
@@ -283,6 +287,51 @@ def test_java_embeddings_example(emb, reference):
     assert lines["dimensions"] == "384" and abs(float(lines["cosine"]) - expected) < 1e-4, lines
 
 
+def held_for(d: Deployment, model: str) -> float:
+    """Requests held for a replica of ``model`` and then dispatched (``/metrics``)."""
+    text = httpx.get(f"{d.url}/metrics", timeout=10).text
+    pattern = rf'request_hold_seconds_count\{{[^}}]*model="{re.escape(model)}"[^}}]*outcome="dispatched"[^}}]*\}} (\S+)'
+    return sum(float(v) for v in re.findall(pattern, text))
+
+
+def test_the_chat_worker_replaced_holds_chat_and_leaves_embeddings_unaffected(emb):
+    """``restart-worker --drain`` of the chat model's only worker while 2 chat streams and an
+    embedding loop run: every embedding request is answered 200 by its untouched worker, and chat
+    requests wait for the replacement (held: no 5xx, no stream cut). A rolling ``apply`` of one
+    model of several is not built (``apply`` refuses a ``models:`` deployment), so the chat
+    worker's replacement is the operator's restart here."""
+    chat_before = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
+    embed_before = embed_worker(emb)
+    held0, embed_held0 = held_for(emb, CHAT_MODEL), held_for(emb, EMBED_MODEL)
+    statuses: dict[int, int] = {}
+    stop = threading.Event()
+
+    def embed_loop() -> None:
+        while not stop.is_set():
+            r = post(emb, {"input": "a steady sentence beside the chat"}, timeout=120)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
+    with SteadyLoad(emb.base_url, CHAT_MODEL, clients=2, max_tokens=8, timeout=400) as chats:
+        with ThreadPoolExecutor(1) as pool:
+            loop = pool.submit(embed_loop)
+            chats.wait_completed(2, timeout=300)
+            restart = ["restart-worker", str(chat_before["id"]), "--drain", "--config", str(emb.path)]
+            done = cli(*restart, timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr
+            chats.wait_completed(2, timeout=300)
+            stop.set()
+            loop.result()
+        counts = chats.stop()
+    assert counts.failed == 0 and counts.server_errors == 0, (counts.failures, counts.statuses)
+    assert set(statuses) == {200} and sum(statuses.values()) >= 10, statuses
+    assert held_for(emb, CHAT_MODEL) > held0  # chat requests arrived while no chat replica was ready
+    assert held_for(emb, EMBED_MODEL) == embed_held0
+    chat_after = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
+    assert chat_after["pid"] != chat_before["pid"] and chat_after["state"] == "ready"
+    embed_now = embed_worker(emb)
+    assert (embed_now["pid"], embed_now["restarts"], embed_now["state"]) == (embed_before["pid"], 0, "ready")
+
+
 def test_kill9_of_the_embedding_worker_retries_its_requests_it_restarts_chat_untouched(emb):
     """Last (it restarts the worker): requests in flight when the embedding worker dies are retried
     on the restarted worker (nothing reached their clients) or fail with a clean 502; it comes back,
@@ -308,4 +357,8 @@ def test_kill9_of_the_embedding_worker_retries_its_requests_it_restarts_chat_unt
     assert back["restarts"] == 1 and "SIGKILL" in back["exit_reason"]
     assert post(emb, {"input": "after the restart"}).status_code == 200
     chat_now = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
-    assert (chat_now["pid"], chat_now["restarts"], chat_now["state"]) == (chat_worker["pid"], 0, "ready")
+    assert (chat_now["pid"], chat_now["restarts"], chat_now["state"]) == (
+        chat_worker["pid"],
+        chat_worker["restarts"],
+        "ready",
+    )

@@ -15,6 +15,7 @@ from launcher.plan.placement import Inventory
 from launcher.rollout.begin import Refused, _plan, _target_config, begin_apply
 from launcher.rollout.command import request_config
 from router.rollout_protocol import ApplyRequest
+from tests.helpers.refusals import ADMIT_REFUSALS, FILE_REFUSALS, case_id
 from tests.helpers.supervisor_harness import started
 
 GIB = 2**30
@@ -44,16 +45,8 @@ def up_verdict(cfg: DeployConfig) -> str | None:
         return str(exc)
 
 
-@pytest.mark.parametrize(
-    "sections, says",
-    [
-        ({"workers": {"kv_cache_gib": 0.001}}, "raise workers.kv_cache_gib"),
-        ({"workers": {"tensor_parallel_size": 2}}, "does not divide the model's 9 attention heads"),
-        ({"workers": {"replicas": 3}}, "workers:"),
-        ({"model": {"max_model_len": 1_000_000}}, "max_model_len"),
-    ],
-)
-def test_apply_refuses_what_up_refuses_with_ups_message(tmp_path, sections, says):
+@pytest.mark.parametrize("sections, says, _anywhere", ADMIT_REFUSALS, ids=[case_id(c) for c in ADMIT_REFUSALS])
+def test_apply_refuses_what_up_refuses_with_ups_message(tmp_path, sections, says, _anywhere):
     sup = running(tmp_path)
     cfg = changed(sup, **sections)
     message = up_verdict(cfg)
@@ -63,21 +56,13 @@ def test_apply_refuses_what_up_refuses_with_ups_message(tmp_path, sections, says
     assert str(refused.value) == message
 
 
-@pytest.mark.parametrize(
-    "data",
-    [
-        {"workers": {"max_num_seq": 4}},
-        {"workers": {"replicas": "2"}},
-        {"workers": {"replicas": 0}},
-        {"router": {"port": 8000, "admin_port": 8000}},
-    ],
-)
-def test_a_file_up_cannot_read_is_refused_with_the_same_lines(data):
+@pytest.mark.parametrize("data, line", FILE_REFUSALS, ids=[case_id(c) for c in FILE_REFUSALS])
+def test_a_file_up_cannot_read_is_refused_with_the_same_lines(data, line):
     with pytest.raises(ConfigError) as up_error:
         parse_config(data, "the new deploy.yaml")
     with pytest.raises(Refused) as refused:
         _target_config(None, ApplyRequest(config=data))
-    assert str(refused.value) == str(up_error.value)
+    assert str(refused.value) == str(up_error.value) == f"the new deploy.yaml: {line}"
 
 
 def test_a_scale_up_without_spare_cores_is_refused_by_the_dry_run_as_by_the_real_run(tmp_path):
@@ -121,3 +106,23 @@ def test_the_gpus_this_deployment_uses_count_as_free_for_the_check(tmp_path):
     busy = [GpuInfo(i, "GPU", f"GPU-{i}", 80 * GIB, 8 * GIB) for i in range(2)]
     seen = _as_if_stopped(sup, Inventory(gpus=busy, cpus=[0, 1], ram_available_bytes=GIB))
     assert [g.free_bytes for g in seen.gpus] == [8 * GIB, 80 * GIB]  # GPU 0 is someone else's
+
+
+def test_status_names_what_the_last_apply_did():
+    from launcher.rollout.command import describe
+
+    done = {
+        "id": "a1",
+        "state": "done",
+        "revision": 4,
+        "plan": ["rolling (each replica replaced): workers.max_num_seqs", "wave 0: replace worker 0 (surge: ...)"],
+        "progress": ["revision 4 (abc): 1 step(s)", "done in 57.2s"],
+    }
+    assert describe(done) == (
+        "last apply (a1) revision 4: done in 57.2s: rolling (each replica replaced): workers.max_num_seqs; "
+        "wave 0: replace worker 0 (surge: ...)"
+    )
+    live = {"id": "a2", "state": "done", "revision": 5, "plan": ["live (no restart): router.policy"], "progress": []}
+    assert describe(live) == "last apply (a2) revision 5: done: live (no restart): router.policy"
+    refused = {"id": "a3", "state": "refused", "reason": "the new deploy.yaml: workers.replicas: ...", "plan": []}
+    assert describe(refused) == "last apply (a3): refused: the new deploy.yaml: workers.replicas: ..."

@@ -64,7 +64,7 @@ def test_port_and_admin_port_must_differ():
 def test_a_value_matching_no_member_of_a_union_is_one_line_naming_the_key():
     with pytest.raises(ConfigError) as e:
         parse_config({"workers": {"max_prefill_tokens": 0, "devices": [0, "x"]}, "router": {"api_keys": [1]}})
-    lines = str(e.value).splitlines()[1:]
+    lines = e.value.problems
     assert [line.split(":")[0].strip() for line in lines] == [
         "router.api_keys[0]",
         "workers.devices",
@@ -95,13 +95,13 @@ def test_a_validator_refusal_reads_as_its_own_sentence(data, line):
     whole-file check, no pydantic "Value error, " prefix."""
     with pytest.raises(ConfigError) as e:
         parse_config(data)
-    assert str(e.value).splitlines()[1].strip() == line
+    assert e.value.problems[0] == line
 
 
 def test_a_bad_item_of_a_union_list_is_named_once_with_its_position():
     with pytest.raises(ConfigError) as e:
         parse_config({"workers": {"devices": [0, "x", "y"]}})
-    (line,) = str(e.value).splitlines()[1:]
+    (line,) = e.value.problems
     assert line.strip() == (
         "workers.devices: Input should be 'auto' or 'cpu', or items 1, 2: input should be a valid integer, "
         "unable to parse string as an integer (got [0, 'x', 'y'])"
@@ -137,7 +137,7 @@ def test_model_as_a_plain_string_is_its_name():
 def test_a_quoted_number_is_refused_like_any_wrong_type(data, key):
     with pytest.raises(ConfigError) as e:
         parse_config(data)
-    (line,) = str(e.value).splitlines()[1:]
+    (line,) = e.value.problems
     assert line.strip().startswith(f"{key}: a number is needed, not the string")
 
 

@@ -206,3 +206,41 @@ def test_hold_queue_leave_is_idempotent_and_counts_once():
     q.leave(b, "dispatched")
     q.leave(b, "cancelled")
     assert seen == ["dispatched"] and q.is_head(a) and q.by_model() == {"m": 1}
+
+
+def test_held_requests_and_time_held_show_in_metrics_and_the_status_feed_under_the_models_name():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from router.metrics import Metrics
+
+    async def scenario():
+        pool = one_worker_restarting()
+        metrics = Metrics(pool)
+        model = pool.workers[0].model
+        tasks = [request(pool), request(pool)]
+        await step()
+        await asyncio.sleep(0.05)
+        assert pool.hold.by_model() == {"": 2} and pool.hold.oldest_s()[""] >= 0.0  # the status page's feed
+        assert sample(metrics, "llamadeploy_num_requests_held", model=model) == 2
+        pool.boot(0, pid=101, restarts=1)
+        await step()
+        assert sample(metrics, "llamadeploy_num_requests_held", model=model) == 0
+        labels = {"model": model, "outcome": "dispatched"}
+        assert sample(metrics, "llamadeploy_request_hold_seconds_count", **labels) == 2
+        assert sample(metrics, "llamadeploy_request_hold_seconds_sum", **labels) >= 0.09
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def sample(metrics, name: str, **labels) -> float:
+        text = metrics.exposition().decode()
+        found = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and s.labels == labels
+        ]
+        assert len(found) == 1, (name, labels, text)
+        return found[0]
+
+    run(scenario())

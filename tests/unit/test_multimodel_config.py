@@ -65,7 +65,7 @@ def test_task_defaults_to_auto_and_is_checked():
 def one_error(data: dict) -> str:
     with pytest.raises(ConfigError) as e:
         parse_config(data)
-    lines = str(e.value).splitlines()[1:]
+    lines = e.value.problems
     assert len(lines) == 1, lines
     return lines[0].strip()
 

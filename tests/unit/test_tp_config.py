@@ -25,7 +25,7 @@ def test_default_is_one_rank():
 def test_tensor_parallel_and_layer_split_are_exclusive():
     with pytest.raises(ConfigError) as err:
         parse_config({"workers": {"tensor_parallel_size": 2, "gpus_per_replica": 2}})
-    line = str(err.value).splitlines()[1]
+    (line,) = err.value.problems
     assert "workers.tensor_parallel_size=2 and workers.gpus_per_replica=2 are exclusive" in line
     assert "set one of them to 1" in line
 
