@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
-from launcher.bench import bench_command
+from launcher.bench.command import bench_command
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
+from launcher.plan.ports import port_problems
 from launcher.rollout.command import apply_command
-from launcher.supervise.ports import port_problems
 from router.admin_protocol import HAS_NO_PROCESS, WorkerState
 from router.policies import POLICIES
 from router.settings import connect_host
