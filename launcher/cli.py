@@ -134,6 +134,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
     model's folder, or one per model of ``cfg.served()``. ``backend`` starts the
     worker slots (None: local processes; :class:`launcher.ray.backend.RayBackend`), ``address`` is
     the router's ZeroMQ endpoint (default ``router.zmq_address``, else ``ipc://`` in the run dir)."""
+    from launcher.rollout.begin import begin_apply
     from launcher.supervise.progress import loading_progress
     from launcher.supervise.supervisor import Supervisor
     from worker.contract.keys import make_keys, uses_curve
@@ -152,6 +153,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env, backend=backend)
+    sup.on_apply(begin_apply)  # the supervisor steps the rollout an apply starts
     try:
         sup.start()
         names = [one.name for one in cfg.served()]
