@@ -129,6 +129,23 @@ def _model_path(one) -> Path:
     return path
 
 
+def say_ready(cfg: DeployConfig, count: int, failed: list[int]) -> None:
+    """The ``ready`` line: the endpoint, the models, how many of ``count`` workers serve (``failed``:
+    the slots given up on), the policy; a log line with JSON logs."""
+    host = connect_host(cfg.router.host)
+    quoted = "', '".join(one.name for one in cfg.served())
+    workers = (
+        f"{count - len(failed)} of {count} workers, failed: {', '.join(map(str, failed))}"
+        if failed
+        else f"{count} worker(s)"
+    )
+    ready = f"http://{host}:{cfg.router.port}/v1  (model '{quoted}', {workers}, policy {cfg.router.policy})"
+    if cfg.logging.format == "json":
+        log.info("ready: %s", ready)  # one JSON object per line, even for this
+    else:
+        console.print(f"[bold green]ready[/]: {ready}", highlight=False)
+
+
 def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None, address: str | None = None) -> int:
     """Run one deployment in the foreground; returns the process exit code. ``model_path``: the
     model's folder, or one per model of ``cfg.served()``. ``backend`` starts the
@@ -168,19 +185,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
             longest = max(one.workers.startup_timeout_s for one in cfg.served())
             sup.wait_ready(longest, lambda: stop["requested"])
         if not stop["requested"]:
-            host = connect_host(cfg.router.host)
-            quoted = "', '".join(names)
-            failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
-            workers = (
-                f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}"
-                if failed
-                else f"{len(specs)} worker(s)"
-            )
-            ready = f"http://{host}:{cfg.router.port}/v1  (model '{quoted}', {workers}, policy {cfg.router.policy})"
-            if cfg.logging.format == "json":
-                log.info("ready: %s", ready)  # one JSON object per line, even for this
-            else:
-                console.print(f"[bold green]ready[/]: {ready}", highlight=False)
+            say_ready(cfg, len(specs), [wid for wid, slot in sup.slots.items() if slot.failed])
         return sup.run(lambda: stop["requested"])
     except (RuntimeError, KeyboardInterrupt) as exc:
         if isinstance(exc, RuntimeError):

@@ -59,6 +59,8 @@ from router.admin_protocol import (
     WorkerInfo,
     WorkerReady,
 )
+from router.args import PROGRAM as ROUTER_PROGRAM
+from router.args import RouterArgs
 from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
@@ -214,22 +216,19 @@ class Supervisor:
             return RankGroup.start(spec, launch, self._spawn)
         return self._spawn(launch.argv(), dict(launch.env))
 
-    def _router_args(self) -> list[str]:
-        return [
-            "-m",
-            "router.main",
-            "--config",
-            str(self.router_settings_path),
-            *(arg for path in self.model_paths for arg in ("--model-path", str(path))),
-            "--address",
-            self.address,
-            "--events",
-            self.events.address,
-            "--started",
-            str(self.started),
-            "--event-log",
-            str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
-        ]
+    def _router_args(self, restarts: int = 0, standby: bool = False) -> list[str]:
+        """A router's command line: the same files and addresses for every router it starts."""
+        args = RouterArgs(
+            config=str(self.router_settings_path),
+            model_paths=tuple(str(path) for path in self.model_paths),
+            address=self.address,
+            events=self.events.address,
+            started=self.started,
+            event_log=str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
+            restarts=restarts,
+            standby=standby,
+        )
+        return [*ROUTER_PROGRAM, *args.to_argv()]
 
     def start_router(self) -> None:
         """Start a router on the configured ports and ZeroMQ address (the same every time): the
@@ -248,7 +247,7 @@ class Supervisor:
                 self.router = standby
                 log.info("standby router (pid %d) taking over, restart %d", standby.pid, restarts)
                 return
-        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], self.child_env)
+        self.router = self._spawn(self._router_args(restarts=restarts), self.child_env)
         log.info("router started (pid %d)%s", self.router.pid, f", restart {restarts}" if restarts else "")
 
     def keep_standby(self) -> None:
@@ -266,7 +265,7 @@ class Supervisor:
             )
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
         if self.standby is None and now >= self._standby_at:
-            self.standby = self._spawn([*self._router_args(), "--standby"], self.child_env, stdin_pipe=True)
+            self.standby = self._spawn(self._router_args(standby=True), self.child_env, stdin_pipe=True)
             log.info("standby router started (pid %d)", self.standby.pid)
 
     def start_worker(self, wid: int) -> None:
