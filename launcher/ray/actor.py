@@ -90,8 +90,9 @@ class WorkerActor:
         self._error = ""
 
     def start(self, args: WorkerArgs, env: dict[str, str], files: dict[str, bytes], share: float, on_cpu: bool) -> dict:
-        """Start ``python -m worker.main ARGS`` with ``env`` added (``{RUN}`` in the settings file's path
-        and the environment's values replaced by the private folder holding ``files``). ``on_cpu``: the model runs on CPU although Ray granted GPUs (the test switch).
+        """Start ``python -m worker.main ARGS`` with ``env`` added (``{RUN}`` in the settings file's
+        path and in the environment's values replaced by the private folder holding ``files``).
+        ``on_cpu``: the model runs on CPU although Ray granted GPUs (the test switch).
         Returns what the worker was given: pid, node id and IP, GPU ids, CUDA_VISIBLE_DEVICES."""
         import ray
 

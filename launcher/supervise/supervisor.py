@@ -42,13 +42,7 @@ from launcher.supervise.control import ApplyHandler, Stepper
 from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
 from launcher.supervise.revisions import Revisions
-from launcher.supervise.slots import (  # noqa: F401 (judge_crash, CrashVerdict: the tests' import)
-    MAX_BACKOFF_S,
-    Child,
-    CrashVerdict,
-    Slot,
-    judge_crash,
-)
+from launcher.supervise.slots import MAX_BACKOFF_S, Child, Slot, judge_crash  # noqa: F401 (judge_crash: the tests' import)
 from router.admin_protocol import (
     ApplyRequested,
     Event,
