@@ -11,11 +11,11 @@ from pathlib import Path
 
 import typer
 
-from launcher.bench import bench_command
+from launcher.bench.command import bench_command
 from launcher.config import DeployConfig
 from launcher.console import console, fail, load_or_exit, report_console
+from launcher.plan.ports import port_problems
 from launcher.rollout.command import apply_command
-from launcher.supervise.ports import port_problems
 from router.admin_protocol import HAS_NO_PROCESS, WorkerState
 from router.policies.registry import POLICIES
 from router.settings import connect_host
@@ -129,11 +129,29 @@ def _model_path(one) -> Path:
     return path
 
 
+def say_ready(cfg: DeployConfig, count: int, failed: list[int]) -> None:
+    """The ``ready`` line: the endpoint, the models, how many of ``count`` workers serve (``failed``:
+    the slots given up on), the policy; a log line with JSON logs."""
+    host = connect_host(cfg.router.host)
+    quoted = "', '".join(one.name for one in cfg.served())
+    workers = (
+        f"{count - len(failed)} of {count} workers, failed: {', '.join(map(str, failed))}"
+        if failed
+        else f"{count} worker(s)"
+    )
+    ready = f"http://{host}:{cfg.router.port}/v1  (model '{quoted}', {workers}, policy {cfg.router.policy})"
+    if cfg.logging.format == "json":
+        log.info("ready: %s", ready)  # one JSON object per line, even for this
+    else:
+        console.print(f"[bold green]ready[/]: {ready}", highlight=False)
+
+
 def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None, address: str | None = None) -> int:
     """Run one deployment in the foreground; returns the process exit code. ``model_path``: the
     model's folder, or one per model of ``cfg.served()``. ``backend`` starts the
     worker slots (None: local processes; :class:`launcher.ray.backend.RayBackend`), ``address`` is
     the router's ZeroMQ endpoint (default ``router.zmq_address``, else ``ipc://`` in the run dir)."""
+    from launcher.rollout.begin import begin_apply
     from launcher.supervise.progress import loading_progress
     from launcher.supervise.supervisor import Supervisor
     from worker.contract.keys import make_keys, uses_curve
@@ -152,6 +170,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     sup = Supervisor(cfg, specs, model_path, run_dir, address, child_env=child_env, backend=backend)
+    sup.on_apply(begin_apply)  # the supervisor steps the rollout an apply starts
     try:
         sup.start()
         names = [one.name for one in cfg.served()]
@@ -166,19 +185,7 @@ def serve(cfg: DeployConfig, specs, model_path: Path | list[Path], backend=None,
             longest = max(one.workers.startup_timeout_s for one in cfg.served())
             sup.wait_ready(longest, lambda: stop["requested"])
         if not stop["requested"]:
-            host = connect_host(cfg.router.host)
-            quoted = "', '".join(names)
-            failed = [str(wid) for wid, slot in sup.slots.items() if slot.failed]
-            workers = (
-                f"{len(specs) - len(failed)} of {len(specs)} workers, failed: {', '.join(failed)}"
-                if failed
-                else f"{len(specs)} worker(s)"
-            )
-            ready = f"http://{host}:{cfg.router.port}/v1  (model '{quoted}', {workers}, policy {cfg.router.policy})"
-            if cfg.logging.format == "json":
-                log.info("ready: %s", ready)  # one JSON object per line, even for this
-            else:
-                console.print(f"[bold green]ready[/]: {ready}", highlight=False)
+            say_ready(cfg, len(specs), [wid for wid, slot in sup.slots.items() if slot.failed])
         return sup.run(lambda: stop["requested"])
     except (RuntimeError, KeyboardInterrupt) as exc:
         if isinstance(exc, RuntimeError):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -15,6 +14,7 @@ import uvloop
 from aiohttp import web
 
 from router.app import CONNECTIONS, create_admin_app, create_app
+from router.args import RouterArgs
 from router.connections import raise_file_limit
 from router.events import EventLog
 from router.served import served_model
@@ -83,26 +83,16 @@ def load_models(cfg: RouterSettings, model_paths: list[str]) -> dict[str, Served
     return {m.name: m for m in served}
 
 
-async def run_router(
-    cfg: RouterSettings,
-    model_path: str | list[str],
-    address: str,
-    restarts: int = 0,
-    standby: bool = False,
-    events: str = "",
-    started: int = 0,
-    event_log: str = "",
-) -> None:
-    """Serve the public and admin apps until SIGTERM/SIGINT. A ``standby`` router loads what takes
-    time (imports, tokenizers), then binds nothing until :func:`wait_for_takeover` says so.
-    ``model_path``: the model's folder, or one per served model. ``events``: the supervisor's
-    event address (:mod:`router.supervisor_events`; "" without one). ``started``: the Unix seconds
-    the deployment started (0: this router's own start). ``event_log``: the file that keeps the
-    status page's worker events across router processes (:class:`router.events.EventLog`; "": in
-    memory only)."""
+async def run_router(cfg: RouterSettings, args: RouterArgs) -> None:
+    """Serve the public and admin apps until SIGTERM/SIGINT. A standby router (``args.standby``)
+    loads what takes time (imports, tokenizers), then binds nothing until :func:`wait_for_takeover`
+    says so. ``args.events``: the supervisor's event address (:mod:`router.supervisor_events`; ""
+    without one); ``args.event_log``: the file that keeps the status page's worker events across
+    router processes (:class:`router.events.EventLog`; "": in memory only)."""
     raise_file_limit()  # before create_app, which sizes the connection cap from it
-    models = load_models(cfg, [model_path] if isinstance(model_path, str) else model_path)
-    if standby:
+    models = load_models(cfg, list(args.model_paths))
+    address, restarts, events, started = args.address, args.restarts, args.events, args.started
+    if args.standby:
         log.info("standby router loaded; waiting to take over")
         taken = await wait_for_takeover()
         if taken is None:
@@ -120,8 +110,8 @@ async def run_router(
         curve=curve,
         model_timeouts=cfg.model_timeouts(),
     )
-    if event_log:
-        pool.events = EventLog(path=Path(event_log))
+    if args.event_log:
+        pool.events = EventLog(path=Path(args.event_log))
         if restarts:
             pool.events.router_restarted(os.getpid(), restarts)
     sender = EventSender(events) if events else None
@@ -142,26 +132,11 @@ async def run_router(
 
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a launcher killed from here on takes this process with it
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--model-path", required=True, action="append", help="once per served model")
-    ap.add_argument("--address", required=True)
-    ap.add_argument("--restarts", type=int, default=0, help="times the supervisor has restarted the router")
-    ap.add_argument(
-        "--standby", action="store_true", help="load, then wait for `go <restarts>` on stdin before binding"
-    )
-    ap.add_argument("--events", default="", help="the supervisor's event socket (ZeroMQ), where this router pushes")
-    ap.add_argument("--event-log", default="", help="the file that keeps worker events across router restarts")
-    ap.add_argument("--started", type=int, default=0, help="Unix seconds the deployment started (/v1/models)")
-    args = ap.parse_args(argv)
+    args = RouterArgs.from_argv(argv)
     with open(args.config) as f:
         cfg = RouterSettings.model_validate_json(f.read())
     setup_logging("router", cfg.logging.format, cfg.logging.level)
-    uvloop.run(
-        run_router(
-            cfg, args.model_path, args.address, args.restarts, args.standby, args.events, args.started, args.event_log
-        )
-    )
+    uvloop.run(run_router(cfg, args))
 
 
 if __name__ == "__main__":

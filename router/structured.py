@@ -180,7 +180,7 @@ class GrammarChecker:
             return self._compiler
 
     async def ready(self) -> None:
-        """Build the tokenizer's xgrammar view (~0.1-0.5 s, once) on the pool, off the event loop."""
+        """Build the tokenizer's xgrammar view (once; it walks the whole vocabulary) on the pool, off the event loop."""
         if self._compiler is None:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._ensure)
 

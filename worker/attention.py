@@ -17,8 +17,8 @@ keys/values at their slots, then attends:
 * each prefill chunk on its own: queries ``[1, heads, chunk, D]`` against its context's keys
   (SDPA's grouped-query mode) with a causal mask offset by the tokens already cached (chunked
   prefill, prefix-cache hits). Measured on CPU, each layout is the faster one for its case: the
-  grouped decode layout beats ``enable_gqa`` by up to 1.8x at one query token, and loses by 7x at
-  512 (docs/design/engine.md).
+  grouped decode layout wins at one query token and loses at prefill lengths (the figures:
+  docs/design/engine.md and the dated benchmark results).
 
 Every query row attends to at least its own key, so no row of a softmax is empty: there is no padded
 query row whose output some CUDA kernels return as NaN.

@@ -13,7 +13,6 @@ exit 0 when rank 0 stops cleanly, and ignore SIGTERM once loaded (rank 0 decides
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import logging
 import os
@@ -24,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from worker.contract.args import WorkerArgs
 from worker.contract.env import SLOT_DEVICE_ENV
 from worker.contract.fingerprint import system_fingerprint
 from worker.contract.lifeline import die_with_parent
@@ -67,25 +67,6 @@ def fault_crash_at_start(worker_id: int, env: dict | None = None) -> bool:
     return fault_names(FAULT_CRASH_AT_START, worker_id, env)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", required=True, help="resolved deployment config (JSON)")
-    ap.add_argument("--worker-id", type=int, required=True)
-    ap.add_argument("--device", choices=["cpu", "cuda"], required=True)
-    ap.add_argument("--cpus", default="", help="comma-separated core ids (CPU workers)")
-    ap.add_argument("--model-path", required=True)
-    ap.add_argument("--address", required=True, help="the router's ZeroMQ endpoint")
-    ap.add_argument("--rank", type=int, default=0, help="tensor-parallel rank of this process")
-    ap.add_argument("--world-size", type=int, default=1, help="tensor-parallel ranks of this replica")
-    ap.add_argument("--dist-init", default=None, help="tcp://HOST:PORT where the ranks meet (rank 0 listens)")
-    args = ap.parse_args(argv)
-    if args.world_size > 1 and not args.dist_init:
-        ap.error("--world-size > 1 needs --dist-init tcp://HOST:PORT")
-    if not 0 <= args.rank < args.world_size:
-        ap.error(f"--rank {args.rank} is not in 0..{args.world_size - 1}")
-    return args
-
-
 def pin_cpus(cpus: list[int]) -> None:
     """Restrict this process to ``cpus`` and size the math libraries' thread pools to match."""
     os.sched_setaffinity(0, cpus)
@@ -116,27 +97,18 @@ class Link:
         return engine.stats() if engine else EngineLoad()
 
 
-def run_worker_process(
-    cfg: WorkerSettings,
-    worker_id: int,
-    device_kind: str,
-    cpus: list[int],
-    model_path: str,
-    address: str,
-    world: int = 1,
-    dist_init: str | None = None,
-    settings_path: str | None = None,
-) -> int:
-    """Connect to the router, load the replica (rank 0 of ``world`` tensor-parallel ranks meeting
-    at ``dist_init``), serve until told to stop, stop. Returns the process exit code.
-    ``settings_path``: the settings file ``cfg`` was read from (its folder is the run directory)."""
+def run_worker_process(cfg: WorkerSettings, args: WorkerArgs) -> int:
+    """Connect to the router, load the replica (rank 0 of ``args.world_size`` tensor-parallel ranks
+    meeting at ``args.dist_init``), serve until told to stop, stop. Returns the process exit code.
+    ``cfg``: the settings file ``args.config`` (its folder is the run directory)."""
     started = time.monotonic()
-    link = connect(cfg, worker_id, device_kind, cpus, address)
+    worker_id = args.worker_id
+    link = connect(cfg, worker_id, args.device, list(args.cpus), args.address)
     if link is None:
         return 1
     stop = threading.Event()
     catch_signals(link, stop)
-    engine, ready, group = load(cfg, link, device_kind, cpus, model_path, world, dist_init, started, settings_path)
+    engine, ready, group = load(cfg, link, args, started)
     link.engine = engine
     link.transport.announce(ready)
     log.info("ready after %.1fs", time.monotonic() - started)
@@ -195,20 +167,11 @@ def catch_signals(link: Link, stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def load(
-    cfg: WorkerSettings,
-    link: Link,
-    device_kind: str,
-    cpus: list[int],
-    model_path: str,
-    world: int,
-    dist_init: str | None,
-    started: float,
-    settings_path: str | None = None,
-):
+def load(cfg: WorkerSettings, link: Link, args: WorkerArgs, started: float):
     """Check the GPUs, join the tensor-parallel ranks, load the weights and KV cache, warm up; with
     ``workers.deterministic`` the replicas started from one settings file share one kernel table
     (:func:`kernel_table`). Returns ``(engine, its Ready message, the rank group or None)``."""
+    device_kind, cpus, model_path, world = args.device, args.cpus, args.model_path, args.world_size
     import torch
 
     from worker import gpus as worker_gpus
@@ -221,8 +184,8 @@ def load(
         from worker.embed.load import load_embedder
 
         return load_embedder(cfg, link, device_kind, model_path, world, started)
-    group = join_group(cfg, 0, world, dist_init, device_kind) if world > 1 else None
-    table = kernel_table(cfg, settings_path, model_path)
+    group = join_group(cfg, 0, world, args.dist_init, device_kind) if world > 1 else None
+    table = kernel_table(cfg, args.config, model_path)
     engine, budget = build_engine(cfg, model_path, device_kind, share, group=group, kernel_table=table)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
@@ -391,18 +354,10 @@ def join_group(cfg: WorkerSettings, rank: int, world: int, dist_init: str, devic
     return TPGroup.init(rank, world, dist_init, device, w.startup_timeout_s, w.stall_timeout_s)
 
 
-def run_follower_process(
-    cfg: WorkerSettings,
-    worker_id: int,
-    rank: int,
-    world: int,
-    dist_init: str,
-    device_kind: str,
-    cpus: list[int],
-    model_path: str,
-) -> int:
-    """Rank ``rank`` > 0 of a tensor-parallel replica: join the ranks, load this rank's shard and KV
-    share, run rank 0's steps until it says stop (exit 0). Raises :class:`worker.tp.PeerLost`."""
+def run_follower_process(cfg: WorkerSettings, args: WorkerArgs) -> int:
+    """Rank ``args.rank`` > 0 of a tensor-parallel replica: join the ranks, load this rank's shard and
+    KV share, run rank 0's steps until it says stop (exit 0). Raises :class:`worker.tp.PeerLost`."""
+    rank, world, device_kind = args.rank, args.world_size, args.device
     loaded = threading.Event()
 
     def on_sigterm(*_) -> None:
@@ -419,11 +374,11 @@ def run_follower_process(
     from worker.replica import build_follower
     from worker.tp import follow
 
-    if cpus:
-        torch.set_num_threads(len(cpus))
+    if args.cpus:
+        torch.set_num_threads(len(args.cpus))
     _, share = worker_gpus.start_check(device_kind)
-    group = join_group(cfg, rank, world, dist_init, device_kind)
-    runner = build_follower(cfg, model_path, device_kind, share, group)
+    group = join_group(cfg, rank, world, args.dist_init, device_kind)
+    runner = build_follower(cfg, args.model_path, device_kind, share, group)
     loaded.set()
     log.info(
         "rank %d of %d loaded: KV cache %d blocks (%.2f GiB); following rank 0",
@@ -439,36 +394,19 @@ def run_follower_process(
 
 def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a launcher killed from here on takes this process with it
-    args = parse_args(argv)
-    cpus = [int(c) for c in args.cpus.split(",") if c]
-    if cpus:
-        pin_cpus(cpus)
+    args = WorkerArgs.from_argv(argv)
+    if args.cpus:
+        pin_cpus(list(args.cpus))
     with open(args.config) as f:
         cfg = WorkerSettings.model_validate_json(f.read())
-    role = f"worker-{args.worker_id}" + (f" rank {args.rank}" if args.world_size > 1 else "")
-    setup_logging(f"{role} {args.device}", cfg.logging.format, cfg.logging.level)
+    setup_logging(f"{args.role} {args.device}", cfg.logging.format, cfg.logging.level)
     if fault_crash_at_start(args.worker_id):
         log.error("%s names this worker: exiting with code %d (fault injection)", FAULT_CRASH_AT_START, FAULT_EXIT_CODE)
         sys.exit(FAULT_EXIT_CODE)
     from worker.tp import PEER_LOST_EXIT_CODE, PeerLost
 
     try:
-        if args.rank > 0:
-            code = run_follower_process(
-                cfg, args.worker_id, args.rank, args.world_size, args.dist_init, args.device, cpus, args.model_path
-            )
-        else:
-            code = run_worker_process(
-                cfg,
-                args.worker_id,
-                args.device,
-                cpus,
-                args.model_path,
-                args.address,
-                args.world_size,
-                args.dist_init,
-                args.config,
-            )
+        code = run_follower_process(cfg, args) if args.rank > 0 else run_worker_process(cfg, args)
     except PeerLost as exc:
         log.error("%s; exiting with code %d", exc, PEER_LOST_EXIT_CODE)
         code = PEER_LOST_EXIT_CODE

@@ -8,7 +8,3 @@ and SSE), :mod:`.load` (load patterns), :mod:`.summary` (figures from timelines,
 :mod:`.report` and :mod:`.plot` (output), :mod:`.runner` (one run) and :mod:`.command` (the CLI);
 :mod:`.perplexity` (llama-perplexity's arithmetic, pure) and :mod:`.perplexity_run` (``--perplexity``).
 """
-
-from launcher.bench.command import bench_command
-
-__all__ = ["bench_command"]

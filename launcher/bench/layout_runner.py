@@ -25,7 +25,7 @@ from launcher.bench import load
 from launcher.bench.client import Client
 from launcher.bench.layouts import LayoutResult, LayoutRun, layout_runs, results_table
 from launcher.bench.prompts import short_messages
-from launcher.supervise.ports import free_port
+from launcher.plan.ports import free_port
 
 log = logging.getLogger(__name__)
 

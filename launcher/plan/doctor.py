@@ -480,7 +480,7 @@ def deployment_checks(cfg: DeployConfig, inv: Inventory, shape) -> list[Check]:
 def port_checks(cfg: DeployConfig) -> list[Check]:
     """One row per listening address: free, held by this same deployment (its router answers
     with this file's :func:`~router.settings.deployment_id`: ``ok``), or held by something else."""
-    from launcher.supervise.ports import port_problems
+    from launcher.plan.ports import port_problems
 
     rows = []
     for host, port, key, problem in port_problems(cfg):

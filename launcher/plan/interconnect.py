@@ -1,8 +1,8 @@
 """How the GPUs are connected to each other (NVLink or PCIe), from NVML's topology queries.
 
 Tensor parallelism all-reduces every layer's output between its ranks, twice per layer per
-step, so its gain over one card depends on this link: 13B over two cards runs about
-×1.7 faster than one card over NVLink and ×1.3 over PCIe. Per pair of GPUs: NVLink when NVML's peer-to-peer status
+step, so its gain over one card depends on this link: much larger over NVLink than over PCIe
+(the dated benchmark results have the figures). Per pair of GPUs: NVLink when NVML's peer-to-peer status
 over NVLink is OK (``nvmlDeviceGetP2PStatus(..., NVML_P2P_CAPS_INDEX_NVLINK)``, which also covers
 NVSwitch systems), or, where a driver cannot answer that, when both GPUs have an active NVLink
 (``nvmlDeviceGetNvLinkState``); otherwise PCIe, with the path from

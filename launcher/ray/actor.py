@@ -22,8 +22,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 
+from worker.contract.args import PROGRAM, WorkerArgs
 from worker.contract.env import (
     EXPECTED_GPUS_ENV,
     NODE_ID_ENV,
@@ -87,9 +89,10 @@ class WorkerActor:
         self._exited = threading.Event()
         self._error = ""
 
-    def start(self, args: list[str], env: dict[str, str], files: dict[str, bytes], share: float, on_cpu: bool) -> dict:
-        """Start ``python ARGS`` with ``env`` added (``{RUN}`` replaced by the private folder holding
-        ``files``). ``on_cpu``: the model runs on CPU although Ray granted GPUs (the test switch).
+    def start(self, args: WorkerArgs, env: dict[str, str], files: dict[str, bytes], share: float, on_cpu: bool) -> dict:
+        """Start ``python -m worker.main ARGS`` with ``env`` added (``{RUN}`` in the settings file's
+        path and in the environment's values replaced by the private folder holding ``files``).
+        ``on_cpu``: the model runs on CPU although Ray granted GPUs (the test switch).
         Returns what the worker was given: pid, node id and IP, GPU ids, CUDA_VISIBLE_DEVICES."""
         import ray
 
@@ -117,7 +120,7 @@ class WorkerActor:
         cpus = str(int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)) or 1)
         for var in THREAD_VARS:
             child.setdefault(var, cpus)
-        argv = [sys.executable, *(a.replace(RUN_DIR, str(run)) for a in args)]
+        argv = [sys.executable, *PROGRAM, *replace(args, config=args.config.replace(RUN_DIR, str(run))).to_argv()]
         # The child is started, and waited for, by a thread of our own that lives as long as it:
         # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends.
         threading.Thread(target=self._run, args=(argv, child, run), daemon=True, name="worker-child").start()

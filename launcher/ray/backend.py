@@ -31,6 +31,7 @@ from launcher.ray.actor import RUN_DIR, WorkerActor
 from launcher.ray.placement import RaySpec
 from launcher.supervise.launch import WorkerLaunch
 from launcher.supervise.supervisor import WorkerStartError
+from worker.contract.args import WorkerArgs
 from worker.contract.env import KEYS_ENV
 from worker.contract.keys import ROUTER, worker_name
 
@@ -210,10 +211,10 @@ class RayBackend:
 
     # ---- starting ---------------------------------------------------------------------
 
-    def _payload(self, spec: RaySpec, launch: WorkerLaunch) -> tuple[list[str], dict, dict]:
+    def _payload(self, spec: RaySpec, launch: WorkerLaunch) -> tuple[WorkerArgs, dict, dict]:
         """The worker's arguments and environment with node-local paths, and the files to write
         there: its settings file (no router secret is in it) and its CURVE keys."""
-        files = {"worker.json": Path(launch.settings).read_bytes()}
+        files = {"worker.json": Path(launch.args.config).read_bytes()}
         env = {k: v for k, v in launch.env.items() if k not in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
         if KEYS_ENV in env:
             keys = Path(env[KEYS_ENV])
@@ -222,7 +223,7 @@ class RayBackend:
             files[f"curve/{ROUTER}.public"] = (keys / f"{ROUTER}.public").read_bytes()
             env[KEYS_ENV] = f"{RUN_DIR}/curve"
         there = launch.on_node(RUN_DIR, env, "cpu" if self.gpus_on_cpu else None)
-        return there.argv(), dict(there.env), files
+        return there.args, dict(there.env), files
 
     def spawn_worker(self, spec: RaySpec, launch: WorkerLaunch):
         """Start worker ``spec`` in its bundle; blocks until its process runs (at most

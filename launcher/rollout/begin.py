@@ -22,9 +22,10 @@ import msgspec
 from launcher.config import ConfigError, DeployConfig, parse_config
 from launcher.plan.admit import NotAdmitted, admit
 from launcher.plan.placement import Inventory
-from launcher.rollout.executor import Rollout, Target, adopt_config, move_slots, post_status
+from launcher.rollout.executor import Rollout, Target, move_slots, post_status
 from launcher.rollout.plan import RolloutPlan, plan_rollout
 from launcher.rollout.room import new_spec, replica_need
+from launcher.supervise.control import SlotControl
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class Refused(Exception):
     """The apply is refused before anything changes; ``str()``: one line per problem."""
 
 
-def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
+def begin_apply(sup: SlotControl, req: ApplyRequest) -> Rollout | None:
     """Answer ``req`` for supervisor ``sup``: the rollout to step, or None when it was refused,
     was a dry run, changed nothing or only live settings (each reported to the router)."""
 
@@ -48,7 +49,7 @@ def begin_apply(sup, req: ApplyRequest) -> Rollout | None:
     old = current_target(sup)
     try:
         cfg = _target_config(sup, req)
-        inventory = Inventory() if sup.backend is not None else _discover()
+        inventory = Inventory() if sup.on_cluster else _discover()
         plan = _plan(sup, cfg, inventory, req.max_unavailable, req.rollback)
         model = _model_of(cfg, old)
     except Refused as exc:
@@ -76,7 +77,7 @@ def _discover() -> Inventory:
     return discover()
 
 
-def _target_config(sup, req: ApplyRequest) -> DeployConfig:
+def _target_config(sup: SlotControl, req: ApplyRequest) -> DeployConfig:
     """The configuration to go to: the request's (validated again), or the previous revision's."""
     if req.rollback:
         prev = sup.revisions.previous()
@@ -96,12 +97,12 @@ def _target_config(sup, req: ApplyRequest) -> DeployConfig:
     return resolve_for_apply(cfg, sup.revisions.current.config)
 
 
-def _admitted_count(sup, cfg: DeployConfig, inventory: Inventory) -> int:
+def _admitted_count(sup: SlotControl, cfg: DeployConfig, inventory: Inventory) -> int:
     """The replicas ``cfg`` asks for, once ``up``'s own check (:func:`launcher.plan.admit.admit`:
     tensor parallel, placement, memory plan with the KV-cache budget) passes on this machine as if
     this deployment's workers were stopped (their RAM counted free). Raises :class:`Refused` with
     ``up``'s message. On a Ray cluster (no local inventory) the count alone."""
-    if sup.backend is not None:
+    if sup.on_cluster:
         from launcher.plan.layouts import tp_refusal
 
         if problem := tp_refusal(cfg):
@@ -116,7 +117,7 @@ def _admitted_count(sup, cfg: DeployConfig, inventory: Inventory) -> int:
     return len(admission.specs)
 
 
-def _as_if_stopped(sup, inventory: Inventory) -> Inventory:
+def _as_if_stopped(sup: SlotControl, inventory: Inventory) -> Inventory:
     """``inventory`` as ``up`` of the new file would see it with this deployment stopped: the RAM
     its CPU workers hold counted as available, the GPUs its slots use as free."""
     table = sup.read_table() or {}
@@ -126,11 +127,11 @@ def _as_if_stopped(sup, inventory: Inventory) -> Inventory:
     return replace(inventory, gpus=gpus, ram_available_bytes=inventory.ram_available_bytes + held)
 
 
-def _room_for_starts(sup, plan: RolloutPlan, inventory: Inventory) -> None:
+def _room_for_starts(sup: SlotControl, plan: RolloutPlan, inventory: Inventory) -> None:
     """Each new slot of a scale-up finds its place as the rollout will place it
     (:func:`launcher.rollout.room.new_spec`: a spare core set beside the running replicas, which
     keep theirs). Raises :class:`Refused` naming the slot that would not."""
-    if sup.backend is not None:
+    if sup.on_cluster:
         return
     stopping = {step.worker_id for step in plan.steps if step.kind == "stop"}
     specs = [s.spec for wid, s in sup.slots.items() if wid not in stopping]
@@ -148,7 +149,9 @@ def _room_for_starts(sup, plan: RolloutPlan, inventory: Inventory) -> None:
         specs.append(spec)
 
 
-def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | None, rollback: bool) -> RolloutPlan:
+def _plan(
+    sup: SlotControl, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | None, rollback: bool
+) -> RolloutPlan:
     """The plan to ``cfg`` over the slots as they stand (``rollback``: to the previous revision),
     after ``up``'s check. Raises :class:`Refused`."""
     from launcher.rollout.executor import replicas_of
@@ -174,7 +177,7 @@ def _plan(sup, cfg: DeployConfig, inventory: Inventory, max_unavailable: int | N
     return plan
 
 
-def current_target(sup) -> Target:
+def current_target(sup: SlotControl) -> Target:
     """What the slots on the current revision are started with."""
     rev = sup.revisions.current
     slot = next((s for s in sup.slots.values() if s.revision == rev.number and s.settings_path), None)
@@ -199,7 +202,7 @@ def _model_of(cfg: DeployConfig, old: Target) -> Path:
     return Path(model)
 
 
-def _new_target(sup, cfg: DeployConfig, model: Path, rollback: bool) -> Target:
+def _new_target(sup: SlotControl, cfg: DeployConfig, model: Path, rollback: bool) -> Target:
     """The new revision (recorded; for a rollback the previous one made current again), its worker
     settings file and its model (:func:`_model_of`)."""
     if rollback:
@@ -212,10 +215,10 @@ def _new_target(sup, cfg: DeployConfig, model: Path, rollback: bool) -> Target:
     return Target(rev, settings, model)
 
 
-def _apply_live(sup, new: Target) -> None:
+def _apply_live(sup: SlotControl, new: Target) -> None:
     """Only router and supervisor settings changed: apply them, and the slots (whose worker
     settings are unchanged) are on the new revision without restarting."""
     live = LiveSettings(settings=new.config.router_settings().model_dump(mode="json"))
     sup.admin.try_call("POST", "/admin/settings", msgspec.to_builtins(live))
-    adopt_config(sup, new.config)
+    sup.adopt(new.config)
     move_slots(sup, new)

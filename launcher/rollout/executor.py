@@ -17,11 +17,13 @@ from pathlib import Path
 import msgspec
 
 from launcher.config import DeployConfig
+from launcher.plan.placement import Inventory
 from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_rollout
-from launcher.rollout.revisions import Revision
-from launcher.rollout.room import ensure_keys, free_beside, new_spec
+from launcher.rollout.room import free_beside, new_spec
 from launcher.rollout.tasks import RolloutFailed, Task
-from router.admin_protocol import Exited
+from launcher.supervise.control import SlotControl
+from launcher.supervise.revisions import Revision
+from launcher.supervise.slots import Slot
 from router.rollout_protocol import LiveSettings, RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -44,12 +46,21 @@ class Target:
 
 
 class Rollout:
-    """One apply from ``old`` to ``new`` being carried out by supervisor ``sup`` (its slots, its
-    admin client, its clock). ``inventory``: the machine's devices (for new slots and the
+    """One apply from ``old`` to ``new`` carried out through supervisor ``sup`` (a
+    :class:`~launcher.supervise.control.SlotControl`: its slots, its admin client, its clock), which
+    steps it (:meth:`advance`). ``inventory``: the machine's devices (for new slots and the
     rollback's plan); ``budget``: the plan's max-unavailable."""
 
     def __init__(
-        self, sup, rollout_id: str, old: Target, new: Target, plan: RolloutPlan, inventory, budget, is_rollback=False
+        self,
+        sup: SlotControl,
+        rollout_id: str,
+        old: Target,
+        new: Target,
+        plan: RolloutPlan,
+        inventory: Inventory,
+        budget: int,
+        is_rollback: bool = False,
     ):
         self.sup, self.id, self.old, self.new, self.inventory = sup, rollout_id, old, new, inventory
         self.is_rollback = is_rollback  # an apply --rollback: its target is an earlier, kept revision
@@ -120,7 +131,7 @@ class Rollout:
         """The supervisor's clock (monotonic seconds)."""
         return self.sup.clock()
 
-    def slot(self, wid: int):
+    def slot(self, wid: int) -> Slot:
         """Slot ``wid``; RolloutFailed when it is gone."""
         slot = self.sup.slots.get(wid)
         if slot is None:
@@ -145,9 +156,8 @@ class Rollout:
 
     def kill(self, wid: int, why: str) -> None:
         """Kill ``wid``'s process (once), logging ``why``."""
-        slot = self.slot(wid)
-        if slot.alive() and not slot.kill_reason:
-            self.sup._kill(slot, why)
+        self.slot(wid)
+        self.sup.kill_worker(wid, why)
 
     def swap(self, wid: int) -> None:
         """Point slot ``wid`` at the target and replace its process: a running one is told to
@@ -157,7 +167,7 @@ class Rollout:
         if slot.alive():
             self._ask_exit(wid)
         else:
-            slot.failed, slot.crashes, slot.restart_at = False, (), self.now()
+            slot.retry_now(self.now())
         self.note(f"worker {wid}: starting revision {self.target.revision.number}")
 
     def loaded(self, wid: int, starts0: int, since: float) -> bool:
@@ -182,10 +192,10 @@ class Rollout:
         wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
         specs = [s.spec for s in self.sup.slots.values()]
         shape = self.sup.slots[like].spec if like is not None else specs[0]
-        spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.backend is not None, share=like is not None)
+        spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.on_cluster, share=like is not None)
         if spec is None:
             raise RolloutFailed(f"no room for worker {wid}: no spare set of {len(shape.cpus)} CPU core(s)")
-        ensure_keys(self.sup, wid)
+        self.sup.ensure_worker_keys(wid)
         self._point(self.sup.add_slot(spec))
         self.sup.start_worker(wid)
         self.note(f"worker {wid}: started on {spec.label} (revision {self.target.revision.number})")
@@ -194,10 +204,9 @@ class Rollout:
     def retire(self, wid: int, why: str) -> None:
         """Stop slot ``wid`` for good; its exit removes it (from the router's table too)."""
         slot = self.slot(wid)
-        slot.retiring = True
+        slot.retire()
         if not slot.alive():
-            del self.sup.slots[wid]
-            self.sup._report(wid, Exited(reason=f"retired ({why})", removed=True))
+            self.sup.remove_slot(wid, why)
         elif slot.ready():
             self._ask_exit(wid)
         else:
@@ -212,10 +221,9 @@ class Rollout:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    def _point(self, slot) -> None:
+    def _point(self, slot: Slot) -> None:
         t = self.target
-        slot.settings_path, slot.model_path, slot.revision = t.settings_path, t.model_path, t.revision.number
-        slot.model_name = t.config.model.public_name
+        slot.point(t.settings_path, t.model_path, t.revision.number, t.config.model.public_name)
 
     def _ask_exit(self, wid: int) -> None:
         """Ask the router to tell ``wid``'s process to exit (code 0); killed after :data:`STOP_GRACE_S`."""
@@ -253,7 +261,7 @@ class Rollout:
         extra = [m.model_dump(mode="json") for m in also or []]
         live = LiveSettings(settings=cfg.router_settings().model_dump(mode="json"), also_models=extra)
         self.sup.admin.try_call("POST", "/admin/settings", msgspec.to_builtins(live))
-        adopt_config(self.sup, cfg)
+        self.sup.adopt(cfg)
 
     def status(self) -> RolloutStatus:
         """Where the rollout stands, as the router shows it."""
@@ -273,7 +281,7 @@ class Rollout:
         self.sup.admin.try_call("POST", "/admin/rollout", msgspec.to_builtins(self.status()))
 
 
-def replicas_of(sup, inventory) -> list[Replica]:
+def replicas_of(sup: SlotControl, inventory: Inventory) -> list[Replica]:
     """Supervisor ``sup``'s slots as the plan sees them (group: the served name of their revision)."""
     specs = [s.spec for s in sup.slots.values()]
     names = {r.number: r.config.model.public_name for r in sup.revisions.history}
@@ -291,31 +299,15 @@ def _waves(plan: RolloutPlan) -> list[list]:
     return [waves[w] for w in sorted(waves)]
 
 
-def post_status(sup, status: RolloutStatus) -> None:
+def post_status(sup: SlotControl, status: RolloutStatus) -> None:
     """Post a status outside a rollout (refused, planned, nothing to do)."""
     sup.admin.try_call("POST", "/admin/rollout", msgspec.to_builtins(status))
 
 
-def move_slots(sup, target: Target) -> None:
+def move_slots(sup: SlotControl, target: Target) -> None:
     """Every slot is on ``target`` now without restarting (its worker settings did not change):
     the next start uses the target's files, and the router shows the new revision."""
     for wid, slot in sup.slots.items():
-        slot.settings_path, slot.model_path, slot.revision = (
-            target.settings_path,
-            target.model_path,
-            target.revision.number,
-        )
+        slot.point(target.settings_path, target.model_path, target.revision.number)
         if slot.alive():
-            sup._report(wid, sup._started(slot))
-
-
-def adopt_config(sup, cfg: DeployConfig) -> None:
-    """The supervisor runs under ``cfg`` now: its own rules, the router settings file a restarted
-    router reads, its admin token; a standby router (loaded with the old settings) is replaced."""
-    sup.cfg, sup.served = cfg, cfg.served()
-    sup.model_names = [one.name for one in sup.served]
-    sup.router_settings_path.write_text(cfg.router_settings().model_dump_json())
-    sup.admin.token = cfg.router.admin_token
-    if sup.standby is not None:
-        sup._terminate([sup.standby], 5.0)
-        sup.standby = None
+            sup.report_started(wid)

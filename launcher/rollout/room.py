@@ -10,7 +10,6 @@ import logging
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
-from pathlib import Path
 
 from launcher.config import DeployConfig
 from launcher.plan.placement import Inventory, WorkerSpec
@@ -18,16 +17,6 @@ from launcher.plan.placement import Inventory, WorkerSpec
 log = logging.getLogger(__name__)
 
 UNKNOWN_NEED = sys.maxsize  # a replica whose size cannot be planned never surges
-
-
-def ensure_keys(sup, worker_id: int) -> None:
-    """Make slot ``worker_id``'s CURVE key pair when the deployment uses CURVE and it has none
-    (a new slot: the router accepts it once the file exists)."""
-    from worker.contract.env import KEYS_ENV
-    from worker.contract.keys import add_worker_keys
-
-    if folder := sup.child_env.get(KEYS_ENV):
-        add_worker_keys(Path(folder), worker_id)
 
 
 def spare_cpus(specs: Iterable[WorkerSpec], cpus: list[int], count: int) -> tuple[int, ...] | None:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 
 from launcher.plan.placement import WorkerSpec
+from launcher.plan.ports import free_port
 from launcher.supervise.launch import WorkerLaunch
-from launcher.supervise.ports import free_port
 
 log = logging.getLogger(__name__)
 

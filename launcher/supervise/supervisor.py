@@ -32,16 +32,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
-from launcher.config import DeployConfig, SupervisorConfig
+from launcher.config import DeployConfig
 from launcher.plan.placement import WorkerSpec
-from launcher.rollout.revisions import Revisions
 from launcher.supervise.admin_client import AdminClient, AdminError  # noqa: F401 (AdminError: the CLI's import)
+from launcher.supervise.control import ApplyHandler, Stepper
 from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
+from launcher.supervise.revisions import Revisions
+from launcher.supervise.slots import MAX_BACKOFF_S, Child, Slot, judge_crash  # noqa: F401 (judge_crash: the tests' import)
 from router.admin_protocol import (
     ApplyRequested,
     Event,
@@ -52,11 +53,12 @@ from router.admin_protocol import (
     WorkerInfo,
     WorkerReady,
 )
+from router.args import PROGRAM as ROUTER_PROGRAM
+from router.args import RouterArgs
 from worker.contract.env import PARENT_ENV, SECRET_ENVS
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 30.0
 LOOP_S = 0.2  # the longest the supervisor's loop waits for an event before it looks at its processes
 TERM_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 
@@ -64,34 +66,6 @@ TERM_TIMEOUT_S = 10.0  # SIGTERM → SIGKILL
 class WorkerStartError(Exception):
     """A worker slot cannot be started at all (no node has room for it, say): the slot is marked
     ``failed`` with this message as the reason instead of being retried."""
-
-
-@dataclass(frozen=True)
-class CrashVerdict:
-    recent: tuple[float, ...]  # crash times inside the window, this one included
-    failed: bool
-    delay_s: float  # before restarting (0 when failed)
-
-
-def judge_crash(
-    previous: Iterable[float],
-    now: float,
-    window_s: float,
-    max_restarts: int,
-    backoff_s: float,
-    max_backoff_s: float = MAX_BACKOFF_S,
-) -> CrashVerdict:
-    """What to do after a crash at ``now``, given the worker's earlier crash times.
-
-    Crashes older than ``window_s`` are forgotten. The n-th crash within the window is restarted
-    after ``backoff_s × 2^(n-1)`` seconds (at most ``max_backoff_s``) while ``n <= max_restarts``;
-    crash number ``max_restarts + 1`` marks the worker failed. So a worker that always crashes
-    runs ``max_restarts + 1`` times.
-    """
-    recent = tuple(t for t in previous if now - t <= window_s) + (now,)
-    if len(recent) > max_restarts:
-        return CrashVerdict(recent, True, 0.0)
-    return CrashVerdict(recent, False, min(max_backoff_s, backoff_s * 2 ** (len(recent) - 1)))
 
 
 def describe_exit(code: int) -> str:
@@ -117,59 +91,6 @@ def spawn(args: list[str], env: dict[str, str], stdin_pipe: bool = False) -> sub
         text=stdin_pipe,
         env={**inherited, **env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())},
     )
-
-
-@dataclass(kw_only=True)
-class Child:
-    """One supervised child, a worker slot or the router: its process and crash history, under
-    the one crash rule both live by (:meth:`crashed`)."""
-
-    proc: subprocess.Popen | None = None
-    crashes: tuple[float, ...] = ()
-    restart_at: float | None = None
-    failed: bool = False
-    starts: int = 0  # processes started; restarts = starts - 1
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def crashed(self, now: float, rules: SupervisorConfig) -> CrashVerdict:
-        """Its process crashed at ``now``: judge it (:func:`judge_crash`), then schedule its
-        restart (``restart_at``) or mark it ``failed``."""
-        verdict = judge_crash(self.crashes, now, rules.restart_window_s, rules.max_restarts, rules.restart_backoff_s)
-        self.crashes, self.failed = verdict.recent, verdict.failed
-        self.restart_at = None if verdict.failed else now + verdict.delay_s
-        return verdict
-
-    def due(self, now: float) -> bool:
-        """It has no process, is not given up on, and its restart time has come."""
-        return self.proc is None and not self.failed and self.restart_at is not None and now >= self.restart_at
-
-
-@dataclass
-class Slot(Child):
-    """One worker slot: its placement, current process and crash history."""
-
-    spec: WorkerSpec
-    started_at: float = 0.0
-    ever_ready: bool = False
-    ready_pid: int = 0  # the last process the router said is ready (it re-registers after a router restart)
-    last_exit: str = ""
-    kill_reason: str = ""  # why the supervisor killed it, if it did
-    start_requested: bool = False  # an operator asked for a start (the router's event); done when it has no process
-    settings_path: Path | None = None  # its worker settings file (None: the deployment's first)
-    model_path: Path | None = None  # its model (None: the deployment's first)
-    revision: int = 1  # the configuration revision it is started with (``llamadeploy apply``)
-    model_name: str = ""  # its served model's name when a rollout renamed it ("": its model's in the config)
-    retiring: bool = False  # a rollout stops it for good: its exit removes the slot
-
-    def ready(self) -> bool:
-        """Its current process runs and the router said it is ready."""
-        return self.alive() and self.ready_pid == self.proc.pid
-
-    def where(self) -> str:
-        """Where its current process runs: the handle's own label (a Ray node) or the placement's."""
-        return getattr(self.proc, "label", "") or self.spec.label
 
 
 class Supervisor:
@@ -221,8 +142,19 @@ class Supervisor:
         self._events: list[Event] = []  # received while pausing, handled by the next poll_once
         self.stopping = False
         self._table_failing = False  # the last table read failed (warned once per outage)
-        self.rollout = None  # the apply being carried out (launcher.rollout.executor.Rollout), stepped by poll_once
+        self.rollout: Stepper | None = None  # the apply being carried out, stepped by poll_once
+        self._apply: ApplyHandler | None = None  # answers an apply (registered from above: on_apply)
         self.revisions = Revisions(run_dir, cfg)
+
+    def on_apply(self, handler: ApplyHandler) -> None:
+        """Answer the router's ``apply`` events with ``handler`` (the rollout's, registered by the
+        cli): the :class:`~launcher.supervise.control.Stepper` it returns is advanced by :meth:`poll_once`."""
+        self._apply = handler
+
+    @property
+    def on_cluster(self) -> bool:
+        """The slots run on a Ray cluster (a backend places them, not the local inventory)."""
+        return self.backend is not None
 
     @property
     def router(self) -> subprocess.Popen | None:
@@ -278,22 +210,19 @@ class Supervisor:
             return RankGroup.start(spec, launch, self._spawn)
         return self._spawn(launch.argv(), dict(launch.env))
 
-    def _router_args(self) -> list[str]:
-        return [
-            "-m",
-            "router.main",
-            "--config",
-            str(self.router_settings_path),
-            *(arg for path in self.model_paths for arg in ("--model-path", str(path))),
-            "--address",
-            self.address,
-            "--events",
-            self.events.address,
-            "--started",
-            str(self.started),
-            "--event-log",
-            str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
-        ]
+    def _router_args(self, restarts: int = 0, standby: bool = False) -> list[str]:
+        """A router's command line: the same files and addresses for every router it starts."""
+        args = RouterArgs(
+            config=str(self.router_settings_path),
+            model_paths=tuple(str(path) for path in self.model_paths),
+            address=self.address,
+            events=self.events.address,
+            started=self.started,
+            event_log=str(self.run_dir / "events.jsonl"),  # outlives each router: the next one shows the same log
+            restarts=restarts,
+            standby=standby,
+        )
+        return [*ROUTER_PROGRAM, *args.to_argv()]
 
     def start_router(self) -> None:
         """Start a router on the configured ports and ZeroMQ address (the same every time): the
@@ -312,7 +241,7 @@ class Supervisor:
                 self.router = standby
                 log.info("standby router (pid %d) taking over, restart %d", standby.pid, restarts)
                 return
-        self.router = self._spawn([*self._router_args(), "--restarts", str(restarts)], self.child_env)
+        self.router = self._spawn(self._router_args(restarts=restarts), self.child_env)
         log.info("router started (pid %d)%s", self.router.pid, f", restart {restarts}" if restarts else "")
 
     def keep_standby(self) -> None:
@@ -330,7 +259,7 @@ class Supervisor:
             )
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
         if self.standby is None and now >= self._standby_at:
-            self.standby = self._spawn([*self._router_args(), "--standby"], self.child_env, stdin_pipe=True)
+            self.standby = self._spawn(self._router_args(standby=True), self.child_env, stdin_pipe=True)
             log.info("standby router started (pid %d)", self.standby.pid)
 
     def start_worker(self, wid: int) -> None:
@@ -480,9 +409,10 @@ class Supervisor:
     def on_event(self, event: Event) -> None:
         """Act on one of the router's events about a slot of this deployment (or an apply)."""
         if isinstance(event, ApplyRequested):
-            from launcher.rollout.begin import begin_apply
-
-            self.rollout = begin_apply(self, event.request) or self.rollout
+            if self._apply is None:
+                log.warning("apply %s: this supervisor takes no apply", event.request.id)
+            else:
+                self.rollout = self._apply(self, event.request) or self.rollout
             return
         slot = self.slots.get(event.worker_id)
         if slot is None:
@@ -611,6 +541,43 @@ class Supervisor:
         log.error("worker %d (pid %d) is %s; killing it", slot.spec.worker_id, slot.proc.pid, why)
         slot.kill_reason = why
         slot.proc.kill()
+
+    # ---- what a rollout asks for (launcher.supervise.control.SlotControl) ---------------
+
+    def kill_worker(self, wid: int, why: str) -> None:
+        """SIGKILL slot ``wid``'s process, logging ``why``, unless it has none or is being killed already."""
+        slot = self.slots[wid]
+        if slot.alive() and not slot.kill_reason:
+            self._kill(slot, why)
+
+    def remove_slot(self, wid: int, why: str) -> None:
+        """Slot ``wid`` has no process and leaves the deployment (and the router's table) for ``why``."""
+        del self.slots[wid]
+        self._report(wid, Exited(reason=f"retired ({why})", removed=True))
+
+    def report_started(self, wid: int) -> None:
+        """Report slot ``wid``'s running process to the router again (its revision changed)."""
+        self._report(wid, self._started(self.slots[wid]))
+
+    def ensure_worker_keys(self, wid: int) -> None:
+        """Make slot ``wid``'s CURVE key pair when the deployment uses CURVE and it has none (a new
+        slot: the router accepts it once the file exists)."""
+        from worker.contract.env import KEYS_ENV
+        from worker.contract.keys import add_worker_keys
+
+        if folder := self.child_env.get(KEYS_ENV):
+            add_worker_keys(Path(folder), wid)
+
+    def adopt(self, cfg: DeployConfig) -> None:
+        """Run under ``cfg`` from now on: its own rules, the router settings file a restarted router
+        reads, its admin token; a standby router (loaded with the old settings) is replaced."""
+        self.cfg, self.served = cfg, cfg.served()
+        self.model_names = [one.name for one in self.served]
+        self.router_settings_path.write_text(cfg.router_settings().model_dump_json())
+        self.admin.token = cfg.router.admin_token
+        if self.standby is not None:
+            self._terminate([self.standby], 5.0)
+            self.standby = None
 
     def run(self, stop_requested: Callable[[], bool]) -> int:
         """Supervise until ``stop_requested()`` is true; then shut down. Returns the exit code."""

@@ -15,7 +15,7 @@ from typing import TypeVar
 import httpx
 import yaml
 
-from launcher.supervise.ports import free_port
+from launcher.plan.ports import free_port
 
 MODEL = "smollm2-135m-instruct"
 T = TypeVar("T")

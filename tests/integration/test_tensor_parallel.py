@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.models import resolve_model
-from launcher.supervise.ports import free_port
+from launcher.plan.ports import free_port
 from tests.helpers.tiny_models import write_tiny_llama
 from worker.tp import PEER_LOST_EXIT_CODE
 

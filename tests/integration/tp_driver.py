@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from worker.contract.args import WorkerArgs
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.contract.settings import WorkerSettings
 from worker.main import join_group, run_follower_process
@@ -130,9 +131,10 @@ def main() -> None:
     cfg = config(args)
     try:
         if args.rank > 0:
-            sys.exit(
-                run_follower_process(cfg, 0, args.rank, args.world_size, args.dist_init, "cpu", [], args.model_path)
+            rank = WorkerArgs(
+                "", 0, "cpu", args.model_path, "", rank=args.rank, world_size=args.world_size, dist_init=args.dist_init
             )
+            sys.exit(run_follower_process(cfg, rank))
         rank0 = Rank0(cfg, args)
         with open(args.script) as f:
             rank0.play(json.load(f))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from launcher.config import parse_config
-from launcher.supervise.ports import port_problems
+from launcher.plan.ports import port_problems
 from tests.helpers.deployment import free_port
 
 

@@ -4,7 +4,7 @@ rollout board, the served names of a renamed model (pure logic; files in tmp).""
 from __future__ import annotations
 
 from launcher.config import parse_config
-from launcher.rollout.revisions import KEEP, Revisions, config_hash
+from launcher.supervise.revisions import KEEP, Revisions, config_hash
 from router.rollout import ADMIN_TOKEN_GRACE_S, AdminTokens, Board
 from router.rollout_protocol import RolloutStatus
 

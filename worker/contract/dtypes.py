@@ -6,8 +6,8 @@ One rule, used by the worker's loader and by ``llamadeploy plan``/``doctor``:
   fast attention kernels — FlashAttention 2, PyTorch's flash SDPA — accept bf16 only from sm80),
   float16 below (T4 = 7.5, V100 = 7.0). A layer-split replica takes its weakest GPU.
 * CPU: bfloat16 when the CPU has native bf16 arithmetic (``avx512_bf16``: Cooper Lake, Sapphire
-  Rapids, Zen 4+; or AMX ``amx_bf16``: Sapphire Rapids+), where oneDNN runs bf16 matmuls at
-  about twice the float32 rate; float32 elsewhere, where bf16 is emulated and slower than float32.
+  Rapids, Zen 4+; or AMX ``amx_bf16``: Sapphire Rapids+), where oneDNN runs bf16 matmuls natively,
+  reading half the bytes of float32; float32 elsewhere, where bf16 is emulated and slower than float32.
 
 Sources: NVIDIA's CUDA compute capability table (developer.nvidia.com/cuda-gpus); the Linux
 ``/proc/cpuinfo`` flag names (arch/x86/include/asm/cpufeatures.h).

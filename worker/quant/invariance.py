@@ -2,8 +2,8 @@
 same output, bit for bit, whatever the number of rows beside it, and the kernel table's rule then.
 
 A kernel's output for one row can depend on how many rows the call has: BLAS and oneDNN pick another
-micro-kernel, blocking or reduction order by the row count (on this project's Zen 4, oneDNN's
-float32 prepacked linear is row-invariant for a 576-wide input and not for a 1536-wide one), and a
+micro-kernel, blocking or reduction order by the row count (whether a kernel is row-invariant can
+change with the input width on one CPU: it is checked per shape, never assumed), and a
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 

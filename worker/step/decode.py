@@ -4,7 +4,7 @@ per batch size.
 
 Eager, one layer of a batch-1 decode step is ~40 dispatched tensor operations (RMSNorm's six, RoPE's
 four, casts, views, SDPA's set-up for one query row, SiLU·up's) and the Python between them; on a
-small model that is a third to a half of the step, the matmuls the rest. Here a layer is eight calls:
+small model that dispatch is a large part of the step (profiled: the dated benchmark results). Here a layer is eight calls:
 RMSNorm writing the linear's input dtype, the fused q/k/v linear, RoPE writing k and v into the
 cache and returning q, attention over the row's block table, o_proj added into the float32 residual,
 RMSNorm, gate/up, SiLU·up writing down_proj's input dtype, down_proj added. The linears are opaque

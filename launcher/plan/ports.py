@@ -1,4 +1,5 @@
-"""The router's listening addresses and whether they can be bound now (``up`` and ``doctor``)."""
+"""The router's listening addresses and whether they can be bound now (``up`` and ``doctor``), and a free
+port for a rendezvous or a test server."""
 
 from __future__ import annotations
 
