@@ -26,6 +26,8 @@ BENCH_ARGS=${BENCH_ARGS:-}
   --doc-tokens 200 --doc-output-tokens 4 --streams 2 $BENCH_ARGS"
 mkdir -p "$OUT"
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
+loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null; }
+log "load average $(loadavg) (each server's bench is only worth its figures on an otherwise idle machine)"
 
 wait_up() { # URL PID SECONDS: 0 once URL answers 200, 1 if the process ended or time ran out
   local i
@@ -42,7 +44,7 @@ peer() { # NAME SERVER FILE: one peer server, its bench, stopped
   "$2" -m "$3" -c 16384 -np 8 -t "$THREADS" --host 127.0.0.1 --port "$PEER_PORT" >"$OUT/$name.log" 2>&1 &
   pid=$!
   if wait_up "http://127.0.0.1:$PEER_PORT/health" "$pid" 180; then
-    log "$name: bench"
+    log "$name: bench (load average $(loadavg))"
     # shellcheck disable=SC2086
     $LD bench "http://127.0.0.1:$PEER_PORT/v1" --model "$MODEL" --tokenizer "$TOKENIZER" --label "$name" \
       --output "$OUT/$name" $BENCH_ARGS >"$OUT/$name.out" 2>&1 || log "$name: bench failed (see $OUT/$name.out)"
@@ -62,7 +64,7 @@ ours() { # PAIR MODEL_EXTRA COMPARE...: our deployment, its bench against the pe
   $LD up "$OUT/$name.yaml" >"$OUT/$name.log" 2>&1 &
   pid=$!
   if wait_up "http://127.0.0.1:$PORT/health/ready" "$pid" 900; then
-    log "$name: bench"
+    log "$name: bench (load average $(loadavg))"
     # shellcheck disable=SC2086
     $LD bench "http://127.0.0.1:$PORT/v1" --tokenizer "$TOKENIZER" --label "$name" --output "$OUT/$name" \
       "${cmp[@]}" $BENCH_ARGS >"$OUT/$name.out" 2>&1 || log "$name: bench failed (see $OUT/$name.out)"
