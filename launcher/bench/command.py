@@ -106,6 +106,12 @@ PERPLEXITY = typer.Option(
 )
 PARALLEL = typer.Option(4, "--parallel", min=1, help="--perplexity: windows in flight at once")
 CTX = typer.Option(512, "--ctx", min=4, help="--perplexity: tokens per window (llama-perplexity's -c)")
+TOKENIZE_URL = typer.Option(
+    None,
+    "--tokenize-url",
+    help="--perplexity: take the text's token ids from this llama-server's POST /tokenize (same model "
+    "file) instead of the model's tokenizer, so the windows are llama-perplexity's exactly",
+)
 EMBEDDING_LOAD = typer.Option(
     DEFAULTS.embedding_load,
     min=1,
@@ -153,6 +159,7 @@ def bench_command(
     parallel: int = PARALLEL,
     ctx: int = CTX,
     chunks: int | None = CHUNKS,
+    tokenize_url: str | None = TOKENIZE_URL,
     embedding_load: int | None = EMBEDDING_LOAD,
     embedding_model: str | None = EMBEDDING_MODEL,
     pipelines: int = PIPELINES,
@@ -164,11 +171,7 @@ def bench_command(
     opts = bench_options(dict(locals()))  # every option by name, before anything else is bound here
     require_bench_extra()
     if perplexity is not None:
-        from launcher.bench.perplexity_run import run_perplexity
-
-        run_perplexity(
-            base_url, perplexity, ctx, chunks, model, tokenizer, api_key, timeout, parallel, opts.extra_body, output
-        )
+        perplexity_command(opts, tokenizer, perplexity, ctx, chunks, parallel, tokenize_url)
         return
     if layouts:
         from launcher.bench.layout_runner import run_layouts
@@ -181,6 +184,26 @@ def bench_command(
     from launcher.bench.runner import run_bench
 
     run_bench(opts, tokenizer)
+
+
+def perplexity_command(
+    opts: BenchOptions,
+    tokenizer: str | None,
+    file: Path,
+    ctx: int,
+    chunks: int | None,
+    parallel: int,
+    tokenize_url: str | None,
+) -> None:
+    """``bench --perplexity FILE``: :func:`launcher.bench.perplexity_run.run_perplexity` with the
+    command's options (the server, model, key, timeout, extra body and output from ``opts``)."""
+    from launcher.bench.perplexity_run import run_perplexity
+
+    run_perplexity(
+        *(opts.base_url, file, ctx, chunks, opts.model, tokenizer, opts.api_key, opts.timeout, parallel),
+        *(opts.extra_body, opts.output),
+        tokenize_url=tokenize_url,
+    )
 
 
 def bench_options(given: dict) -> BenchOptions:

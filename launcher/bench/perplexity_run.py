@@ -6,6 +6,11 @@ token-id prompt with ``echo: true, max_tokens: 0, logprobs: 0``: the answer scor
 the window. Windows go out ``parallel`` at a time and are summed in order. Prints llama.cpp's
 running figure per window (``[1]12.3456,[2]...``), then ``PPL = … +/- …`` with the token counts,
 and writes ``OUTPUT.json``.
+
+The HF tokenizer and llama.cpp's may split the same text differently (SmolLM2's: llama.cpp keeps
+``"\\n\\n  "`` one token where the HF pre-tokenizer makes two), and different windows give a
+different figure. ``--tokenize-url`` takes the ids from a llama.cpp server's ``POST /tokenize``
+on the same model file instead, so both runtimes score exactly the same tokens.
 """
 
 from __future__ import annotations
@@ -86,12 +91,33 @@ def read_text(file: Path) -> str:
         raise typer.Exit(2) from None
 
 
-def text_windows(text: str, file: Path, ctx: int, chunks: int | None, tokenizer_name: str) -> tuple[list[int], list]:
-    """``text`` (from ``file``) as token ids and its scoring windows; exit 2 when it is too short."""
+def peer_token_ids(root: str, text: str, timeout: float) -> list[int]:
+    """``text`` as llama.cpp tokenizes it: ``POST {root}/tokenize`` of a llama-server (its root URL,
+    a trailing ``/v1`` ignored), with ``add_special`` as llama-perplexity tokenizes. Exit 2 when
+    the server does not answer with a list of token ids."""
+    url = root.rstrip("/").removesuffix("/v1") + "/tokenize"
+    try:
+        r = httpx.post(url, json={"content": text, "add_special": True}, timeout=timeout)
+        ids = r.raise_for_status().json()["tokens"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        typer.echo(f"--tokenize-url {url}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        typer.echo(f"--tokenize-url {url}: the answer's tokens are not a list of ids", err=True)
+        raise typer.Exit(2)
+    return ids
+
+
+def text_windows(
+    text: str, file: Path, ctx: int, chunks: int | None, tokenizer_name: str, ids: list[int] | None = None
+) -> tuple[list[int], list]:
+    """``text`` (from ``file``) as token ids (``ids`` when given, else the model's tokenizer) and its
+    scoring windows; exit 2 when it is too short."""
     from launcher.bench.runner import load_tokenizer
 
     _, tok = load_tokenizer(tokenizer_name)
-    ids = tok(text)["input_ids"]
+    if ids is None:
+        ids = tok(text)["input_ids"]
     try:
         return ids, windows(ids, ctx, bos_token(tok), chunks)
     except TooShort as exc:
@@ -111,17 +137,21 @@ def run_perplexity(
     parallel: int,
     extra: dict,
     output: Path,
+    tokenize_url: str | None = None,
 ) -> Estimate:
-    """Measure, print and write the perplexity of ``file``'s text (see the module docstring).
-    Exits 2 for a text too short or unreadable, 1 when the server fails a window."""
+    """Measure, print and write the perplexity of ``file``'s text (see the module docstring), its
+    token ids from ``tokenize_url``'s llama-server when given. Exits 2 for a text too short or
+    unreadable (or a tokenize URL that fails), 1 when the server fails a window."""
     text = read_text(file)
     model = model or served_model(base_url, api_key)
-    ids, wins = text_windows(text, file, ctx, chunks, tokenizer_name or model or "smollm2-135m-instruct")
+    given = peer_token_ids(tokenize_url, text, timeout) if tokenize_url else None
+    ids, wins = text_windows(text, file, ctx, chunks, tokenizer_name or model or "smollm2-135m-instruct", given)
     body = {"echo": True, "max_tokens": 0, "logprobs": 0, "temperature": 0, **extra}
     if model:
         body["model"] = model
     url = base_url.rstrip("/") + "/completions"
-    typer.echo(f"perplexity: {len(ids)} tokens, {len(wins)} windows of {ctx}, scoring the second half of each")
+    by = f"llama.cpp's tokenizer at {tokenize_url}" if tokenize_url else "the model's tokenizer"
+    typer.echo(f"perplexity: {len(ids)} tokens ({by}), {len(wins)} windows of {ctx}, scoring the second half of each")
     try:
         nlls, per_window = asyncio.run(measure(url, body, wins, ctx, parallel, auth_headers(api_key), timeout))
     except (WindowFailed, httpx.HTTPError) as exc:
@@ -139,6 +169,7 @@ def run_perplexity(
         "file": str(file),
         "ctx": ctx,
         "tokens": len(ids),
+        "tokenized_by": tokenize_url or "model",
         "windows": len(wins),
         "scored_tokens": est.count,
         "ppl": est.ppl,

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.bench.figures import BY_KEY, FIGURES, compare, meets
+from launcher.bench.kernels import kernel_lines
 from launcher.bench.load_suite import run_label
 
 
@@ -79,7 +80,8 @@ def engine_table(result: dict, others: list[dict]) -> Table:
 
 
 def engine_lines(result: dict) -> list[str]:
-    """Notes under the table: failures, what the server counted, the stall's coverage, the ceiling."""
+    """Notes under the table: failures, what the server counted, the stall's coverage, the ceiling,
+    the kernel table of the serving worker (ours only)."""
     d = result["details"]
     lines = []
     failed = {k: v["failures"] for k, v in d.items() if v.get("failures")}
@@ -110,14 +112,14 @@ def engine_lines(result: dict) -> list[str]:
         )
     if result.get("peak_worker_mem_bytes"):
         lines.append(f"peak worker memory {result['peak_worker_mem_bytes'] / 2**20:.0f} MiB")
-    return lines
+    return lines + kernel_lines(result.get("kernels"))
 
 
 def print_engine(result: dict, others: list[dict]) -> None:
     out = console()
     out.print(engine_table(result, others))
     for line in engine_lines(result):
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, soft_wrap=True)
 
 
 def fmt(value, scale: float = 1.0, digits: int = 2) -> str:
@@ -162,3 +164,5 @@ def print_load(result: dict) -> None:
         out.print(table)
         for line in sc.get("ratios", []):
             out.print(line, highlight=False)
+    for line in kernel_lines(result.get("kernels")):
+        out.print(line, highlight=False, soft_wrap=True)

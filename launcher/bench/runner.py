@@ -12,6 +12,7 @@ import typer
 from launcher.bench.ceiling import static_ceiling
 from launcher.bench.client import served_model
 from launcher.bench.engine_suite import build_prompts, prompt_lengths, run_engine_suite
+from launcher.bench.kernels import server_kernels
 from launcher.bench.load_suite import ratio_lines, run_scenario, scenario_prompts
 from launcher.bench.options import BenchOptions
 from launcher.bench.plot import plot_engine, plot_load
@@ -87,6 +88,7 @@ def run_bench(opts: BenchOptions, tokenizer_name: str | None) -> dict:
         "model": model,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "options": opts.public(),
+        "kernels": server_kernels(opts.base_url, opts.api_key),
     }
     if opts.suite == "engine" and opts.embedding_load:
         from launcher.bench.beside import run_beside_bench

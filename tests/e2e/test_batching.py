@@ -226,8 +226,8 @@ def test_bench_load_suite_writes_table_json_and_plot(busy, tmp_path):
 
 def test_bench_engine_suite_measures_every_figure(busy, tmp_path):
     """`llamadeploy bench` (the engine suite) end to end, tiny counts: every figure is measured, every
-    request answered with the asked length, the document's prompt is the asked length, and both
-    streams ran through its prefill."""
+    request answered with the asked length, the document's prompt is the asked length, both
+    streams ran through its prefill, and the worker's kernel table is printed beside the figures."""
     import json
     import subprocess
     import sys
@@ -269,3 +269,10 @@ def test_bench_engine_suite_measures_every_figure(busy, tmp_path):
     assert d["doc"]["mean_prompt_tokens"] == 200 and d["stall"]["doc_prompt_tokens"] == 200
     assert d["stall"]["spanning"] == 2
     assert "doc again / doc TTFT" in proc.stdout and "stall: longest / median gap" in proc.stdout
+    # the serving worker's kernel table (GET /workers), recorded and printed beside the figures
+    assert result["kernels"] and all(c["picks"] and c["count"] >= 1 for c in result["kernels"])
+    first = result["kernels"][0]
+    assert "kernel table of the serving worker" in proc.stdout
+    assert (
+        f"{first['n']}×{first['k']} {first['weight']} ×{first['count']}: ≤{first['picks'][0]['rows']} " in proc.stdout
+    )

@@ -179,7 +179,7 @@ def test_the_compare_table_labels_direction_and_verdict():
     text = console.export_text()
     c1 = next(line for line in text.splitlines() if "c1 (one after another)" in line)
     doc = next(line for line in text.splitlines() if "doc alone" in line)
-    assert "0.50" in c1 and "higher" in c1 and "peer ahead 2.00x" in c1 and "≥ 0.8" in c1
+    assert "0.50" in c1 and "higher" in c1 and "peer ahead 2.00x" in c1 and "≥ 1" in c1
     assert "0.50" in doc and "lower" in doc and "ours ahead 2.00x" in doc
 
 

@@ -40,3 +40,33 @@ def test_a_uniform_model_has_the_vocabulary_size_as_perplexity():
     vocab = 49152
     lps = [None] + [-math.log(vocab)] * 63
     assert estimate(scored(lps, 64) * 3).ppl == pytest.approx(vocab)
+
+
+def test_tokenize_url_takes_llama_cpp_token_ids_and_refuses_a_bad_answer(monkeypatch):
+    import httpx
+    import typer
+
+    from launcher.bench import perplexity_run
+    from launcher.bench.perplexity_run import peer_token_ids
+
+    asked = []
+
+    def post(url, json, **_):
+        asked.append((url, json))
+        tokens = {"good": [5, 6, 7], "bad": ["a", 1]}[json["content"]]
+        return httpx.Response(200, json={"tokens": tokens}, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(perplexity_run.httpx, "post", post)
+    assert peer_token_ids("http://127.0.0.1:8400/v1", "good", 5) == [5, 6, 7]
+    # llama-perplexity tokenizes with its special tokens (BOS when the model file adds one)
+    assert asked == [("http://127.0.0.1:8400/tokenize", {"content": "good", "add_special": True})]
+    with pytest.raises(typer.Exit) as exc:
+        peer_token_ids("http://127.0.0.1:8400", "bad", 5)
+    assert exc.value.exit_code == 2
+
+    def refused(url, **_):
+        raise httpx.ConnectError("refused")
+
+    monkeypatch.setattr(perplexity_run.httpx, "post", refused)
+    with pytest.raises(typer.Exit):
+        peer_token_ids("http://127.0.0.1:8400", "good", 5)
