@@ -24,6 +24,9 @@ import pytest
 from tests.helpers.deployment import MODEL, Deployment, all_ready_and_idle, assert_openai_error, wait_for
 
 MAX_TOKENS = 96
+# The suite runs the default precision; another is one run of this module away, e.g.
+# LLAMADEPLOY_TEST_MIG_MODEL='{"quantization": "int8"}' or '{"dtype": "float32", "quantization": "none"}'
+PRECISION: dict = json.loads(os.environ.get("LLAMADEPLOY_TEST_MIG_MODEL", "{}"))
 STREAM_TOKENS = 128  # the 16 streams of the kill -9 test
 
 
@@ -123,7 +126,7 @@ def mig(tmp_path_factory):
         {
             # 16 streams of 128 tokens: after a kill the moved half waits for rows on the other worker
             "router": {"policy": "least_loaded", "request_timeout_s": 600},
-            "model": {"dtype": "auto", "quantization": "auto"},
+            "model": {"dtype": "auto", "quantization": "auto", **PRECISION},
             # the probe beside a 1,500-token prefill queues behind it on a loaded box
             "workers": {"max_queue_wait_s": 600},
         },
