@@ -213,8 +213,10 @@ def kernel_table(cfg: WorkerSettings, settings_path: str | None, model_path: str
     directory (the settings file's folder), named for the revision (the settings file's name and a
     hash of its content and the model path: every replica of one revision reads the same file) and
     the machine (:func:`worker.quant.autotune.table_name`). None otherwise: each replica measures
-    its own."""
-    if not cfg.workers.deterministic or settings_path is None:
+    its own. None under tensor parallel too: the table's lock is held while the linears are built,
+    and a rank holding it can wait in a collective for a peer rank that waits for the lock (the
+    ranks of two replicas deadlock), so each rank measures its own table there."""
+    if not cfg.workers.deterministic or settings_path is None or cfg.workers.tensor_parallel_size > 1:
         return None
     from worker.quant import autotune
 

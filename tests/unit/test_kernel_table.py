@@ -170,3 +170,15 @@ def test_a_deterministic_worker_names_one_table_per_settings_file_and_model(tmp_
     assert kernel_table(on, str(settings), "/models/a") != first
     off = WorkerSettings.model_validate({"workers": {"deterministic": False}})
     assert kernel_table(off, str(settings), "/models/a") is None
+
+
+def test_tensor_parallel_ranks_measure_their_own_table(tmp_path):
+    """Under tensor parallel no table is shared: a rank holding its lock while its peer waits in a
+    collective for it would deadlock two replicas (each rank measures its own)."""
+    from worker.contract.settings import WorkerSettings
+    from worker.main import kernel_table
+
+    tp = WorkerSettings.model_validate({"workers": {"deterministic": True, "tensor_parallel_size": 2}})
+    settings = tmp_path / "worker.json"
+    settings.write_text(tp.model_dump_json())
+    assert kernel_table(tp, str(settings), "/models/a") is None
