@@ -2,7 +2,7 @@
 process: the bench's stall figure without the HTTP path, comparable on a shared machine.
 
 Usage: ``PYTHONPATH=. python scripts/measure_stall.py [--dtype auto] [--quantization auto]
-[--ratios 2,2.5] [--tokens 16] [--streams 4] [--doc-tokens 1500] [--repeats 2]``. Loads the
+[--ratios 2,2.5] [--tokens 16] [--streams 4] [--doc-tokens 1500] [--repeats 2] [--cpu-clock]``. Loads the
 default model as a worker does (:func:`worker.replica.build_engine`, which measures the step costs
 and logs them), then for each policy runs a fresh scheduler over the loaded model: ``--streams``
 chats decode, a ``--doc-tokens`` document (this repository's README) arrives, and every engine step
@@ -32,7 +32,7 @@ from worker.blocks import BlockManager
 from worker.contract.protocol import Generate, SamplingParams, Tokens
 from worker.contract.settings import WorkerSettings
 from worker.engine import Engine
-from worker.replica import BLOCK_SIZE, build_engine, warm_up
+from worker.replica import BLOCK_SIZE, build_engine, calibrate_step_cost, warm_up
 from worker.scheduler import PrefillShares, Scheduler
 
 
@@ -120,13 +120,28 @@ def main() -> None:
     ap.add_argument("--doc-tokens", type=int, default=1500)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument(
+        "--cpu-clock",
+        action="store_true",
+        help="a busy machine: one thread, the step costs measured again by its CPU clock (compare the cpu figures)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(args.threads)
-    cfg = WorkerSettings.model_validate({"model": {"dtype": args.dtype, "quantization": args.quantization}})
+    model = {"dtype": args.dtype, "quantization": args.quantization, "max_model_len": args.max_model_len}
+    cfg = WorkerSettings.model_validate({"model": model})
     path = str(resolve_model(cfg.model.name, progress=False, quantization=cfg.model.quantization))
+    if args.cpu_clock:
+        torch.set_num_threads(1)
     base, _ = build_engine(cfg, path, "cpu", 1.0)
     warm_up(base)
+    if args.cpu_clock:
+        s = base.scheduler
+        cost = calibrate_step_cost(
+            base.runner, s.idle_prefill_tokens, base.max_model_len, s.max_num_seqs, time.thread_time
+        )
+        s.set_prefill_budget(s.max_prefill_tokens, s.idle_prefill_tokens, cost)
     tok = base.tokenizer
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     body = tok(readme, add_special_tokens=False)["input_ids"][: args.doc_tokens - 40]

@@ -188,7 +188,7 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
     torch.cuda.empty_cache()
 
 
-STEP_RATIO = 2.0  # a step that prefills beside decodes may take this many decode steps of its rows
+STEP_RATIO = 3.0  # a step that prefills beside decodes may take this many decode steps of its rows (the stall target)
 CALIBRATION_ROWS = 4  # decoding sequences beside the calibration chunks (and the larger decode step timed)
 CALIBRATION_CONTEXT = 256  # their context, tokens
 CALIBRATION_CHUNKS = (16, 64)  # the chunk sizes timed, tokens
@@ -202,7 +202,9 @@ IDLE_CHUNKS = 4
 MIN_IDLE_CHUNK = 16
 
 
-def calibrate_step_cost(runner: ModelRunner, most: int, max_model_len: int, max_num_seqs: int) -> StepCost | None:
+def calibrate_step_cost(
+    runner: ModelRunner, most: int, max_model_len: int, max_num_seqs: int, clock=time.perf_counter
+) -> StepCost | None:
     """The CPU's ``max_prefill_tokens: auto``: time decode-only steps of 1 and ``CALIBRATION_ROWS``
     rows, and steps of those rows plus a chunk of each of ``CALIBRATION_CHUNKS`` tokens at a
     prompt's start and at ``CALIBRATION_FAR``, and fit :class:`~worker.step_cost.StepCost` with a
@@ -211,7 +213,8 @@ def calibrate_step_cost(runner: ModelRunner, most: int, max_model_len: int, max_
     is compute-bound and its attention grows with the position, so this depends on the model, its
     dtype, the kernels and the cores: measured, not guessed. Positions stay below
     ``max_model_len`` (the RoPE tables' length); None when the cache or ``max_model_len`` is too small
-    for the design (the caller keeps a token budget)."""
+    for the design (the caller keeps a token budget). ``clock``: seconds (a one-thread CPU clock
+    measures on a busy machine what the wall clock cannot)."""
     bs = runner.cache.block_size
     rows = max(1, min(CALIBRATION_ROWS, max_num_seqs))
     context = min(CALIBRATION_CONTEXT, max_model_len // 4)
@@ -229,9 +232,9 @@ def calibrate_step_cost(runner: ModelRunner, most: int, max_model_len: int, max_
     best = dict.fromkeys(plans, float("inf"))
     for _ in range(CALIBRATION_ROUNDS):
         for key, plan in plans.items():
-            began = time.perf_counter()
+            began = clock()
             runner.run(plan)
-            best[key] = min(best[key], time.perf_counter() - began)
+            best[key] = min(best[key], clock() - began)
     steps = {r: best[("decode", r)] for r in {1, rows}}
     chunks = {k: t for k, t in best.items() if k[0] != "decode"}
     return StepCost.fit(steps, rows, chunks, STEP_RATIO)

@@ -5,6 +5,8 @@ plans must stay within the bound those costs imply."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.unit.test_scheduler import Seq, run_step
@@ -157,25 +159,25 @@ class FakeRunner:
         self.now += step_s(self.cost, len(plan.decode), [(b, e - b) for _, b, e in plan.prefill])
 
 
-def test_the_calibration_times_its_design_and_fits_the_machines_costs(monkeypatch):
+def test_the_calibration_times_its_design_and_fits_the_machines_costs():
     from worker import replica
 
     runner = FakeRunner(TRUE)
-    monkeypatch.setattr(replica.time, "perf_counter", runner.clock)
-    got = replica.calibrate_step_cost(runner, 512, 8192, 8)
+    got = replica.calibrate_step_cost(runner, 512, 8192, 8, clock=runner.clock)
     for name in ("decode_s", "decode_row_s", "chunk_s", "token_s", "key_s"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-6), name
+    assert got.ratio == replica.STEP_RATIO
     for plan in runner.plans:  # no two sequences of a step share a block, all within the cache
         held = [b for q in [*plan.decode, *(q for q, _, _ in plan.prefill)] for b in q.table.blocks]
         assert len(held) == len(set(held)) and max(held) < 1000
-    chunk, idle = replica.prefill_budgets(got, 512)
-    assert chunk == TRUE.tokens_within(0, TRUE.budget(4)) == 6 and idle == 64  # at least 4 chunks of 16 alone
+    assert replica.prefill_budgets(dataclasses.replace(got, ratio=2.0), 512) == (6, 64)  # 4 chunks, each at least 16
+    assert replica.prefill_budgets(dataclasses.replace(got, ratio=5.0), 512) == (34, 136)
+    assert replica.prefill_budgets(dataclasses.replace(got, ratio=50.0), 512) == (390, 512)  # at most 512 alone
     assert replica.prefill_budgets(None, 512) == (16, 64)
 
 
-def test_the_calibration_gives_way_when_the_cache_cannot_hold_its_steps(monkeypatch):
+def test_the_calibration_gives_way_when_the_cache_cannot_hold_its_steps():
     from worker import replica
 
     runner = FakeRunner(TRUE, num_blocks=40)
-    monkeypatch.setattr(replica.time, "perf_counter", runner.clock)
-    assert replica.calibrate_step_cost(runner, 512, 8192, 8) is None and not runner.plans
+    assert replica.calibrate_step_cost(runner, 512, 8192, 8, clock=runner.clock) is None and not runner.plans

@@ -91,7 +91,7 @@ class WorkersConfig(Section):
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="prompt tokens prefilled per engine step while others decode (chunked prefill); auto: on CPU "
-        "each chunk is sized by step costs measured at start so that a step beside decodes takes at most 2x a decode "
+        "each chunk is sized by step costs measured at start so that a step beside decodes takes at most 3x a decode "
         "step of its rows, the chunk's attention over the prompt before it included (a document's later chunks are "
         "shorter), 2048 on GPU; a step with nothing to decode takes four chunks of a prompt's start (at least 64 "
         "tokens, at most 512) on CPU, 8192 on GPU; a number sets both",
@@ -169,7 +169,7 @@ class WorkersConfig(Section):
         """Prompt tokens one engine step computes while others decode, and when nothing decodes.
         ``auto``: on GPU 2048 and 8192; on CPU, where a prefill is compute-bound, 32 and 512, and the
         worker then measures its step costs (``worker.replica.calibrate_step_cost``) and sizes each
-        chunk beside decodes by them (``worker.step_cost``: a step within twice a decode step)."""
+        chunk beside decodes by them (``worker.step_cost``: a step within 3x a decode step)."""
         if self.max_prefill_tokens == "auto":
             return (2048, 8192) if on_gpu else (32, 512)
         return self.max_prefill_tokens, self.max_prefill_tokens
