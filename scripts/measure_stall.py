@@ -106,7 +106,7 @@ def report(policy: str, r: dict) -> str:
         f"{policy:>10} | decode {1e3 * dw:6.1f} ms (cpu {1e3 * dc:6.1f}) | chunk steps med {1e3 * statistics.median(cw):6.1f}"
         f" p95 {1e3 * p95:6.1f} max {1e3 * cw[-1]:6.1f} | max/decode {cw[-1] / dw:5.2f} p95/decode {p95 / dw:5.2f}"
         f" (cpu max/decode {cc[-1] / dc:5.2f}) | chunks {tokens[0]}..{tokens[-1]} tokens | document prefill "
-        f"{r['prefill_s']:5.2f} s in {r['steps']} steps"
+        f"{r['prefill_s']:5.2f} s (cpu {sum(cc):5.2f} s) in {r['steps']} steps"
     )
 
 
