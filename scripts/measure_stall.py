@@ -2,7 +2,7 @@
 process: the bench's stall figure without the HTTP path, comparable on a shared machine.
 
 Usage: ``PYTHONPATH=. python scripts/measure_stall.py [--dtype auto] [--quantization auto]
-[--ratios 2,2.5] [--tokens 16] [--streams 4] [--doc-tokens 1500] [--repeats 2] [--cpu-clock]``. Loads the
+[--ratios 3,2.5] [--tokens 16] [--streams 4] [--doc-tokens 1500] [--repeats 2] [--cpu-clock]``. Loads the
 default model as a worker does (:func:`worker.replica.build_engine`, which measures the step costs
 and logs them), then for each policy runs a fresh scheduler over the loaded model: ``--streams``
 chats decode, a ``--doc-tokens`` document (this repository's README) arrives, and every engine step
@@ -105,7 +105,7 @@ def report(policy: str, r: dict) -> str:
     return (
         f"{policy:>10} | decode {1e3 * dw:6.1f} ms (cpu {1e3 * dc:6.1f}) | chunk steps med {1e3 * statistics.median(cw):6.1f}"
         f" p95 {1e3 * p95:6.1f} max {1e3 * cw[-1]:6.1f} | max/decode {cw[-1] / dw:5.2f} p95/decode {p95 / dw:5.2f}"
-        f" (cpu max/decode {cc[-1] / dc:5.2f}) | chunks {tokens[0]}..{tokens[-1]} tokens | document prefill "
+        f" (cpu max/decode {cc[-1] / dc:5.2f} p95/decode {cc[int(0.95 * (len(cc) - 1))] / dc:5.2f}) | chunks {tokens[0]}..{tokens[-1]} tokens | document prefill "
         f"{r['prefill_s']:5.2f} s (cpu {sum(cc):5.2f} s) in {r['steps']} steps"
     )
 
@@ -114,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--quantization", default="auto")
-    ap.add_argument("--ratios", default="2")
+    ap.add_argument("--ratios", default="3", help="step bounds to compare, in decode steps (the default: 3)")
     ap.add_argument("--tokens", default="16", help="fixed token budgets to compare (empty: none)")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--doc-tokens", type=int, default=1500)
