@@ -16,6 +16,7 @@ from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.engine import Engine
 from worker.runner import ModelRunner
 from worker.scheduler import PrefillShares, Scheduler
+from worker.step_cost import StepCost
 
 QUESTIONS = PROMPTS[:8]  # the dtype bench's first eight: short chat questions
 CPU = torch.device("cpu")
@@ -39,6 +40,7 @@ class Run:
         idle: int = 512,
         max_waiting: int = 64,
         shares: PrefillShares | None = None,
+        cost: StepCost | None = None,
     ):
         model, tok, config, eos = loaded
         self.events: list = []
@@ -47,6 +49,7 @@ class Run:
         self.scheduler = Scheduler(
             BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle, shares=shares
         )
+        self.scheduler.set_prefill_budget(prefill, idle, cost)
         self.engine = Engine(
             ModelRunner(model, self.cache, CPU),
             tok,
