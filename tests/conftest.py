@@ -27,12 +27,25 @@ def pytest_collection_modifyitems(config, items):
     groups = module_groups(uses)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
-    if hasattr(config, "workerinput"):  # an xdist worker: its collection's order is the order groups are handed out
+    if hasattr(config, "workerinput") and config.getoption("loadgroup", False):  # an xdist worker, --dist loadgroup
+        for item in items:
+            tag_group(item, groups[module_of(item)])
+        # the workers' collection order is the order the groups are handed out in
         items.sort(key=lambda item: group_order(module_of(item), groups[module_of(item)]))
 
 
 def module_of(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
+
+
+def tag_group(item: pytest.Item, group: str) -> None:
+    """Give ``item`` the nodeid ``<id>@<group>`` that pytest-xdist's loadgroup schedules by. xdist 3.8
+    writes it to ``item._nodeid``, which pytest 9.2 no longer reads: it keeps a structured id
+    (pytest-dev/pytest-xdist#1386), so without this every test would be scheduled alone."""
+    from _pytest.nodeid import NodeId
+
+    if "@" not in item.nodeid.rpartition("]")[2]:
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 def session_starts(item: pytest.Item) -> set[str]:
