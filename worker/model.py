@@ -95,10 +95,12 @@ def plan_in_process(
 ):
     """The CPU load plan of a replica built in this process (tests, benchmarks, scripts): the
     worker's own resolver over settings of ``dtype`` (a name or a torch dtype), ``max_model_len``,
-    ``quantization`` and ``workers`` keys, with the kernels tuned for ``rows`` (a step's, the LM head's)."""
+    ``quantization`` and ``workers`` keys (``deterministic`` off unless given: the fastest kernels),
+    with the kernels tuned for ``rows`` (a step's, the LM head's)."""
     name = str(dtype).removeprefix("torch.")
     model = {"dtype": name, "max_model_len": max_model_len, "quantization": quantization}
-    cfg = WorkerSettings.model_validate({"model": model, "workers": {"devices": "cpu", **workers}})
+    workers = {"devices": "cpu", "deterministic": False, **workers}
+    cfg = WorkerSettings.model_validate({"model": model, "workers": workers})
     facts = model_facts(cfg.model, model_path)
     plan = replace(resolve_load_plan(cfg.model, cfg.workers, machine_facts("cpu"), facts), rows=rows)
     plan.check()
