@@ -1,5 +1,6 @@
-"""Assembling one replica's engine: load the model, size its KV cache and allocate it once, choose
-the prefill budget, warm it up.
+"""Assembling one replica's engine: load the model as its load plan says
+(:class:`worker.contract.load_plan.LoadPlan`), size its KV cache and allocate it once, choose the
+prefill budget, warm it up.
 
 On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
 peak the budget rule (:mod:`worker.contract.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
@@ -26,6 +27,7 @@ from worker import grammar
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager, BlockTable
+from worker.contract.load_plan import LoadPlan
 from worker.contract.protocol import Generate, SamplingParams
 from worker.contract.settings import WorkerSettings
 from worker.contract.units import GiB
@@ -55,10 +57,8 @@ class Shard:
         return self.device.type == "cuda"
 
 
-def load_shard(
-    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
-) -> Shard:
-    """Load the model (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
+def load_shard(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: Path | None = None) -> Shard:
+    """Load the model as ``plan`` says (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
     (after measuring a prefill's activation peak on GPU) and allocate it once. Every rank runs this
     in the same order: the peak measurement's forward is collective, and the block count is the
     minimum over the ranks (each sizes its own from its own GPU, or from ``kv_cache_gib`` for its
@@ -66,33 +66,14 @@ def load_shard(
     (:func:`worker.quant.autotune.load_or_measure`; None: this replica measures its own).
     Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
-    world = group.world if group is not None else 1
-    device = model_mod.pick_device(device_kind)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
-    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
-    config = model_mod.load_config(model_path)
-    split = (
-        worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
-    )
-    prefill, idle = w.prefill_budgets(on_gpu)
+    world, device, on_gpu = plan.world, model_mod.pick_device(plan.device), plan.on_gpu
+    if plan.memory_fraction is not None:
+        worker_gpus.set_memory_fraction(plan.memory_fraction)
+    dtype, config = model_mod.DTYPES[plan.dtype], plan.config
+    prefill, idle = plan.prefill_budgets
     shared = autotune.load_or_measure(kernel_table) if kernel_table is not None else contextlib.nullcontext()
     with shared as table:  # another replica measuring the shared table: wait for it, then read it
-        model = model_mod.load_model(
-            model_path,
-            config,
-            device,
-            dtype,
-            cfg.model.max_model_len,
-            random_init=cfg.model.random_init,
-            max_memory=split,
-            tp=group,
-            quantization=cfg.model.quantization,
-            rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
-            deterministic=w.deterministic,
-            shared=table,
-        )
+        model = model_mod.load_model(plan, tp=group, shared=table)
     per_token = model_mod.kv_bytes_per_token(config, dtype, world)
     layers, kv_heads, head_dim = model_mod.kv_shape(config, world)
     devices = model_mod.layer_devices(model, device)
@@ -100,10 +81,10 @@ def load_shard(
         if group is not None:
             group.barrier()  # every rank loaded: the collective forward below starts together
         worker_gpus.reset_peaks()
-        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device, world)
+        measure_prefill_peak(model, devices, min(idle, plan.max_model_len), BLOCK_SIZE, dtype, device, world)
         fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
         budget = worker_gpus.kv_budget_after_warmup(
-            per_token, fractions, w.gpu_memory_utilization, share, cfg.model.max_model_len, block_tokens=BLOCK_SIZE
+            per_token, fractions, w.gpu_memory_utilization, plan.share, plan.max_model_len, block_tokens=BLOCK_SIZE
         )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
@@ -114,17 +95,15 @@ def load_shard(
     return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
 
 
-def build_engine(
-    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
-):
-    """Load the replica (:func:`load_shard`, reading or writing ``kernel_table``) and assemble the engine; with a tensor-parallel
+def build_engine(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: Path | None = None):
+    """Load the replica as ``plan`` says (:func:`load_shard`, reading or writing ``kernel_table``) and assemble the engine; with a tensor-parallel
     ``group`` this is rank 0, whose runner announces every step (calibration included) to the
     other ranks. Returns ``(engine, kv_budget_tokens)``.
     Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
-    shard = load_shard(cfg, model_path, device_kind, share, group, kernel_table)
+    shard = load_shard(cfg, plan, group, kernel_table)
     config, device, num_blocks = shard.config, shard.device, shard.num_blocks
-    tokenizer = model_mod.load_tokenizer(model_path)
+    tokenizer = model_mod.load_tokenizer(plan.model_path)
     idle = shard.idle_prefill_tokens
     scheduler = Scheduler(
         BlockManager(num_blocks, BLOCK_SIZE),
@@ -143,7 +122,7 @@ def build_engine(
         cfg.model.max_model_len,
         device,
         config.vocab_size,
-        model_mod.eos_ids(model_path, config, tokenizer),
+        model_mod.eos_ids(plan.model_path, config, tokenizer),
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:
@@ -157,10 +136,10 @@ def build_engine(
     return engine, num_blocks * BLOCK_SIZE
 
 
-def build_follower(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group) -> ModelRunner:
+def build_follower(cfg: WorkerSettings, plan: LoadPlan, group) -> ModelRunner:
     """A tensor-parallel rank other than 0: its shard and KV share (:func:`load_shard`), as a runner
     for :func:`worker.tp.follow`. No tokenizer, scheduler or sampler: rank 0 has those."""
-    shard = load_shard(cfg, model_path, device_kind, share, group)
+    shard = load_shard(cfg, plan, group)
     return ModelRunner(shard.model, shard.cache, shard.device)
 
 

@@ -116,5 +116,5 @@ def load_float32() -> tuple:
     path = str(resolve_model("smollm2-135m-instruct", progress=False))
     config = model_mod.load_config(path)
     tok = model_mod.load_tokenizer(path)
-    model = model_mod.load_model(path, config, CPU, torch.float32, 2048)
+    model = model_mod.load_model(model_mod.plan_in_process(path, torch.float32, 2048))
     return model, tok, config, model_mod.eos_ids(path, config, tok)
