@@ -1,7 +1,9 @@
-"""``apply`` with a ``models:`` file: the file goes to the supervisor as the user wrote it, and is
-refused there with the one line about several models (not as a file that gives both forms)."""
+"""``apply`` with a ``models:`` file: the file goes to the supervisor as the user wrote it; one that
+changes which models are served is refused there in one line (not as a file that gives both forms)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +16,7 @@ SEVERAL = {
     "models": [{"name": "smollm2-135m-instruct"}, {"name": "all-minilm-l6-v2", "task": "embed"}],
     "workers": {"devices": "cpu", "replicas": 2},
 }
+ONE = {"model": {"name": "smollm2-135m-instruct"}, "workers": {"devices": "cpu"}}
 
 
 def test_a_models_file_reaches_the_supervisor_as_written():
@@ -23,11 +26,16 @@ def test_a_models_file_reaches_the_supervisor_as_written():
     assert again.workers.replicas == 2
 
 
-def test_a_models_file_is_refused_with_the_several_models_line():
+def test_a_models_file_that_adds_a_model_is_refused_with_one_line():
+    running = SimpleNamespace(revisions=SimpleNamespace(current=SimpleNamespace(config=parse_config(ONE))))
     request = ApplyRequest(config=request_config(parse_config(SEVERAL)))
     with pytest.raises(Refused) as refused:
-        _target_config(None, request)  # the file alone decides: the running deployment is not read
-    assert "apply changes a deployment of one model" in str(refused.value)
+        _target_config(running, request)
+    assert str(refused.value) == (
+        "models: apply changes the models a deployment serves, not which (smollm2-135m-instruct -> "
+        "smollm2-135m-instruct, all-minilm-l6-v2): adding, removing, renaming or reordering a model needs "
+        "`llamadeploy up` again"
+    )
     assert "not both" not in str(refused.value)
 
 
