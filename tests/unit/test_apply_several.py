@@ -10,10 +10,14 @@ import pytest
 from launcher.config import parse_config
 from launcher.rollout.begin import Refused, _target_config
 from launcher.rollout.command import request_config
+from launcher.rollout.plan import changed_keys
 from router.rollout_protocol import ApplyRequest
 
 SEVERAL = {
-    "models": [{"name": "smollm2-135m-instruct"}, {"name": "all-minilm-l6-v2", "task": "embed"}],
+    "models": [
+        {"name": "smollm2-135m-instruct", "workers": {"max_num_seqs": 3}},
+        {"name": "all-minilm-l6-v2", "task": "embed"},
+    ],
     "workers": {"devices": "cpu", "replicas": 2},
 }
 ONE = {"model": {"name": "smollm2-135m-instruct"}, "workers": {"devices": "cpu"}}
@@ -24,6 +28,12 @@ def test_a_models_file_reaches_the_supervisor_as_written():
     again = parse_config(request_config(cfg), "the new deploy.yaml")  # what the supervisor parses
     assert [s.name for s in again.served()] == ["smollm2-135m-instruct", "all-minilm-l6-v2"]
     assert again.workers.replicas == 2
+    # an entry's workers keep only what it gives: the top-level keys still reach it
+    assert [(s.workers.devices, s.workers.max_num_seqs, s.workers.replicas) for s in again.served()] == [
+        ("cpu", 3, 2),
+        ("cpu", 8, 2),
+    ]
+    assert changed_keys(cfg.for_model(0), again.for_model(0)) == []
 
 
 def test_a_models_file_that_adds_a_model_is_refused_with_one_line():
