@@ -142,19 +142,20 @@ def apply_live(api: Api, tokens: AdminTokens, cfg: RouterSettings, also: list[Mo
     tokens.rotate(cfg.router.admin_token)
     logging.getLogger().setLevel(cfg.logging.level.upper())
     api.cfg = cfg
-    if not cfg.models and len(api.models) <= 2:  # one model, or one being renamed (apply refuses several)
-        serve_models(api, [cfg.model, *also])
+    # several models keep their names (apply refuses a change of which models are served)
+    serve_models(api, cfg.models if len(cfg.models) > 1 else [cfg.model, *also])
     log.info("live settings applied (policy %s, serving %s)", cfg.router.policy, ", ".join(api.models))
 
 
 def serve_models(api: Api, sections: list[ModelConfig]) -> None:
     """Serve the model ``sections`` (the first is the default), reusing what is derived from the
-    tokenizer where a section is unchanged. Every section shares the current tokenizer and folder:
-    a rollout keeps the model's tokenizer (the router tokenizes for the workers)."""
-    base = api.model
+    tokenizer where a section is unchanged. A section takes the folder and the tokenizer of the
+    model served under its name now (a renamed model: the default model's): a rollout keeps each
+    model's tokenizer (the router tokenizes for the workers)."""
     kept = {m.config.model_dump_json(): m for m in api.models.values()}
     # each section read as at start (task, an embedding model's spec) from the model's own folder
-    fresh = [served_model(c, base.path, base.tokenizer) for c in sections]
+    bases = [api.models.get(c.public_name, api.model) for c in sections]
+    fresh = [served_model(c, base.path, base.tokenizer) for c, base in zip(sections, bases, strict=True)]
     served = [kept.get(m.config.model_dump_json(), m) for m in fresh]
     api.models = {m.name: m for m in served}
     api.model = api.first(GENERATE)

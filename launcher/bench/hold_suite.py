@@ -11,10 +11,13 @@ request loop) the whole time, its only worker is replaced three ways, one after 
 Each event lasts from its start until the replacement is ready and every client has finished one
 more request; its figures count every request that ended from its start until the next event's. Per event it prints the requests answered 5xx, the streams cut, the
 other failures, the requests held (``llamadeploy_request_hold_seconds``' count), the longest hold
-wait (the router's ``held_oldest_s``, sampled every :data:`SAMPLE_S`), the replacement's load time
-(its ``load_seconds``) and whether every wait was within that load time + :data:`SLACK_S`. A
-benchmark of one run: it prints and writes ``OUTPUT.json``, asserts nothing. The deployment is
-left on the new ``max_num_seqs``.
+wait (the router's ``held_oldest_s``, sampled every :data:`SAMPLE_S`), the replacement's time and
+whether every wait was within it + :data:`SLACK_S`. The replacement's time is the model's time
+without a ready replica, from the moment the old one stopped answering to the moment the
+replacement is ready (:mod:`launcher.bench.hold_watch`: the restart delay, the new process's start
+and imports and its load, each shown; its ``load_seconds`` counts the load only). A benchmark of
+one run: it prints and writes ``OUTPUT.json``, asserts nothing. The deployment is left on the new
+``max_num_seqs``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ import yaml
 
 from launcher.bench.client import auth_headers, served_model
 from launcher.bench.hold_traffic import Traffic
+from launcher.bench.hold_watch import SAMPLE_S, Replacement, ReplacementWatch
 
-SAMPLE_S = 0.2  # how often the router's longest current hold is read
 SLACK_S = 2.0  # the target: every hold ≤ the replacement's load time + this
 EVENTS = ("apply max_num_seqs", "restart-worker", "kill -9")
 
@@ -67,13 +70,12 @@ def run_hold_bench(config: Path, streams: int, api_key: str | None, output: Path
             before = admin.table().workers[0]
             typer.echo(f"event {n}: {name} ...", err=True)
             t0 = time.monotonic()
-            detail = ACTIONS[name](config, before, admin)
-            after = _replaced(admin, before.pid, timeout)
+            with ReplacementWatch(admin, before.pid) as watch:
+                detail = ACTIONS[name](config, before, watch)
+                replaced = watch.wait(timeout)
             _settle(traffic, streams, time.monotonic(), timeout)
             held = probe.hold_count() - held0
-            events.append(
-                Event(name, t0, time.monotonic(), held, probe.longest.get(n, 0.0), after.load_seconds, detail)
-            )
+            events.append(Event(name, t0, time.monotonic(), held, probe.longest.get(n, 0.0), replaced, detail))
         probe.phase = len(EVENTS) + 1
     # the clients have stopped: every request, also one in flight across an event, is recorded
     steady = [c for c in traffic.calls if events and c.end < events[0].start and not c.failed]
@@ -128,7 +130,7 @@ class Probe:
         return sum(float(v) for v in found)
 
 
-def _apply(config: Path, before, _admin) -> str:
+def _apply(config: Path, before, _watch) -> str:
     data = yaml.safe_load(config.read_text()) or {}
     workers = data.setdefault("workers", {})
     workers["max_num_seqs"] = before.max_num_seqs + 1
@@ -138,11 +140,12 @@ def _apply(config: Path, before, _admin) -> str:
     return f"max_num_seqs {before.max_num_seqs} -> {before.max_num_seqs + 1}: " + _last_line(done)
 
 
-def _restart(config: Path, before, _admin) -> str:
+def _restart(config: Path, before, _watch) -> str:
     return f"worker {before.id}: " + _last_line(_cli("restart-worker", str(before.id), "--config", str(config)))
 
 
-def _kill(_config: Path, before, _admin) -> str:
+def _kill(_config: Path, before, watch: ReplacementWatch) -> str:
+    watch.mark_stopped(time.monotonic())  # it answers nothing from here on; the table shows it later
     os.kill(before.pid, signal.SIGKILL)
     return f"pid {before.pid} killed"
 
@@ -160,19 +163,6 @@ def _last_line(done: subprocess.CompletedProcess) -> str:
     return f"exit {done.returncode}" + (f", {lines[-1].strip()}" if lines else "")
 
 
-def _replaced(admin, old_pid: int, timeout: float):
-    """The worker row once a process other than ``old_pid`` is ready (the replacement)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        table = admin.try_table(timeout=5.0)
-        rows = table.workers if table else []
-        ready = [w for w in rows if w.pid != old_pid and w.state.value == "ready"]
-        if ready and all(w.pid != old_pid for w in rows):  # the old process is gone from the table
-            return ready[0]
-        time.sleep(SAMPLE_S)
-    raise RuntimeError(f"no replacement of pid {old_pid} ready within {timeout:.0f}s")
-
-
 def _settle(traffic: Traffic, streams: int, since: float, timeout: float) -> None:
     """Wait until the clients completed one request each after ``since`` (the load is back)."""
     deadline = time.monotonic() + timeout
@@ -184,14 +174,14 @@ def _settle(traffic: Traffic, streams: int, since: float, timeout: float) -> Non
 class Event:
     """One replacement: its name, from its start to its end (the replacement ready and every
     client answered again; monotonic seconds), the requests the router held and dispatched meanwhile,
-    the longest hold it showed, the replacement's load time (seconds) and what the command said."""
+    the longest hold it showed, the replacement's times and what the command said."""
 
     name: str
     start: float
     end: float
     held: float
     longest_hold_s: float
-    load_s: float
+    replaced: Replacement
     detail: str
 
 
@@ -207,6 +197,7 @@ def _row(event: Event, calls: list, steady_calls: list, until: float = float("in
     calls = [c for c in calls if event.start <= c.end < until]
     steady = sorted(first_byte_s(steady_calls)) or [0.0]
     median, waits = steady[len(steady) // 2], first_byte_s(calls) or [0.0]
+    down = event.replaced.down_s
     return {
         "event": event.name,
         "detail": event.detail,
@@ -217,13 +208,15 @@ def _row(event: Event, calls: list, steady_calls: list, until: float = float("in
         "errors": sorted({c.error for c in calls if c.failed})[:3],
         "held": event.held,
         "longest_hold_s": round(event.longest_hold_s, 2),
-        "load_s": round(event.load_s, 2),
-        "within_target": event.longest_hold_s <= event.load_s + SLACK_S,
+        "down_s": round(down, 2),  # the model without a ready replica: what a held request may wait
+        **event.replaced.parts(),
+        "load_seconds": round(event.replaced.load_s, 2),  # the worker's own figure: its load only
+        "within_target": event.longest_hold_s <= down + SLACK_S,
         # a request in flight when the worker died is retried, not queued: its wait shows in the client's
         # time to first byte only (beyond the steady median: prefill and queueing behind the others)
         "longest_first_byte_s": round(max(waits), 2),
         "steady_first_byte_s": round(median, 2),
-        "client_within_target": max(waits) - median <= event.load_s + SLACK_S,
+        "client_within_target": max(waits) - median <= down + SLACK_S,
         "wall_s": round(event.end - event.start, 1),
     }
 
@@ -231,21 +224,30 @@ def _row(event: Event, calls: list, steady_calls: list, until: float = float("in
 def print_hold(result: dict) -> None:
     """The table: one row per event, then each event's errors (if any) and what the command said."""
     head = f"{'event':<18} {'requests':>8} {'5xx':>4} {'cut':>4} {'other':>5} {'held':>5} {'longest hold s':>14} "
-    head += f"{'first byte s':>12} {'load s':>7} {'hold <= load+2s':>15} {'wait <= load+2s':>15} {'wall s':>7}"
+    head += f"{'first byte s':>12} {'down s':>7} {'delay s':>7} {'start s':>7} {'load s':>7} "
+    head += f"{'hold <= down+2s':>15} {'wait <= down+2s':>15} {'wall s':>7}"
     typer.echo(head)
     for r in result["events"]:
         typer.echo(
             f"{r['event']:<18} {r['requests']:>8} {r['server_errors']:>4} {r['streams_cut']:>4} "
             f"{r['other_failures']:>5} {r['held']:>5.0f} {r['longest_hold_s']:>14.1f} "
-            f"{r['longest_first_byte_s']:>12.1f} {r['load_s']:>7.1f} {'yes' if r['within_target'] else 'NO':>15} "
+            f"{r['longest_first_byte_s']:>12.1f} {r['down_s']:>7.1f} {_part(r['restart_delay_s'])} "
+            f"{_part(r['start_s'])} {_part(r['load_s'])} {'yes' if r['within_target'] else 'NO':>15} "
             f"{'yes' if r['client_within_target'] else 'NO':>15} {r['wall_s']:>7.1f}"
         )
     steady = result["events"][0]["steady_first_byte_s"] if result["events"] else 0.0
     typer.echo(
-        f"longest hold: the router's queue (held_oldest_s); first byte: the clients' longest time to first byte, "
-        f"which includes a retried request's wait; wait: first byte less the steady median ({steady:.1f}s)"
+        "longest hold: the router's queue (held_oldest_s); first byte: the clients' longest time to first byte, "
+        f"which includes a retried request's wait; wait: first byte less the steady median ({steady:.1f}s); "
+        "down: the model without a ready replica (the old one stopped answering -> the replacement ready) = "
+        "delay (to the new process) + start (its start and imports, to its Hello) + load (Hello -> ready); "
+        "- where nothing was down (a surge)"
     )
     for r in result["events"]:
         typer.echo(f"  {r['event']}: {r['detail']}")
         for e in r["errors"]:
             typer.echo(f"    error: {e}")
+
+
+def _part(value: float | None) -> str:
+    return f"{'-':>7}" if value is None else f"{value:>7.1f}"

@@ -53,13 +53,23 @@ def resolve_at_start(cfg: DeployConfig, inv: Inventory | None, specs: list[Worke
 
 
 def resolve_for_apply(cfg: DeployConfig, current: DeployConfig) -> DeployConfig:
-    """``apply``'s one-model target: with ``auto`` and the running model (same name and
-    quantization), the running revision's length (its workers hold the GPUs' memory, so a plan
-    made now would see no room); another model is resolved as ``up`` does, on this machine."""
-    if cfg.model.max_model_len != AUTO:
+    """``apply``'s target: each served model with ``auto`` that runs now (served under the same
+    name, or the one model of both; same model name and quantization) takes the running
+    revision's length (its workers hold the GPUs' memory, so a plan made now would see no room);
+    another model is resolved as ``up`` does, on this machine."""
+    running = {one.name: one.model for one in current.served()}
+    served = cfg.served()
+    for k, one in enumerate(served):
+        was = current.model if len(served) == len(running) == 1 else running.get(one.name)
+        if one.model.max_model_len == AUTO and was is not None and _same(one.model, was):
+            cfg = with_length(cfg, was.max_model_len, k)
+    if all(one.model.max_model_len != AUTO for one in cfg.served()):
         return cfg
-    if (cfg.model.name, cfg.model.quantization) == (current.model.name, current.model.quantization):
-        return with_length(cfg, current.model.max_model_len, 0)
     from launcher.plan.placement import discover
 
     return resolve_at_start(cfg, discover())
+
+
+def _same(a, b) -> bool:
+    """Two ``model`` sections load the same weights (name and quantization)."""
+    return (a.name, a.quantization) == (b.name, b.quantization)

@@ -87,9 +87,17 @@ def refused(reason: str) -> int:
 
 def request_config(cfg: DeployConfig) -> dict:
     """``cfg`` as JSON for ``POST /admin/apply``. A ``models:`` file goes without the ``model:``
-    section that dumping fills with its defaults: parsed again it would read as giving both forms,
-    and the supervisor would refuse it for that instead of saying it serves several models."""
-    return cfg.model_dump(mode="json", exclude={"model"} if cfg.models is not None else None)
+    section that dumping fills with its defaults (parsed again it would read as giving both
+    forms), and each entry's ``workers:`` with only the keys the file gives: an entry's keys
+    override the top-level ``workers:`` (:func:`launcher.config.merged_workers`), so every default
+    dumped there would override the file's top-level keys (``devices: cpu`` read back as ``auto``)."""
+    if cfg.models is None:
+        return cfg.model_dump(mode="json")
+    data = cfg.model_dump(mode="json", exclude={"model"})
+    for entry, dumped in zip(cfg.models, data["models"], strict=True):
+        if entry.workers is not None:
+            dumped["workers"] = entry.workers.model_dump(mode="json", exclude_unset=True)
+    return data
 
 
 def watch(client: AdminClient, rid: str) -> RolloutStatus:

@@ -11,14 +11,14 @@ same way; then the old router settings are applied again and ``apply`` reports t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgspec
 
 from launcher.config import DeployConfig
-from launcher.plan.placement import Inventory
-from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_rollout
+from launcher.plan.placement import Inventory, WorkerSpec
+from launcher.rollout.plan import Replica, RolloutPlan, free_ids, plan_models
 from launcher.rollout.room import free_beside, new_spec
 from launcher.rollout.tasks import RolloutFailed, Task
 from launcher.supervise.control import SlotControl
@@ -33,16 +33,29 @@ STOP_GRACE_S = 30.0  # a drained worker told to exit is killed after this
 
 @dataclass(frozen=True)
 class Target:
-    """What a slot of one revision is started with: the revision, its worker settings file, its model."""
+    """What a slot of one revision is started with: the revision, and per served model (in
+    :meth:`DeployConfig.served` order, a slot's ``spec.model`` indexes them) its worker settings
+    file and its model folder."""
 
     revision: Revision
-    settings_path: Path
-    model_path: Path
+    settings_paths: tuple[Path, ...]
+    model_paths: tuple[Path, ...]
 
     @property
     def config(self) -> DeployConfig:
         """The revision's configuration."""
         return self.revision.config
+
+    def point(self, slot: Slot) -> None:
+        """Start ``slot``'s next process on this target: its model's settings and folder."""
+        k = slot.spec.model
+        name = self.config.served()[k].name
+        slot.point(self.settings_paths[k], self.model_paths[k], self.revision.number, name)
+
+    def index(self, group: str) -> int:
+        """The index of the served model called ``group`` (0 when none is: a one-model rename)."""
+        names = [one.name for one in self.config.served()]
+        return names.index(group) if group in names else 0
 
 
 class Rollout:
@@ -65,8 +78,7 @@ class Rollout:
         self.sup, self.id, self.old, self.new, self.inventory = sup, rollout_id, old, new, inventory
         self.is_rollback = is_rollback  # an apply --rollback: its target is an earlier, kept revision
         self.target, self.budget, self.plan_lines = new, budget, plan.lines()
-        self.rolls = bool(plan.rolling)  # False: the kept slots' worker settings are the new ones already
-        self.old_count = len(sup.slots)
+        self.old_counts = counts_of(replicas_of(sup, inventory))  # each model's replicas, for a rollback
         self.began = sup.clock()
         self.progress: list[str] = []
         self.state, self.reason = "running", ""
@@ -103,7 +115,7 @@ class Rollout:
             return self._end("failed")
         self.reason, self.state, self.target = reason, "rolling_back", self.old
         self.note(f"failed: {reason}; rolling back to revision {self.old.revision.number}")
-        self.waves = _waves(self.plan_to(self.old, self.old_count))
+        self.waves = _waves(self.plan_to(self.old, self.old_counts))
         self.post()
         return False
 
@@ -116,8 +128,7 @@ class Rollout:
             self.adopt(self.old.config)
             return self._end("failed")
         self.adopt(self.new.config)
-        if not self.rolls:
-            move_slots(self.sup, self.new)
+        move_slots(self.sup, self.new)  # the slots it did not replace: their settings are the new ones already
         return self._end("done")
 
     def _end(self, state: str) -> bool:
@@ -185,13 +196,13 @@ class Rollout:
             raise RolloutFailed(f"worker {wid} not ready within {limit:.0f}s (workers.startup_timeout_s)")
         return False
 
-    def add_slot(self, like: int | None, worker_id: int | None = None) -> int:
+    def add_slot(self, like: int | None, worker_id: int | None = None, group: str = "") -> int:
         """Start a new slot on the target revision: the replacement of slot ``like`` (on a CPU, on
-        a spare core set or on ``like``'s own cores), else a new slot shaped like the first; returns
-        its id. RolloutFailed when there is no room for it."""
+        a spare core set or on ``like``'s own cores), else a new slot of model ``group`` shaped
+        like its first; returns its id. RolloutFailed when there is no room for it."""
         wid = worker_id if worker_id is not None else free_ids(self.sup.slots, 1)[0]
         specs = [s.spec for s in self.sup.slots.values()]
-        shape = self.sup.slots[like].spec if like is not None else specs[0]
+        shape = self.sup.slots[like].spec if like is not None else shape_of(specs, self.target.index(group))
         spec = new_spec(shape, wid, specs, self.inventory, cluster=self.sup.on_cluster, share=like is not None)
         if spec is None:
             raise RolloutFailed(f"no room for worker {wid}: no spare set of {len(shape.cpus)} CPU core(s)")
@@ -222,8 +233,7 @@ class Rollout:
     # ---- helpers ------------------------------------------------------------------------
 
     def _point(self, slot: Slot) -> None:
-        t = self.target
-        slot.point(t.settings_path, t.model_path, t.revision.number, t.config.model.public_name)
+        self.target.point(slot)
 
     def _ask_exit(self, wid: int) -> None:
         """Ask the router to tell ``wid``'s process to exit (code 0); killed after :data:`STOP_GRACE_S`."""
@@ -241,16 +251,17 @@ class Rollout:
                 del self._stop_asked[wid]
                 self.kill(wid, f"still running {STOP_GRACE_S:.0f}s after being asked to exit")
 
-    def plan_to(self, target: Target, count: int) -> RolloutPlan:
-        """The plan from the configuration now to ``target`` (the rollback's), replacing only the
-        replicas not on its revision; drain-first (the old revision's size is not re-planned)."""
+    def plan_to(self, target: Target, counts: dict[str, int]) -> RolloutPlan:
+        """The plan from the configuration now to ``target`` (the rollback's) with ``counts``
+        replicas of each model, replacing only the replicas not on its revision; drain-first (the
+        old revision's size is not re-planned)."""
         current = self.new.config if target is self.old else self.old.config
-        return plan_rollout(
+        return plan_models(
             current,
             target.config,
             replicas_of(self.sup, self.inventory),
-            count,
-            need_bytes=2**62,
+            counts,
+            dict.fromkeys(counts, 2**62),
             max_unavailable=self.budget,
             revision=target.revision.number,
         )
@@ -282,13 +293,38 @@ class Rollout:
 
 
 def replicas_of(sup: SlotControl, inventory: Inventory) -> list[Replica]:
-    """Supervisor ``sup``'s slots as the plan sees them (group: the served name of their revision)."""
+    """Supervisor ``sup``'s slots as the plan sees them (group: the served name of their model in
+    their revision)."""
     specs = [s.spec for s in sup.slots.values()]
-    names = {r.number: r.config.model.public_name for r in sup.revisions.history}
+    names = {r.number: [one.name for one in r.config.served()] for r in sup.revisions.history}
     return [
-        Replica(wid, names.get(s.revision, ""), s.revision, s.ready(), free_beside(s.spec, specs, inventory))
+        Replica(
+            wid,
+            _name(names.get(s.revision, []), s.spec.model),
+            s.revision,
+            s.ready(),
+            free_beside(s.spec, specs, inventory),
+        )
         for wid, s in sup.slots.items()
     ]
+
+
+def _name(names: list[str], k: int) -> str:
+    return names[k] if k < len(names) else ""
+
+
+def counts_of(replicas: list[Replica]) -> dict[str, int]:
+    """Replicas per group (served model name), in first-seen order."""
+    counts: dict[str, int] = {}
+    for r in replicas:
+        counts[r.group] = counts.get(r.group, 0) + 1
+    return counts
+
+
+def shape_of(specs: list[WorkerSpec], model: int) -> WorkerSpec:
+    """A new slot's shape for served model ``model``: its first slot's placement (else the first
+    slot's, for that model)."""
+    return next((s for s in specs if s.model == model), replace(specs[0], model=model))
 
 
 def _waves(plan: RolloutPlan) -> list[list]:
@@ -305,9 +341,12 @@ def post_status(sup: SlotControl, status: RolloutStatus) -> None:
 
 
 def move_slots(sup: SlotControl, target: Target) -> None:
-    """Every slot is on ``target`` now without restarting (its worker settings did not change):
-    the next start uses the target's files, and the router shows the new revision."""
+    """Every slot not on ``target`` yet is on it now without restarting (its worker settings did
+    not change: only live keys, or another model's): the next start uses the target's files, and
+    the router shows the new revision."""
     for wid, slot in sup.slots.items():
-        slot.point(target.settings_path, target.model_path, target.revision.number)
+        if slot.revision == target.revision.number:
+            continue
+        target.point(slot)
         if slot.alive():
             sup.report_started(wid)

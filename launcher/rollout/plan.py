@@ -6,10 +6,12 @@ live (router and supervisor settings: no process restarts), which roll (anything
 is started with: each replica is replaced), which cannot change on a running deployment (the
 listening addresses, the cluster: ``up`` again), and the ordered steps that carry the change out.
 
-Replicas are grouped by the served model name (today one group per deployment); the unit of a
-step is a worker *slot* (a tensor-parallel slot is one unit). A replacement is ``surge`` (start the
-new one beside the old, wait ready, then drain and stop the old) where the memory free beside the
-replica holds a second copy, else ``drain_first`` (drain and stop the old, then start the new).
+Replicas are grouped by the served model name; a deployment of several models (``models:``) is
+planned model by model (:func:`plan_models`: only the models whose settings changed roll, one
+after another). The unit of a step is a worker *slot* (a tensor-parallel slot is one unit). A
+replacement is ``surge`` (start the new one beside the old, wait ready, then drain and stop the
+old) where the memory free beside the replica holds a second copy, else ``drain_first`` (drain
+and stop the old, then start the new).
 Steps run in waves of at most ``max_unavailable`` replacements (at least one): scale-down first
 (the newest slots stop, so fewer are replaced), then scale-up (new slots of the new revision add
 capacity), then the replacements, replicas not ready first.
@@ -18,7 +20,7 @@ capacity), then the replacements, replicas not ready first.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from launcher.config import DeployConfig
@@ -181,6 +183,7 @@ def plan_rollout(
     need_bytes: int,
     max_unavailable: int | None = None,
     revision: int | None = None,
+    taken: Iterable[int] = (),
 ) -> RolloutPlan:
     """The plan from ``old`` to ``new`` for ``replicas`` (the running slots).
 
@@ -189,7 +192,8 @@ def plan_rollout(
     (default :func:`default_max_unavailable` of the current count) bounds how many replicas may
     be out of service at once; a replica not ready now counts as out already. ``revision``: the
     target's number; replicas already on it are not replaced (a rollback replaces only what the
-    failed rollout changed). Raises ValueError
+    failed rollout changed). ``taken``: slot ids that other models' slots hold (a new slot takes
+    none of them). Raises ValueError
     for a negative ``max_unavailable`` or ``new_replicas < 1``.
     """
     if new_replicas < 1:
@@ -202,11 +206,11 @@ def plan_rollout(
     keep, stop = _scale_down(replicas, new_replicas)
     steps = [Step("stop", r.worker_id, r.group, wave=0) for r in stop]
     wave = 1 if steps else 0
-    ids = free_ids({r.worker_id for r in keep}, new_replicas - len(keep))
+    ids = free_ids({r.worker_id for r in keep} | set(taken), new_replicas - len(keep))
     starts = [Step("start", wid, group, wave) for wid in ids]
     stale = [r for r in keep if rolling and r.revision != revision]
-    replace, warnings = _replacements(stale, group, need_bytes, budget, wave + bool(starts))
-    return RolloutPlan(live, rolling, fixed, tuple(steps + starts + replace), budget, tuple(warnings))
+    swaps, warnings = _replacements(stale, group, need_bytes, budget, wave + bool(starts))
+    return RolloutPlan(live, rolling, fixed, tuple(steps + starts + swaps), budget, tuple(warnings))
 
 
 def free_ids(used: Iterable[int], count: int) -> list[int]:
@@ -245,3 +249,69 @@ def _replacements(
             )
         steps.append(Step("replace", r.worker_id, group, wave + n // per_wave, mode))
     return steps, warnings
+
+
+def models_changed(old: DeployConfig, new: DeployConfig) -> str | None:
+    """Why ``apply`` cannot take ``new`` over ``old`` model by model: a model added, removed,
+    renamed or moved in the ``models:`` list (a new model needs its own placement: ``up``'s);
+    None when both serve the same names in the same order."""
+    before, after = [one.name for one in old.served()], [one.name for one in new.served()]
+    if before == after or (len(before) == 1 and len(after) == 1):  # one model: a rename rolls
+        return None
+    return (
+        f"models: apply changes the models a deployment serves, not which ({', '.join(before)} -> "
+        f"{', '.join(after)}): adding, removing, renaming or reordering a model needs `llamadeploy up` again"
+    )
+
+
+def plan_models(
+    old: DeployConfig,
+    new: DeployConfig,
+    replicas: Sequence[Replica],
+    counts: Mapping[str, int],
+    needs: Mapping[str, int],
+    max_unavailable: int | None = None,
+    revision: int | None = None,
+) -> RolloutPlan:
+    """The plan from ``old`` to ``new`` for a deployment of one model or several (``models:``).
+
+    Each model is planned alone (:func:`plan_rollout` over its own replicas, the ``group`` named as
+    it is served, from each file's view of that model: :meth:`DeployConfig.for_model`), with its
+    replica count ``counts[name]`` and the bytes one replica needs ``needs[name]``; a model whose
+    settings did not change gets no step. The models roll one after another, in deploy.yaml's
+    order (the waves of the second follow the first's), so at most one model has a replica out of
+    service at a time, and ``max_unavailable`` (default: per model, by its replica count) bounds
+    each. The changed keys of a model's own entry are shown with its name. Raises ValueError as
+    :func:`plan_rollout` does, or when the served models differ (:func:`models_changed`)."""
+    if problem := models_changed(old, new):
+        raise ValueError(problem)
+    served = new.served()
+    if len(served) == 1:  # one group (a rename in progress may show two names): every replica is its
+        need = max(needs.values())
+        return plan_rollout(old, new, replicas, sum(counts.values()), need, max_unavailable, revision)
+    live: dict[str, None] = {}
+    fixed: dict[str, None] = {}
+    rolling: list[str] = []
+    steps: list[Step] = []
+    warnings: dict[str, None] = {}
+    for k, one in enumerate(served):
+        mine = [r for r in replicas if r.group == one.name]
+        taken = {r.worker_id for r in replicas if r.group != one.name} | {s.worker_id for s in steps}
+        part = plan_rollout(
+            old.for_model(k),
+            new.for_model(k),
+            mine,
+            counts[one.name],
+            needs[one.name],
+            max_unavailable,
+            revision,
+            taken,
+        )
+        live.update(dict.fromkeys(part.live))
+        fixed.update(dict.fromkeys(part.fixed))
+        rolling += [f"{key} ({one.name})" for key in part.rolling]
+        first = max((s.wave for s in steps), default=-1) + 1
+        steps += [replace(s, wave=s.wave + first) for s in part.steps]
+        warnings.update(dict.fromkeys(part.warnings))
+    budget = default_max_unavailable(len(replicas)) if max_unavailable is None else max_unavailable
+    return RolloutPlan(tuple(live), tuple(rolling), tuple(fixed), tuple(steps), budget, tuple(warnings))

@@ -85,7 +85,7 @@ class Task:
 
     def _start(self, ro) -> bool:
         if self.phase == "begin":
-            self.new_id = ro.add_slot(like=None, worker_id=self.step.worker_id)
+            self.new_id = ro.add_slot(like=None, worker_id=self.step.worker_id, group=self.step.group)
             self._enter(ro, "loading")
         return ro.loaded(self.new_id, 0, self.since)
 

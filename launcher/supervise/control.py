@@ -42,6 +42,7 @@ class SlotControl(Protocol):
     admin: AdminClient  # the router's admin API (drain, restart, live settings, rollout status)
     run_dir: Path  # where the deployment's settings files are written
     worker_settings_path: Path  # the first model's worker settings file (revision 1's)
+    worker_settings_paths: list[Path]  # each served model's worker settings file (revision 1's)
     model_paths: list[Path]  # each served model's folder, as ``up`` resolved it
     rollout: Stepper | None  # the apply being carried out, if any
 

@@ -294,15 +294,41 @@ def held_for(d: Deployment, model: str) -> float:
     return sum(float(v) for v in re.findall(pattern, text))
 
 
-def test_the_chat_worker_replaced_holds_chat_and_leaves_embeddings_unaffected(emb):
-    """``restart-worker --drain`` of the chat model's only worker while 2 chat streams and an
-    embedding loop run: every embedding request is answered 200 by its untouched worker, and chat
-    requests wait for the replacement (held: no 5xx, no stream cut). A rolling ``apply`` of one
-    model of several is not built (``apply`` refuses a ``models:`` deployment), so the chat
-    worker's replacement is the operator's restart here."""
-    chat_before = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
-    embed_before = embed_worker(emb)
+def chat_worker(d: Deployment) -> dict:
+    (w,) = [w for w in d.workers() if w["model"] == CHAT_MODEL]
+    return w
+
+
+def with_chat_seqs(d: Deployment, seqs: int) -> dict:
+    """The deployment's ``models:`` list with the chat entry's ``workers.max_num_seqs`` set to ``seqs``."""
+    chat, other = d.config["models"]
+    return {"models": [{**chat, "workers": {**chat.get("workers", {}), "max_num_seqs": seqs}}, other]}
+
+
+def test_apply_dry_run_plans_the_chat_model_only_and_a_new_model_is_refused(emb):
+    """``apply --dry-run`` of the chat entry's ``max_num_seqs``: the plan replaces the chat worker
+    only (surge); a file that adds a model is refused in one line, and nothing changes."""
+    chat = chat_worker(emb)
+    done = emb.apply(with_chat_seqs(emb, chat["max_num_seqs"] + 1), "--dry-run")
+    assert done.returncode == 0, done.stdout
+    assert f"replace worker {chat['id']} (surge" in done.stdout and done.stdout.count("replace worker") == 1
+    assert f"workers.max_num_seqs ({CHAT_MODEL})" in done.stdout and "dry run: nothing changed" in done.stdout
+    added = {"models": [*emb.config["models"], {"name": CHAT_MODEL, "served_name": "another"}]}
+    done = emb.apply(added)
+    assert done.returncode == 2 and "refused: models: apply changes the models a deployment serves" in done.stdout
+    assert "needs `llamadeploy up` again" in done.stdout and "rolled back" not in done.stdout
+    assert chat_worker(emb)["pid"] == chat["pid"] and embed_worker(emb)["restarts"] == 0
+
+
+def test_rolling_apply_then_restart_of_the_chat_worker_hold_chat_and_leave_embeddings_unaffected(emb):
+    """While 2 chat streams and an embedding loop run: a rolling ``apply`` of the chat model's
+    ``max_num_seqs`` (its replacement loads beside it on its core, then it drains: no request
+    waits), then ``restart-worker --drain`` of the new chat worker (drained first: chat requests
+    are held until its replacement is ready). No chat 5xx, no stream cut; every embedding request
+    answered 200 by its untouched worker (moved to the new revision without a restart), none held."""
+    chat_before, embed_before = chat_worker(emb), embed_worker(emb)
     held0, embed_held0 = held_for(emb, CHAT_MODEL), held_for(emb, EMBED_MODEL)
+    seqs = chat_before["max_num_seqs"] + 1
     statuses: dict[int, int] = {}
     stop = threading.Event()
 
@@ -315,7 +341,11 @@ def test_the_chat_worker_replaced_holds_chat_and_leaves_embeddings_unaffected(em
         with ThreadPoolExecutor(1) as pool:
             loop = pool.submit(embed_loop)
             chats.wait_completed(2, timeout=300)
-            restart = ["restart-worker", str(chat_before["id"]), "--drain", "--config", str(emb.path)]
+            applied = emb.apply(with_chat_seqs(emb, seqs))
+            assert applied.returncode == 0, applied.stdout
+            chats.wait_completed(2, timeout=300)
+            rolled = chat_worker(emb)
+            restart = ["restart-worker", str(rolled["id"]), "--drain", "--config", str(emb.path)]
             done = cli(*restart, timeout=600)
             assert done.returncode == 0, done.stdout + done.stderr
             chats.wait_completed(2, timeout=300)
@@ -326,10 +356,14 @@ def test_the_chat_worker_replaced_holds_chat_and_leaves_embeddings_unaffected(em
     assert set(statuses) == {200} and sum(statuses.values()) >= 10, statuses
     assert held_for(emb, CHAT_MODEL) > held0  # chat requests arrived while no chat replica was ready
     assert held_for(emb, EMBED_MODEL) == embed_held0
-    chat_after = next(w for w in emb.workers() if w["model"] == CHAT_MODEL)
-    assert chat_after["pid"] != chat_before["pid"] and chat_after["state"] == "ready"
+    assert f"replace worker {chat_before['id']} (surge" in applied.stdout and "applied: revision" in applied.stdout
+    assert (rolled["pid"] != chat_before["pid"], rolled["max_num_seqs"], rolled["revision"]) == (True, seqs, 2)
+    chat_after = chat_worker(emb)
+    assert chat_after["pid"] != rolled["pid"] and chat_after["state"] == "ready"
+    assert chat_after["max_num_seqs"] == seqs  # the restart keeps the applied revision
     embed_now = embed_worker(emb)
     assert (embed_now["pid"], embed_now["restarts"], embed_now["state"]) == (embed_before["pid"], 0, "ready")
+    assert embed_now["revision"] == 2
 
 
 def test_kill9_of_the_embedding_worker_retries_its_requests_it_restarts_chat_untouched(emb):

@@ -64,3 +64,31 @@ def test_a_rename_serves_both_names_as_embedding_models(tmp_path):
     _apply(api, {**old, "served_name": "minilm"}, also=[old])
     assert list(api.models) == ["minilm", "all-minilm-l6-v2"]
     assert all(m.task == "embed" and m.embed_spec.max_tokens == 256 for m in api.models.values())
+
+
+def test_several_models_each_keep_their_own_folder_tokenizer_and_spec(tmp_path):
+    """A ``models:`` deployment (chat beside embeddings): an apply's sections replace each model
+    by its name, each read from its own folder with its own tokenizer; the unchanged one is kept."""
+    chat_dir, emb_dir = tmp_path / "chat", _folder(tmp_path / "emb")
+    chat_dir.mkdir()
+    (chat_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    chat_tok, emb_tok = object(), object()
+    sections = [{"name": "chat"}, {"name": "emb", "task": "auto"}]
+    cfg = RouterSettings.model_validate({"models": sections})
+    models = {
+        "chat": served_model(cfg.models[0], str(chat_dir), chat_tok),
+        "emb": served_model(cfg.models[1], str(emb_dir), emb_tok),
+    }
+    api = Api(cfg, WorkerPool("inproc://apply-two", "least_loaded", heartbeat_timeout_s=10), models=models)
+    emb_before = api.models["emb"]
+    new = RouterSettings.model_validate({"models": [{"name": "chat", "max_model_len": 512}, sections[1]]})
+    apply_live(api, AdminTokens(None), new, [])
+    chat, emb = api.models["chat"], api.models["emb"]
+    assert (chat.task, chat.path, chat.tokenizer, chat.config.max_model_len) == (
+        "generate",
+        str(chat_dir),
+        chat_tok,
+        512,
+    )
+    assert emb is emb_before and emb.embed_spec.max_tokens == 256  # unchanged: kept as it was
+    assert api.model is chat and list(api.models) == ["chat", "emb"]

@@ -9,10 +9,14 @@ import typer
 from launcher.bench.command import bench_options
 from launcher.bench.hold_suite import SLACK_S, Event, _row, print_hold
 from launcher.bench.hold_traffic import Call
+from launcher.bench.hold_watch import Replacement, ReplacementWatch
+from router.admin_protocol import WorkerInfo, WorkerState
 
 
 def event(longest_hold_s: float = 3.0, start: float = 10.0, end: float = 20.0) -> Event:
-    return Event("kill -9", start, end, 5.0, longest_hold_s, 10.0, "pid 1 killed")
+    # down 10 s: 1 s to the new process, 2.5 s to its Hello, 6.5 s of load
+    replaced = Replacement(stopped=10.0, spawned=11.0, hello=13.5, ready=20.0, load_s=6.4)
+    return Event("kill -9", start, end, 5.0, longest_hold_s, replaced, "pid 1 killed")
 
 
 CALLS = [
@@ -28,12 +32,13 @@ CALLS = [
 def test_an_event_counts_every_request_that_ended_in_it_5xx_cut_streams_and_other_failures_apart():
     row = _row(event(), CALLS, [], until=21.5)  # the request that ended at 22.0 is the next event's
     assert (row["requests"], row["server_errors"], row["streams_cut"], row["other_failures"]) == (4, 1, 1, 1)
-    assert row["held"] == 5.0 and row["longest_hold_s"] == 3.0 and row["load_s"] == 10.0
+    assert row["held"] == 5.0 and row["longest_hold_s"] == 3.0 and row["down_s"] == 10.0
+    assert (row["restart_delay_s"], row["start_s"], row["load_s"], row["load_seconds"]) == (1.0, 2.5, 6.5, 6.4)
     assert row["within_target"] and "no_ready_worker" in row["errors"]
 
 
 @pytest.mark.parametrize("longest, within", [(10.0 + SLACK_S, True), (10.0 + SLACK_S + 0.1, False)])
-def test_the_target_is_every_hold_within_the_load_time_plus_the_slack(longest, within):
+def test_the_target_is_every_hold_within_the_time_down_plus_the_slack(longest, within):
     assert _row(event(longest), [], [])["within_target"] is within
 
 
@@ -51,6 +56,33 @@ def test_a_retried_requests_wait_is_its_first_byte_beyond_the_steady_median():
     row = _row(event(0.0), [retried], steady)
     assert row["steady_first_byte_s"] == 2.0 and row["longest_first_byte_s"] == 14.5
     assert row["within_target"] and not row["client_within_target"]  # no queue wait, a retry's wait
+
+
+def row(pid: int, state: str, uptime_s: float = 0.0, load_seconds: float = 0.0) -> WorkerInfo:
+    return WorkerInfo(id=0, state=WorkerState(state), pid=pid, uptime_s=uptime_s, load_seconds=load_seconds)
+
+
+def test_the_watch_times_a_kill_from_the_kill_to_the_replacement_ready():
+    watch = ReplacementWatch(admin=None, old_pid=7)
+    watch.mark_stopped(100.0)  # the bench's kill: the table still shows it ready
+    watch.observe(100.2, [row(7, "ready", 50.0)])
+    watch.observe(100.4, [row(7, "dead")])
+    watch.observe(100.6, [row(8, "starting")])  # the supervisor's start report
+    watch.observe(103.0, [row(8, "starting")])
+    watch.observe(110.0, [row(8, "ready", uptime_s=7.0, load_seconds=6.8)])
+    done = watch.wait(1.0)
+    assert done.down_s == 10.0 and done.parts() == {"restart_delay_s": 0.6, "start_s": 2.4, "load_s": 7.0}
+    assert done.load_s == 6.8
+
+
+def test_a_surge_is_never_down():
+    watch = ReplacementWatch(admin=None, old_pid=7)
+    watch.observe(1.0, [row(7, "ready"), row(8, "starting")])
+    watch.observe(9.0, [row(7, "ready"), row(8, "ready", uptime_s=7.0)])
+    watch.observe(9.2, [row(7, "draining"), row(8, "ready", uptime_s=7.2)])
+    watch.observe(12.0, [row(8, "ready", uptime_s=10.0)])
+    done = watch.wait(1.0)
+    assert done.down_s == 0.0 and set(done.parts().values()) == {None}
 
 
 def test_the_hold_suite_needs_the_deployments_file():

@@ -23,9 +23,9 @@ def rollout_to(sup, changes: dict, free: int, cpus: int = 4) -> Rollout:
     new_rev = sup.revisions.record(new_cfg)
     settings = sup.run_dir / "worker-r2.json"
     settings.write_text(new_cfg.worker_settings().model_dump_json())
-    old = Target(old_rev, sup.worker_settings_path, sup.model_paths[0])
+    old = Target(old_rev, (sup.worker_settings_path,), (sup.model_paths[0],))
     inventory = Inventory(cpus=list(range(cpus)), ram_available_bytes=8 * GIB)
-    sup.rollout = Rollout(sup, "r1", old, Target(new_rev, settings, sup.model_paths[0]), plan, inventory, 1)
+    sup.rollout = Rollout(sup, "r1", old, Target(new_rev, (settings,), (sup.model_paths[0],)), plan, inventory, 1)
     return sup.rollout
 
 
