@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worker.quant import autotune, ggml_kernel
+from worker.quant import autotune, ggml_kernel, invariance
 from worker.quant.autotune import Pick, load_or_measure, tune
 from worker.quant.kernels import Candidate, Kernel, candidates
 from worker.quant.linear import Linears
@@ -64,6 +64,50 @@ def test_the_table_takes_ggml_where_it_measures_fastest_and_marks_invariance():
         pool=[pool[0], clock.candidate("t", lambda r: 0)],
     )
     assert {p.kernel for p in fast_torch.picks} == {"t"} and not fast_torch.invariant
+
+
+SERVING_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]  # decode steps of 1-8 sequences, then prefill chunks
+
+
+def _deterministic_pick(clock: FakeClock, costs: dict) -> list[str]:
+    pool = [clock.candidate(name, cost, invariant=True) for name, cost in costs.items()]
+    choice, _ = tune(
+        torch.ones(4, 8), torch.float32, CPU, SERVING_BUCKETS, timer=clock.time, pool=pool, deterministic=True
+    )
+    assert choice.invariant
+    return [p.kernel for p in choice.picks]
+
+
+def _vec_dot(rows: int) -> float:
+    return 0.04 * rows  # per-row dot products: wins a decode step
+
+
+def _dequant(rows: int) -> float:
+    return 0.2 + 0.007 * rows  # the whole weight dequantized per call, then cheap rows: wins a prefill chunk
+
+
+def test_the_deterministic_table_runs_the_kernel_a_served_token_costs_least():
+    # the failure the rule mends: time summed over the buckets, the 128-row bucket decides
+    assert sum(map(_vec_dot, SERVING_BUCKETS)) > sum(map(_dequant, SERVING_BUCKETS))
+    assert _vec_dot(128) > 4 * _dequant(128) and 5 * _vec_dot(1) < _dequant(1)
+    picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "vec-dot": _vec_dot})
+    assert picks == ["vec-dot"] * len(SERVING_BUCKETS)  # one kernel at every bucket: batch invariance
+    # per token, decode and prefill trade one for one: a kernel losing more per prompt token than it
+    # saves per decode token is not picked
+    picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "vec-dot": lambda r: 1.5 * _vec_dot(r)})
+    assert picks == ["dequant"] * len(SERVING_BUCKETS)
+
+
+def test_token_cost_is_time_per_row_summed_and_a_pruned_bucket_is_never_picked():
+    times = {1: 0.5, 2: 0.5, 4: 1.0}
+    assert invariance.token_cost(times, [1, 2, 4]) == 0.5 + 0.25 + 0.25
+    assert invariance.token_cost({1: 0.1}, [1, 2]) == float("inf")  # not timed at 2 rows: pruned there
+    weight = torch.ones(4, 8)
+    built = {name: Kernel(name, lambda x: F.linear(x, weight), (weight,)) for name in ("a", "b", "c")}
+    built["a"].row_invariant = False  # the cheapest, not row-invariant: skipped
+    built["b"].row_invariant = built["c"].row_invariant = True
+    times = {"a": {1: 0.01, 8: 0.08}, "b": {1: 0.1}, "c": {1: 0.4, 8: 0.4}}
+    assert invariance.fastest_invariant(built, times, [1, 8], 8, torch.float32, CPU) == "c"
 
 
 def test_cpu_timing_runs_one_thread_and_restores_the_count():

@@ -7,10 +7,10 @@ change with the input width on one CPU: it is checked per shape, never assumed),
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 
-- runs one kernel for every bucket (:func:`fastest_invariant`): the fastest over the buckets summed
-  that :func:`row_invariant` passes — each row of a call of ``r`` rows, for every ``r`` of
-  :data:`CHECK_ROWS`, equals that row computed alone, bit for bit (a kernel that declares
-  ``row_invariant`` is not checked);
+- runs one kernel for every bucket (:func:`fastest_invariant`): the one a served token costs least
+  (:func:`token_cost`: its time per row summed over the buckets) that :func:`row_invariant` passes —
+  each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
+  alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -35,6 +35,7 @@ CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 256)  # decode b
 ALONE = 256  # rows also computed alone: a bfloat16 output hides most order changes, so many are compared
 SHIFT = 9  # calls starting this many rows in
 SPLIT_K = 512  # column chunk of onednn-split
+RULE = "token-cost"  # names fastest_invariant's rule in a shared table's name: one chosen by another is not read
 
 
 def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
@@ -65,15 +66,33 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     return True
 
 
+def token_cost(times: dict[int, float], rows: list[int]) -> float:
+    """What one token served through each bucket of ``rows`` costs a kernel timed at ``times``
+    (``times[r]``: seconds per call of ``r`` rows): ``sum(times[r] / r)``, in seconds. A bucket the
+    kernel was not timed at (pruned there as too slow) counts as infinitely dear.
+
+    Why per row: a step of ``r`` rows serves ``r`` tokens (one per decoding sequence, or ``r``
+    prompt tokens of a prefill chunk), so ``times[r] / r`` is what a token costs through that
+    bucket, and the sum weighs every bucket's tokens alike. The plain sum of ``times[r]`` that this
+    replaces weighed the largest bucket 128 times a one-row step's token: the prefill buckets chose,
+    and a kernel several times slower on a decode step (the one-row step is every output token of a
+    lone client) ran every step because it won the 128-row bucket. Per token, decode and prefill
+    trade one for one: a kernel that loses at the prefill buckets is still picked where it saves
+    more on each decode token than it adds to each prompt token, and a long document's time to
+    first token (its prefill runs the largest bucket's kernel, whatever the chunk) then grows by its
+    per-token loss there. A kernel past :data:`worker.quant.autotune.PRUNE` times the fastest at
+    one bucket is not timed at the larger ones, so it is not picked."""
+    return sum(times.get(r, float("inf")) / r for r in rows)
+
+
 def fastest_invariant(
     built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
 ) -> str:
-    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the fastest over the buckets
-    summed (a kernel pruned at a bucket counts as infinitely slow there; ties by name) that is
-    row-invariant here (:func:`row_invariant`, checked in that order until one passes). Raises
-    ``RuntimeError`` when none is."""
-    total = {n: sum(times.get(n, {}).get(r, float("inf")) for r in rows) for n in built}
-    for name in sorted(built, key=lambda n: (total[n], n)):
+    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the least :func:`token_cost`
+    (ties by name) that is row-invariant here (:func:`row_invariant`, checked in that order until
+    one passes). Raises ``RuntimeError`` when none is."""
+    cost = {n: token_cost(times.get(n, {}), rows) for n in built}
+    for name in sorted(built, key=lambda n: (cost[n], n)):
         if row_invariant(built[name], k, dt, device):
             return name
     raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
