@@ -289,11 +289,10 @@ def weight_label(w: Weight, dt: torch.dtype) -> str:
 
 def table_name(revision: str) -> str:
     """The file name of revision ``revision``'s kernel table on this machine: keyed by the CPU (its
-    model and flags), torch's version and the ggml operator's build, which all change the timings,
-    and by the rule that chose from them (:data:`worker.quant.invariance.RULE`)."""
+    model and flags), torch's version and the ggml operator's build, which all change the timings."""
     from worker.quant import ggml_kernel
 
-    machine = ggml_kernel.library_path().parent.name + "\0" + ggml_kernel.cpu_flags() + "\0" + invariance.RULE
+    machine = ggml_kernel.library_path().parent.name + "\0" + ggml_kernel.cpu_flags()
     digest = hashlib.sha256(machine.encode()).hexdigest()[:16]
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in revision)
     return f"kernels-{safe}-{digest}.json"

@@ -35,7 +35,6 @@ CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 256)  # decode b
 ALONE = 256  # rows also computed alone: a bfloat16 output hides most order changes, so many are compared
 SHIFT = 9  # calls starting this many rows in
 SPLIT_K = 512  # column chunk of onednn-split
-RULE = "token-cost"  # names fastest_invariant's rule in a shared table's name: one chosen by another is not read
 
 
 def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
