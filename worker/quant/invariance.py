@@ -7,8 +7,9 @@ change with the input width on one CPU: it is checked per shape, never assumed),
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 
-- runs one kernel for every bucket (:func:`fastest_invariant`): the one a served token costs least
-  (:func:`token_cost`: its time per row summed over the buckets) that :func:`row_invariant` passes —
+- runs one kernel for every bucket (:func:`fastest_invariant`): the one with the least product of
+  its times over the buckets (:func:`bucket_cost`: a bucket's traffic weighs by ratio) that
+  :func:`row_invariant` passes —
   each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
   alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
@@ -24,6 +25,7 @@ batch-invariant matmul; vLLM's ``VLLM_BATCH_INVARIANT`` mode.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -65,32 +67,35 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     return True
 
 
-def token_cost(times: dict[int, float], rows: list[int]) -> float:
-    """What one token served through each bucket of ``rows`` costs a kernel timed at ``times``
-    (``times[r]``: seconds per call of ``r`` rows): ``sum(times[r] / r)``, in seconds. A bucket the
-    kernel was not timed at (pruned there as too slow) counts as infinitely dear.
+def bucket_cost(times: dict[int, float], rows: list[int]) -> float:
+    """How a kernel timed at ``times`` (``times[r]``: seconds per call of ``r`` rows) serves the
+    buckets ``rows`` together: ``sum(log(times[r]))``, the log of the product of its times (a lower
+    value, a faster kernel). A bucket the kernel was not timed at (pruned there as too slow) counts
+    as infinitely slow.
 
-    Why per row: a step of ``r`` rows serves ``r`` tokens (one per decoding sequence, or ``r``
-    prompt tokens of a prefill chunk), so ``times[r] / r`` is what a token costs through that
-    bucket, and the sum weighs every bucket's tokens alike. The plain sum of ``times[r]`` that this
-    replaces weighed the largest bucket 128 times a one-row step's token: the prefill buckets chose,
-    and a kernel several times slower on a decode step (the one-row step is every output token of a
-    lone client) ran every step because it won the 128-row bucket. Per token, decode and prefill
-    trade one for one: a kernel that loses at the prefill buckets is still picked where it saves
-    more on each decode token than it adds to each prompt token, and a long document's time to
-    first token (its prefill runs the largest bucket's kernel, whatever the chunk) then grows by its
-    per-token loss there. A kernel past :data:`worker.quant.autotune.PRUNE` times the fastest at
-    one bucket is not timed at the larger ones, so it is not picked."""
-    return sum(times.get(r, float("inf")) / r for r in rows)
+    Why a product: each bucket stands for a kind of traffic — one row a lone client's decode, up to
+    ``max_num_seqs`` a closed loop's, the middle ones decodes with a prefill chunk beside them, the
+    largest a prompt prefilled alone (larger steps run its kernel) — and what each shows its users
+    is a rate (tokens per second, time to first token) that a kernel ``x`` times slower at that
+    bucket divides by ``x`` on its share. By the product, a kernel twice as slow at one bucket must
+    be twice as fast at another to be picked, whichever buckets they are. The plain sum of times
+    weighs buckets by their absolute time: the 128-row bucket decided, and a kernel several times
+    slower on every decode step ran because it won there. Time per row summed (what a token costs
+    through each bucket) errs the other way: the one-row bucket decides, and a kernel a little
+    faster at one row and three times slower at prefill is picked, which a long document's time to
+    first token pays. Under the product a kernel slower at the prefill buckets is still picked where
+    it is faster at the decode buckets by more (the product of its gains exceeds that of its losses),
+    and a long document's prefill then runs that much slower on the weight's share."""
+    return sum(math.log(max(times.get(r, math.inf), 1e-12)) for r in rows)
 
 
 def fastest_invariant(
     built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
 ) -> str:
-    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the least :func:`token_cost`
+    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the least :func:`bucket_cost`
     (ties by name) that is row-invariant here (:func:`row_invariant`, checked in that order until
     one passes). Raises ``RuntimeError`` when none is."""
-    cost = {n: token_cost(times.get(n, {}), rows) for n in built}
+    cost = {n: bucket_cost(times.get(n, {}), rows) for n in built}
     for name in sorted(built, key=lambda n: (cost[n], n)):
         if row_invariant(built[name], k, dt, device):
             return name
