@@ -28,6 +28,7 @@ import torch
 from launcher.models import resolve_model
 from worker import model as model_mod
 from worker.attention import KVCache
+from worker.contract.settings import WorkersConfig
 from worker.runner import ModelRunner
 from worker.step import capture as step_capture
 
@@ -47,7 +48,11 @@ def load(name: str, deterministic: bool, rows: int, blocks: int) -> tuple[ModelR
     quantization, dt = precision(name)
     path = str(resolve_model("smollm2-135m-instruct", progress=False, quantization=quantization))
     config = model_mod.load_config(path)
-    plan = model_mod.plan_in_process(path, dt, 2048, quantization, rows=(rows, rows), deterministic=deterministic)
+    idle = WorkersConfig(max_num_seqs=rows).prefill_budgets(on_gpu=False)[1]
+    # tuned for the steps serving has: decodes and prefill chunks
+    plan = model_mod.plan_in_process(
+        path, dt, 2048, quantization, rows=(rows + idle, rows), deterministic=deterministic
+    )
     model = model_mod.load_model(plan)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     cache = KVCache(layers, blocks, BLOCK, kv_heads, head_dim, dt, CPU)

@@ -5,6 +5,7 @@ marked row-count invariant where they run every bucket, and shared by the replic
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from worker.quant import autotune, ggml_kernel
+from worker.quant import autotune, ggml_kernel, invariance
 from worker.quant.autotune import Pick, load_or_measure, tune
 from worker.quant.kernels import Candidate, Kernel, candidates
 from worker.quant.linear import Linears
@@ -64,6 +65,54 @@ def test_the_table_takes_ggml_where_it_measures_fastest_and_marks_invariance():
         pool=[pool[0], clock.candidate("t", lambda r: 0)],
     )
     assert {p.kernel for p in fast_torch.picks} == {"t"} and not fast_torch.invariant
+
+
+SERVING_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]  # decode steps of 1-8 sequences, then prefill chunks
+
+
+def _deterministic_pick(clock: FakeClock, costs: dict) -> list[str]:
+    pool = [clock.candidate(name, cost, invariant=True) for name, cost in costs.items()]
+    choice, _ = tune(
+        torch.ones(4, 8), torch.float32, CPU, SERVING_BUCKETS, timer=clock.time, pool=pool, deterministic=True
+    )
+    assert choice.invariant
+    return [p.kernel for p in choice.picks]
+
+
+def _vec_dot(rows: int) -> float:
+    return 0.05 + 0.02 * rows  # per-row dot products on weights read once: wins a decode step
+
+
+def _dequant(rows: int) -> float:
+    return 0.3 + 0.006 * rows  # the whole weight dequantized per call, then cheap rows: wins a prefill chunk
+
+
+def _rowwise(rows: int) -> float:
+    return 0.04 * rows  # one matrix-vector product per row: a little faster at one row, far slower at 128
+
+
+def test_the_deterministic_table_weighs_each_bucket_by_ratio():
+    # the failure the rule mends: time summed over the buckets, the 128-row bucket decides
+    assert sum(map(_vec_dot, SERVING_BUCKETS)) > sum(map(_dequant, SERVING_BUCKETS))
+    assert _vec_dot(128) > 2 * _dequant(128) and 4 * _vec_dot(1) < _dequant(1)
+    picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "vec-dot": _vec_dot})
+    assert picks == ["vec-dot"] * len(SERVING_BUCKETS)  # one kernel at every bucket: batch invariance
+    # time per row summed would take rowwise (its one-row gain outweighs its prefill loss per token);
+    # by ratio its 128-row loss outweighs it, and a long document's prefill keeps its speed
+    assert sum(_rowwise(r) / r for r in SERVING_BUCKETS) < sum(_dequant(r) / r for r in SERVING_BUCKETS)
+    picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "rowwise": _rowwise})
+    assert picks == ["dequant"] * len(SERVING_BUCKETS)
+
+
+def test_bucket_cost_is_the_log_of_the_product_and_a_pruned_bucket_is_never_picked():
+    assert math.isclose(invariance.bucket_cost({1: 0.5, 2: 0.5, 4: 1.0}, [1, 2, 4]), math.log(0.25))
+    assert invariance.bucket_cost({1: 0.1}, [1, 2]) == math.inf  # not timed at 2 rows: pruned there
+    weight = torch.ones(4, 8)
+    built = {name: Kernel(name, lambda x: F.linear(x, weight), (weight,)) for name in ("a", "b", "c")}
+    built["a"].row_invariant = False  # the fastest, not row-invariant: skipped
+    built["b"].row_invariant = built["c"].row_invariant = True
+    times = {"a": {1: 0.01, 8: 0.08}, "b": {1: 0.1}, "c": {1: 0.4, 8: 0.4}}
+    assert invariance.fastest_invariant(built, times, [1, 8], 8, torch.float32, CPU) == "c"
 
 
 def test_cpu_timing_runs_one_thread_and_restores_the_count():

@@ -7,10 +7,11 @@ change with the input width on one CPU: it is checked per shape, never assumed),
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 
-- runs one kernel for every bucket (:func:`fastest_invariant`): the fastest over the buckets summed
-  that :func:`row_invariant` passes — each row of a call of ``r`` rows, for every ``r`` of
-  :data:`CHECK_ROWS`, equals that row computed alone, bit for bit (a kernel that declares
-  ``row_invariant`` is not checked);
+- runs one kernel for every bucket (:func:`fastest_invariant`): the one with the least product of
+  its times over the buckets (:func:`bucket_cost`: a bucket's traffic weighs by ratio) that
+  :func:`row_invariant` passes —
+  each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
+  alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -24,6 +25,7 @@ batch-invariant matmul; vLLM's ``VLLM_BATCH_INVARIANT`` mode.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -65,15 +67,36 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     return True
 
 
+def bucket_cost(times: dict[int, float], rows: list[int]) -> float:
+    """How a kernel timed at ``times`` (``times[r]``: seconds per call of ``r`` rows) serves the
+    buckets ``rows`` together: ``sum(log(times[r]))``, the log of the product of its times (a lower
+    value, a faster kernel). A bucket the kernel was not timed at (pruned there as too slow) counts
+    as infinitely slow.
+
+    Why a product: each bucket stands for a kind of traffic — one row a lone client's decode, up to
+    ``max_num_seqs`` a closed loop's, the middle ones decodes with a prefill chunk beside them, the
+    largest a prompt prefilled alone (larger steps run its kernel) — and what each shows its users
+    is a rate (tokens per second, time to first token) that a kernel ``x`` times slower at that
+    bucket divides by ``x`` on its share. By the product, a kernel twice as slow at one bucket must
+    be twice as fast at another to be picked, whichever buckets they are. The plain sum of times
+    weighs buckets by their absolute time: the 128-row bucket decided, and a kernel several times
+    slower on every decode step ran because it won there. Time per row summed (what a token costs
+    through each bucket) errs the other way: the one-row bucket decides, and a kernel a little
+    faster at one row and three times slower at prefill is picked, which a long document's time to
+    first token pays. Under the product a kernel slower at the prefill buckets is still picked where
+    it is faster at the decode buckets by more (the product of its gains exceeds that of its losses),
+    and a long document's prefill then runs that much slower on the weight's share."""
+    return sum(math.log(max(times.get(r, math.inf), 1e-12)) for r in rows)
+
+
 def fastest_invariant(
     built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
 ) -> str:
-    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the fastest over the buckets
-    summed (a kernel pruned at a bucket counts as infinitely slow there; ties by name) that is
-    row-invariant here (:func:`row_invariant`, checked in that order until one passes). Raises
-    ``RuntimeError`` when none is."""
-    total = {n: sum(times.get(n, {}).get(r, float("inf")) for r in rows) for n in built}
-    for name in sorted(built, key=lambda n: (total[n], n)):
+    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the least :func:`bucket_cost`
+    (ties by name) that is row-invariant here (:func:`row_invariant`, checked in that order until
+    one passes). Raises ``RuntimeError`` when none is."""
+    cost = {n: bucket_cost(times.get(n, {}), rows) for n in built}
+    for name in sorted(built, key=lambda n: (cost[n], n)):
         if row_invariant(built[name], k, dt, device):
             return name
     raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
