@@ -8,20 +8,14 @@
 #include <c10/util/Half.h>
 #include <cmath>
 
+#include "attention.h"  // paged::attention, and the dtype dispatch (by_float) and widening the operators share
+
 namespace {
 
-template <typename T> inline float ld(const T* p, int64_t i) { return static_cast<float>(p[i]); }
-template <typename T> inline void st(T* p, int64_t i, float v) { p[i] = static_cast<T>(v); }
+using paged::by_float;
+using paged::widen;
 
-// Calls f with a typed null pointer for each of float32, bfloat16 and float16.
-template <typename F> void by_type(at::ScalarType t, F&& f) {
-  switch (t) {
-    case at::kFloat: f(static_cast<float*>(nullptr)); break;
-    case at::kBFloat16: f(static_cast<c10::BFloat16*>(nullptr)); break;
-    case at::kHalf: f(static_cast<c10::Half*>(nullptr)); break;
-    default: TORCH_CHECK(false, "fused step: unsupported dtype ", t);
-  }
-}
+template <typename T> inline void st(T* p, int64_t i, float v) { p[i] = static_cast<T>(v); }
 
 // x [T, K] float32 -> x * rsqrt(mean(x^2) + eps) * w in out_dtype, per row.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::ScalarType out_dtype) {
@@ -32,7 +26,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Sc
   const float* px = xc.data_ptr<float>();
   const float* pw = w.data_ptr<float>();
   const float feps = static_cast<float>(eps);
-  by_type(out_dtype, [&](auto* tag) {
+  by_float(out_dtype, [&](auto* tag) {
     using O = std::remove_pointer_t<decltype(tag)>;
     O* po = static_cast<O*>(out.data_ptr());
     for (int64_t t = 0; t < T; ++t) {
@@ -65,13 +59,13 @@ void rope_rows(const I* pq, C* pkv, C* pq_out, const float* cos, const float* si
       const I* v = row + h * D;
       C* dst = h < H ? pq_out + (t * H + h) * D : kv + (h - H) * D;
       for (int64_t j = 0; j < D; ++j) {
-        const float a = rnd(ld(v, j) * rnd(c[j]));
-        const float b = rnd(ld(v, (j + half) % D) * rnd(s[j]));
+        const float a = rnd(widen(v[j]) * rnd(c[j]));
+        const float b = rnd(widen(v[(j + half) % D]) * rnd(s[j]));
         st(dst, j, rnd(a + b));
       }
     }
     const I* vals = row + (H + KVH) * D;
-    for (int64_t j = 0; j < KVH * D; ++j) st(kv + KVH * D, j, ld(vals, j));
+    for (int64_t j = 0; j < KVH * D; ++j) st(kv + KVH * D, j, widen(vals[j]));
   }
 }
 
@@ -83,11 +77,11 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   auto q = at::empty({T, H, D}, kv.options());
   auto pos = positions.contiguous();
   auto sl = slots.contiguous();
-  by_type(qkv.scalar_type(), [&](auto* itag) {
+  by_float(qkv.scalar_type(), [&](auto* itag) {
     using I = std::remove_pointer_t<decltype(itag)>;
-    by_type(kv.scalar_type(), [&](auto* ctag) {
+    by_float(kv.scalar_type(), [&](auto* ctag) {
       using C = std::remove_pointer_t<decltype(ctag)>;
-      by_type(round, [&](auto* rtag) {
+      by_float(round, [&](auto* rtag) {
         using R = std::remove_pointer_t<decltype(rtag)>;
         rope_rows<I, C, R>(static_cast<const I*>(qkv.data_ptr()), static_cast<C*>(kv.data_ptr()),
                            static_cast<C*>(q.data_ptr()), cos.data_ptr<float>(), sin.data_ptr<float>(),
@@ -104,19 +98,19 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
   auto gu = gate_up.contiguous();
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
   auto out = at::empty({T, I}, gu.options().dtype(out_dtype));
-  by_type(gu.scalar_type(), [&](auto* itag) {
+  by_float(gu.scalar_type(), [&](auto* itag) {
     using In = std::remove_pointer_t<decltype(itag)>;
-    by_type(out_dtype, [&](auto* otag) {
+    by_float(out_dtype, [&](auto* otag) {
       using O = std::remove_pointer_t<decltype(otag)>;
-      by_type(round, [&](auto* rtag) {
+      by_float(round, [&](auto* rtag) {
         using R = std::remove_pointer_t<decltype(rtag)>;
         auto rnd = [](float v) { return static_cast<float>(static_cast<R>(v)); };
         const In* p = static_cast<const In*>(gu.data_ptr());
         O* po = static_cast<O*>(out.data_ptr());
         for (int64_t t = 0; t < T; ++t)
           for (int64_t i = 0; i < I; ++i) {
-            const float g = ld(p, t * 2 * I + i);
-            st(po, t * I + i, rnd(rnd(g / (1.f + std::exp(-g))) * ld(p, t * 2 * I + I + i)));
+            const float g = widen(p[t * 2 * I + i]);
+            st(po, t * I + i, rnd(rnd(g / (1.f + std::exp(-g))) * widen(p[t * 2 * I + I + i])));
           }
       });
     });
@@ -125,8 +119,6 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
 }
 
 }  // namespace
-
-#include "attention.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, written in out_dtype");
