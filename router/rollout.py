@@ -25,7 +25,7 @@ from router.errors import ApiError
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 from router.served import served_model
 from router.settings import RouterSettings
-from router.state import API, GENERATE, Api
+from router.state import API, Api
 from worker.contract.settings import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -151,14 +151,12 @@ def serve_models(api: Api, sections: list[ModelConfig]) -> None:
     """Serve the model ``sections`` (the first is the default), reusing what is derived from the
     tokenizer where a section is unchanged. Every section shares the current tokenizer and folder:
     a rollout keeps the model's tokenizer (the router tokenizes for the workers)."""
-    base = api.model
+    base = api.default_model
     kept = {m.config.model_dump_json(): m for m in api.models.values()}
     # each section read as at start (task, an embedding model's spec) from the model's own folder
     fresh = [served_model(c, base.path, base.tokenizer) for c in sections]
     served = [kept.get(m.config.model_dump_json(), m) for m in fresh]
     api.models = {m.name: m for m in served}
-    api.model = api.first(GENERATE)
-    api.tokenizer = api.model.tokenizer
 
 
 def add_routes(app: web.Application) -> None:
