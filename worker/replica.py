@@ -32,7 +32,7 @@ from worker.contract.units import GiB
 from worker.engine import Engine
 from worker.quant import autotune
 from worker.runner import ModelRunner
-from worker.scheduler import Plan, PrefillShares, Scheduler
+from worker.scheduler import PrefillShares, Scheduler, StepPlan
 from worker.step import capture
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
     With ``world`` tensor-parallel ranks every rank runs it at once (its sums are collective)."""
     layers, kv_heads, head_dim = model_mod.kv_shape(model.config, world)
     scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
-    ModelRunner(model, scratch, device).run(Plan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
+    ModelRunner(model, scratch, device).run(StepPlan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
     del scratch
     torch.cuda.empty_cache()
 
@@ -214,7 +214,7 @@ def calibrate_prefill_tokens(runner: ModelRunner, most: int, max_model_len: int)
         best = float("inf")
         for _ in range(2):
             start = time.perf_counter()
-            runner.run(Plan(decode=decode, prefill=prefill))
+            runner.run(StepPlan(decode=decode, prefill=prefill))
             best = min(best, time.perf_counter() - start)
         return best
 
