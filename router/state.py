@@ -8,7 +8,7 @@ holds no reference to the :class:`Api`: what a request resolves never changes wh
 from __future__ import annotations
 
 import time
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -71,14 +71,14 @@ class ServedModel:
 class Api:
     """What the handlers share for the router's life: settings, worker pool and the served models.
 
-    Built with one ``tokenizer`` (the one-model form: ``cfg.model``), or with ``models`` (every
-    served model by name, in deploy.yaml's order). Its writers: the app factory (``metrics``,
+    ``models``: every served model by name, in deploy.yaml's order (the router's start loads them
+    with their tokenizers, :func:`router.main.load_models`); none given: ``cfg.model`` without a tokenizer (a
+    router under test that never tokenizes). Its writers: the app factory (``metrics``,
     ``batches``, at start) and a live apply (``cfg``, ``models``: :mod:`router.rollout`); a request
     reads it through its :class:`RequestView` (:meth:`for_request`) and never writes it."""
 
     cfg: RouterSettings
     pool: WorkerPool
-    tokenizer: InitVar[Any] = None  # the one-model form's: used only when ``models`` is not given
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
     batches: Any = None  # router.batch.api.Batches (the Batch API's store and runner), made by the app factory
     models: dict[str, ServedModel] = field(default_factory=dict)
@@ -86,9 +86,9 @@ class Api:
     # starts): each model's ``created`` in /v1/models; a router on its own uses its own start
     started: int = field(default_factory=lambda: int(time.time()))
 
-    def __post_init__(self, tokenizer: Any) -> None:
+    def __post_init__(self) -> None:
         if not self.models:
-            one = ServedModel(self.cfg.model, tokenizer)
+            one = ServedModel(self.cfg.model, tokenizer=None)
             self.models = {one.name: one}
 
     @property

@@ -71,7 +71,7 @@ def test_a_renamed_model_is_served_under_both_names_while_replicas_of_both_serve
     from worker.contract.settings import ModelConfig
 
     old, new = ModelConfig(served_name="old"), ModelConfig(served_name="new")
-    api = Api(RouterSettings(model=old), pool=None, tokenizer=None)
+    api = Api(RouterSettings(model=old), pool=None)
     kept = api.default_model
     serve_models(api, [old, new])  # during the rollout: the old name stays the default
     default = api.for_request(None, "/v1/chat/completions")

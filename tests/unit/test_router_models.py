@@ -81,7 +81,7 @@ def test_an_endpoint_of_the_other_task_is_400_naming_the_model_and_the_endpoint_
 
 
 def test_the_one_model_form_serves_its_one_model_from_the_shared_state_and_picks_without_a_filter():
-    api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool(), tokenizer=None)
+    api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool())
     for view in (api.for_request("m", "/v1/completions"), api.for_request(None, "/v1/completions")):
         assert view.model is api.models["m"] is api.default_model  # the one served model, not a copy
         assert view.pool is api.pool and view.cfg is api.cfg
