@@ -47,9 +47,8 @@ def load(name: str, deterministic: bool, rows: int, blocks: int) -> tuple[ModelR
     quantization, dt = precision(name)
     path = str(resolve_model("smollm2-135m-instruct", progress=False, quantization=quantization))
     config = model_mod.load_config(path)
-    model = model_mod.load_model(
-        path, config, CPU, dt, 2048, quantization=quantization, rows=(rows, rows), deterministic=deterministic
-    )
+    plan = model_mod.plan_in_process(path, dt, 2048, quantization, rows=(rows, rows), deterministic=deterministic)
+    model = model_mod.load_model(plan)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     cache = KVCache(layers, blocks, BLOCK, kv_heads, head_dim, dt, CPU)
     return ModelRunner(model, cache, CPU), step_capture.build(model, cache, rows, False)

@@ -28,6 +28,7 @@ from worker.blocks import BlockManager
 from worker.contract.protocol import Generate, SamplingParams, Tokens
 from worker.contract.settings import WorkerSettings
 from worker.engine import Engine
+from worker.model import plan_load
 from worker.replica import BLOCK_SIZE, build_engine, warm_up
 from worker.scheduler import PrefillShares, Scheduler
 
@@ -134,7 +135,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = WorkerSettings()
     path = str(resolve_model(cfg.model.name, progress=False, quantization=cfg.model.quantization))
-    base, _ = build_engine(cfg, path, "cpu", 1.0)
+    base, _ = build_engine(cfg, plan_load(cfg, path, "cpu"))
     warm_up(base)
     tok = base.tokenizer
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

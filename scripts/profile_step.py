@@ -45,7 +45,7 @@ def load(dtype: str, quantization: str) -> ModelRunner:
     path = str(resolve_model("smollm2-135m-instruct", progress=False, quantization=quantization))
     config = model_mod.load_config(path)
     dt = model_mod.DTYPES[dtype]
-    model = model_mod.load_model(path, config, CPU, dt, 2048, quantization=quantization, rows=(1, 1))
+    model = model_mod.load_model(model_mod.plan_in_process(path, dtype, 2048, quantization, rows=(1, 1)))
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     cache = KVCache(layers, 64, BLOCK, kv_heads, head_dim, dt, CPU)
     return ModelRunner(model, cache, CPU)

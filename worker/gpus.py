@@ -7,7 +7,7 @@ classic cause is a ``CUDA_VISIBLE_DEVICES`` renumbered or overridden somewhere i
 
 Also the torch side of the memory rules: the facts :func:`worker.contract.budget.kv_budget` needs, measured
 after warm-up (:func:`reset_peaks`, :func:`measure_gpus`), the per-replica allocator cap
-(:func:`apply_memory_fraction`), the heartbeat's memory figure (:func:`memory_reserved_total`)
+(:func:`apply_memory_fraction`, :func:`set_memory_fraction`), the heartbeat's memory figure (:func:`memory_reserved_total`)
 and the GPUs' compute capabilities for ``dtype: auto``. Each takes ``cuda`` (``torch.cuda``, or a
 stand-in in tests).
 """
@@ -100,17 +100,6 @@ def start_check(device_kind: str) -> tuple[list[dict], float]:
     expected = expected_from_env()
     check_gpus(expected, seen, visible, f" (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
     return seen, float((expected or {}).get("share", 1.0))
-
-
-def max_memory(share: float, utilization: float) -> dict[int, int]:
-    """``max_memory`` for transformers' ``device_map``: ``utilization × share × total`` bytes per GPU,
-    no CPU entry (no offload). Weights are then spread evenly ("auto" = balanced), leaving KV room."""
-    import torch
-
-    return {
-        i: int(torch.cuda.get_device_properties(i).total_memory * utilization * share)
-        for i in range(torch.cuda.device_count())
-    }
 
 
 def memory_report() -> str:
@@ -228,11 +217,16 @@ def apply_memory_fraction(utilization: float, share: float, cuda=None) -> float:
     """Cap torch's allocator on every visible GPU at :func:`worker.contract.budget.memory_fraction` of it,
     so a transient peak raises ``OutOfMemoryError`` in this worker rather than eating a
     co-tenant's share. Call before loading. Returns the fraction."""
+    return set_memory_fraction(memory_fraction(utilization, share), cuda)
+
+
+def set_memory_fraction(fraction: float, cuda=None) -> float:
+    """Cap torch's allocator on every visible GPU at ``fraction`` of it (a load plan's
+    ``memory_fraction``). Call before loading. Returns the fraction."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda
-    fraction = memory_fraction(utilization, share)
     for dev in range(cuda.device_count()):
         cuda.set_per_process_memory_fraction(fraction, dev)
     return fraction

@@ -40,7 +40,6 @@ from worker.contract.protocol import (
     Shutdown,
 )
 from worker.contract.settings import WorkerSettings
-from worker.contract.tasks import resolve_task
 from worker.core import EngineCore, failed
 from worker.node import NodeIdentity
 
@@ -168,25 +167,28 @@ def catch_signals(link: Link, stop: threading.Event) -> None:
 
 
 def load(cfg: WorkerSettings, link: Link, args: WorkerArgs, started: float):
-    """Check the GPUs, join the tensor-parallel ranks, load the weights and KV cache, warm up; with
+    """Check the GPUs, resolve and log the load plan (:func:`worker.model.plan_load`), join the
+    tensor-parallel ranks, load the weights and KV cache as planned, warm up; with
     ``workers.deterministic`` the replicas started from one settings file share one kernel table
     (:func:`kernel_table`). Returns ``(engine, its Ready message, the rank group or None)``."""
     device_kind, cpus, model_path, world = args.device, args.cpus, args.model_path, args.world_size
     import torch
 
     from worker import gpus as worker_gpus
+    from worker.model import plan_load
     from worker.replica import build_engine, warm_up
 
     if cpus:
         torch.set_num_threads(len(cpus))
     gpus, share = worker_gpus.start_check(device_kind)  # logs what torch sees; raises on a mismatch
-    if resolve_task(cfg.model, model_path) == "embed":
+    plan = plan_load(cfg, model_path, device_kind, share, 0, world)  # logged; raises when it cannot load
+    if plan.task == "embed":
         from worker.embed.load import load_embedder
 
-        return load_embedder(cfg, link, device_kind, model_path, world, started)
+        return load_embedder(cfg, link, plan, started)
     group = join_group(cfg, 0, world, args.dist_init, device_kind) if world > 1 else None
     table = kernel_table(cfg, args.config, model_path)
-    engine, budget = build_engine(cfg, model_path, device_kind, share, group=group, kernel_table=table)
+    engine, budget = build_engine(cfg, plan, group=group, kernel_table=table)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
     linears = getattr(engine.runner.model, "linears", None)  # None: transformers' forward (no table)
@@ -373,14 +375,16 @@ def run_follower_process(cfg: WorkerSettings, args: WorkerArgs) -> int:
     import torch
 
     from worker import gpus as worker_gpus
+    from worker.model import plan_load
     from worker.replica import build_follower
     from worker.tp import follow
 
     if args.cpus:
         torch.set_num_threads(len(args.cpus))
     _, share = worker_gpus.start_check(device_kind)
+    plan = plan_load(cfg, args.model_path, device_kind, share, rank, world)
     group = join_group(cfg, rank, world, args.dist_init, device_kind)
-    runner = build_follower(cfg, args.model_path, device_kind, share, group)
+    runner = build_follower(cfg, plan, group)
     loaded.set()
     log.info(
         "rank %d of %d loaded: KV cache %d blocks (%.2f GiB); following rank 0",

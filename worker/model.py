@@ -1,20 +1,24 @@
-"""Loading one model replica onto this process's device.
+"""Loading one model replica onto this process's device, as its load plan says.
 
 The launcher has already resolved ``model_path`` to a local Hugging Face folder (config.json,
-safetensors, tokenizer files) and set ``CUDA_VISIBLE_DEVICES`` before this process imported torch.
-Llama-family models run on the engine's own forward pass (:mod:`worker.llama`); weights load
+safetensors or a link to a GGUF file, tokenizer files) and set ``CUDA_VISIBLE_DEVICES`` before this
+process imported torch. :func:`plan_load` reads the machine and the folder once and resolves what
+to load (:func:`worker.contract.load_plan.resolve_load_plan`); :func:`load_model` carries the plan
+out. Llama-family models run on the engine's own forward pass (:mod:`worker.llama`); weights load
 straight onto the device.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from worker import llama
-from worker.contract import tp_rules
+from worker.contract.load_plan import LoadPlan, Machine, ModelFacts, resolve_load_plan
+from worker.contract.settings import ModelConfig, WorkerSettings
 from worker.contract.shapes import attention_dims
 
 log = logging.getLogger(__name__)
@@ -23,28 +27,84 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def pick_device(device: str) -> torch.device:
-    """``"cpu"`` or ``"cuda"`` (this process sees only its own GPUs, so always ``cuda:0``)."""
+    """The torch device of a plan's ``"cpu"`` or ``"cuda"`` (this process sees only its own GPUs,
+    so always ``cuda:0``)."""
+    return torch.device("cuda:0" if device == "cuda" else "cpu")
+
+
+def machine_facts(device: str, share: float = 1.0) -> Machine:
+    """This process's machine as :func:`worker.contract.load_plan.resolve_load_plan` reads it: the
+    visible GPUs' compute capabilities and memory (``device`` ``"cuda"``), the CPU's flags, this
+    worker's ``share`` of each GPU. Raises ``RuntimeError`` when ``"cuda"`` is asked and torch sees none."""
+    from worker.contract import dtypes
+    from worker.gpus import capabilities
+
     if device == "cpu":
-        return torch.device("cpu")
+        return Machine("cpu", cpu_flags=dtypes.cpu_flags())
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"device {device!r} requested but torch sees no CUDA device "
             f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})"
         )
-    return torch.device("cuda:0")
+    totals = tuple(int(torch.cuda.get_device_properties(i).total_memory) for i in range(torch.cuda.device_count()))
+    return Machine("cuda", tuple(capabilities()), totals, dtypes.cpu_flags(), share)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 where the hardware computes it natively (GPUs from compute capability 8.0,
-    CPUs with avx512_bf16 or AMX), float16 on older GPUs, float32 on other CPUs (:mod:`worker.contract.dtypes`)."""
-    from worker.contract import dtypes
-    from worker.gpus import capabilities
+def model_facts(model: ModelConfig, model_path: str) -> ModelFacts:
+    """What the model folder says about loading it: its task, config (a decoder's), and the GGUF
+    file it is served from as stored with that file's tensor types (None when the header is not
+    readable: the load itself then says why)."""
+    from worker.contract.gguf_header import read_tensor_types
+    from worker.contract.gguf_link import gguf_file
+    from worker.contract.shapes import gguf_types
+    from worker.contract.tasks import resolve_task
 
-    caps = capabilities() if device.type == "cuda" else ()
-    name = dtypes.resolve(dtype, device.type, caps, dtypes.cpu_flags())
-    if why := dtypes.warning(name, device.type, caps, dtypes.cpu_flags()):
-        log.warning("model.dtype %s: %s", name, why)
-    return DTYPES[name]
+    task = resolve_task(model, model_path)
+    if task == "embed":
+        return ModelFacts(model_path, task)
+    source = gguf_file(model_path)
+    stored = None
+    if source is not None:
+        try:
+            stored = gguf_types(read_tensor_types(source))
+        except (OSError, ValueError):
+            pass
+    return ModelFacts(model_path, task, load_config(model_path), str(source) if source else None, stored)
+
+
+def plan_load(cfg: WorkerSettings, model_path: str, device: str, share: float = 1.0, rank: int = 0, world: int = 1):
+    """This worker's :class:`~worker.contract.load_plan.LoadPlan`, resolved once from its settings,
+    its machine and its model folder, and logged in one line. Raises ``ValueError`` when the plan
+    cannot load (:meth:`~worker.contract.load_plan.LoadPlan.check`), ``RuntimeError`` for a missing GPU."""
+    facts = model_facts(cfg.model, model_path)
+    plan = resolve_load_plan(cfg.model, cfg.workers, machine_facts(device, share), facts, rank, world)
+    log.info("load plan: %s", plan.describe())
+    if plan.dtype_warning:
+        log.warning("model.dtype %s: %s", plan.dtype, plan.dtype_warning)
+    plan.check()
+    return plan
+
+
+def plan_in_process(
+    model_path: str,
+    dtype: str | torch.dtype = "float32",
+    max_model_len: int = 2048,
+    quantization: str = "none",
+    rows: tuple[int, int] = (8, 8),
+    **workers,
+):
+    """The CPU load plan of a replica built in this process (tests, benchmarks, scripts): the
+    worker's own resolver over settings of ``dtype`` (a name or a torch dtype), ``max_model_len``,
+    ``quantization`` and ``workers`` keys (``deterministic`` off unless given: the fastest kernels),
+    with the kernels tuned for ``rows`` (a step's, the LM head's)."""
+    name = str(dtype).removeprefix("torch.")
+    model = {"dtype": name, "max_model_len": max_model_len, "quantization": quantization}
+    workers = {"devices": "cpu", "deterministic": False, **workers}
+    cfg = WorkerSettings.model_validate({"model": model, "workers": workers})
+    facts = model_facts(cfg.model, model_path)
+    plan = replace(resolve_load_plan(cfg.model, cfg.workers, machine_facts("cpu"), facts), rows=rows)
+    plan.check()
+    return plan
 
 
 def load_config(model_path: str):
@@ -66,90 +126,56 @@ def eos_ids(model_path: str, config, tokenizer) -> set[int]:
     return set(eos) if isinstance(eos, list) else {eos}
 
 
-def load_model(
-    model_path: str,
-    config,
-    device: torch.device,
-    dtype: torch.dtype,
-    max_positions: int,
-    random_init: bool = False,
-    max_memory: dict | None = None,
-    tp=None,
-    quantization: str = "none",
-    rows: tuple[int, int] = (8, 8),
-    deterministic: bool = False,
-    shared: dict | None = None,
-):
-    """The replica's forward pass with its weights: the compact Llama-family one (:mod:`worker.llama`)
-    where it applies, else transformers' own model over the same block cache (:mod:`worker.hf_model`),
-    also for a replica split by layers over several GPUs (``max_memory``). ``random_init``, tensor
-    parallelism (``tp``: this rank's shards) and ``quantization`` (``int8``/``int4``) need the compact
-    path, whose linears (``model.linears``, :class:`worker.quant.linear.Linears`: steps of up to ``rows[0]``
-    rows, the LM head ``rows[1]``; batch-invariant, with attention, when ``deterministic``; reading and
-    adding to the ``shared`` kernel table) run the kernels measured fastest here. Raises ``ValueError``."""
-    why = llama.supports(config)
-    rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
-    if quantization in ("int8", "int4") and (why or max_memory):
-        raise ValueError(
-            f"model.quantization: {quantization} needs a Llama-family model on one device "
-            f"({why or 'not with workers.gpus_per_replica > 1'}); use model.quantization: none"
-        )
-    if world > 1:
-        if why or max_memory:
-            raise ValueError(
-                f"workers.tensor_parallel_size: {world} needs a Llama-family model on one GPU per rank "
-                f"({why or 'not with workers.gpus_per_replica > 1'}); use workers.tensor_parallel_size: 1"
-            )
-        if problems := tp_rules.tp_problems(config, world, quantization):
-            raise ValueError("; ".join(problems))
-    from worker.contract.gguf_link import gguf_file
-
-    source = gguf_file(model_path)
-    if source is not None and (why or max_memory):
-        raise ValueError(
-            f"a GGUF file is served as stored on the engine's Llama-family forward on one device only "
-            f"({why or 'not with workers.gpus_per_replica > 1'}); set model.quantization: none"
-        )
-    if why is None and not max_memory:
-        if random_init:
+def load_model(plan: LoadPlan, tp=None, shared=None):
+    """The replica's forward pass with its weights, as ``plan`` says: the compact Llama-family one
+    (:mod:`worker.llama`) over the safetensors, the GGUF file as stored or random weights, else
+    transformers' own model over the same block cache (:mod:`worker.hf_model`), also for a replica
+    split by layers over several GPUs. ``tp``: this rank's :class:`worker.tp.TPGroup` (its
+    collectives). The compact path's linears (``model.linears``, :class:`worker.quant.linear.Linears`)
+    run the kernels measured fastest here, reading and adding to the ``shared`` kernel table.
+    Raises ``ValueError`` for a plan that cannot load."""
+    plan.check()
+    config, device, dtype = plan.config, pick_device(plan.device), DTYPES[plan.dtype]
+    rank, world = plan.rank, plan.world
+    if plan.forward == "llama":
+        if plan.source == "random":
             weights = llama.random_weights(config, device, dtype, rank=rank, world=world)
-        elif source is not None:
+        elif plan.source == "gguf":
             from worker.quant.gguf import load_gguf_weights
 
-            weights = load_gguf_weights(source, config, device, dtype, rank=rank, world=world)
+            weights = load_gguf_weights(plan.gguf_file, config, device, dtype, rank=rank, world=world)
         else:
-            weights = llama.load_weights(model_path, device, dtype, rank=rank, world=world)
-        return _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic, shared)
-    if random_init:
-        raise ValueError(f"model.random_init needs a Llama-family model on one device ({why or 'layer split'})")
+            weights = llama.load_weights(plan.model_path, device, dtype, rank=rank, world=world)
+        return _compact(plan, weights, tp, shared)
     from worker.hf_model import HFModel
 
-    log.info("running %s through transformers (%s)", model_path, why or "layer split over several GPUs")
-    return HFModel.load(model_path, dtype, device, max_memory)
+    log.info("running %s through transformers (%s)", plan.model_path, plan.forward_note)
+    return HFModel.load(plan.model_path, dtype, device, plan.gpu_max_memory)
 
 
-def _compact(config, weights, device, dtype, max_positions, tp, quantization, rows, deterministic=False, shared=None):
+def _compact(plan: LoadPlan, weights, tp, shared):
     """:class:`worker.llama.LlamaModel` over :class:`worker.quant.linear.Linears`; logs the kernel
     table and the bytes of the weights it holds."""
     from worker.quant.linear import Linears
 
+    device, dtype, deterministic = pick_device(plan.device), DTYPES[plan.dtype], plan.deterministic
     agree = tp.rank0_ints if tp is not None and tp.world > 1 else None  # the ranks run rank 0's kernels
     linears = Linears(
         device,
         dtype,
-        quantization,
-        max_rows=rows[0],
-        max_logit_rows=rows[1],
+        plan.quantization,
+        max_rows=plan.rows[0],
+        max_logit_rows=plan.rows[1],
         agree=agree,
         shared=shared,
         deterministic=deterministic,
     )
     model = llama.LlamaModel(
-        config,
+        plan.config,
         weights,
         device,
         dtype,
-        max_positions,
+        plan.max_model_len,
         linear=linears,
         tp=tp,
         head_linear=linears.head,

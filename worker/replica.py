@@ -1,9 +1,10 @@
-"""Assembling one replica's engine: load the model, size its KV cache and allocate it once, choose
-the prefill budget, warm it up.
+"""Assembling one replica's engine: load the model as its load plan says
+(:class:`worker.contract.load_plan.LoadPlan`), size its KV cache and allocate it once, choose the
+prefill budget, warm it up.
 
 On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
 peak the budget rule (:mod:`worker.contract.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
-``max_prefill_tokens: auto`` is measured here (:func:`calibrate_prefill_tokens`).
+``max_prefill_tokens: auto`` is measured here (:func:`calibrate_step_cost`).
 
 A tensor-parallel replica runs :func:`load_shard` on every rank (each sizes its KV share from its
 own GPU, or ``kv_cache_gib`` per rank on CPU; all take the smallest block count), then rank 0
@@ -26,6 +27,7 @@ from worker import grammar
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager, BlockTable
+from worker.contract.load_plan import LoadPlan
 from worker.contract.protocol import Generate, SamplingParams
 from worker.contract.settings import WorkerSettings
 from worker.contract.units import GiB
@@ -34,6 +36,7 @@ from worker.quant import autotune
 from worker.runner import ModelRunner
 from worker.scheduler import PrefillShares, Scheduler, StepPlan
 from worker.step import capture
+from worker.step_cost import StepCost
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +57,8 @@ class Shard:
         return self.device.type == "cuda"
 
 
-def load_shard(
-    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
-) -> Shard:
-    """Load the model (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
+def load_shard(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: Path | None = None) -> Shard:
+    """Load the model as ``plan`` says (this rank's shard of it with a tensor-parallel ``group``), size the KV cache
     (after measuring a prefill's activation peak on GPU) and allocate it once. Every rank runs this
     in the same order: the peak measurement's forward is collective, and the block count is the
     minimum over the ranks (each sizes its own from its own GPU, or from ``kv_cache_gib`` for its
@@ -65,33 +66,14 @@ def load_shard(
     (:func:`worker.quant.autotune.load_or_measure`; None: this replica measures its own).
     Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
-    world = group.world if group is not None else 1
-    device = model_mod.pick_device(device_kind)
-    on_gpu = device.type == "cuda"
-    if on_gpu:
-        worker_gpus.apply_memory_fraction(w.gpu_memory_utilization, share)
-    dtype = model_mod.resolve_dtype(cfg.model.dtype, device)
-    config = model_mod.load_config(model_path)
-    split = (
-        worker_gpus.max_memory(share, w.gpu_memory_utilization) if on_gpu and torch.cuda.device_count() > 1 else None
-    )
-    prefill, idle = w.prefill_budgets(on_gpu)
+    world, device, on_gpu = plan.world, model_mod.pick_device(plan.device), plan.on_gpu
+    if plan.memory_fraction is not None:
+        worker_gpus.set_memory_fraction(plan.memory_fraction)
+    dtype, config = model_mod.DTYPES[plan.dtype], plan.config
+    prefill, idle = plan.prefill_budgets
     shared = autotune.load_or_measure(kernel_table) if kernel_table is not None else contextlib.nullcontext()
     with shared as table:  # another replica measuring the shared table: wait for it, then read it
-        model = model_mod.load_model(
-            model_path,
-            config,
-            device,
-            dtype,
-            cfg.model.max_model_len,
-            random_init=cfg.model.random_init,
-            max_memory=split,
-            tp=group,
-            quantization=cfg.model.quantization,
-            rows=(w.max_num_seqs + idle, w.max_num_seqs),  # a step's most rows; the LM head's (one per sequence)
-            deterministic=w.deterministic,
-            shared=table,
-        )
+        model = model_mod.load_model(plan, tp=group, shared=table)
     per_token = model_mod.kv_bytes_per_token(config, dtype, world)
     layers, kv_heads, head_dim = model_mod.kv_shape(config, world)
     devices = model_mod.layer_devices(model, device)
@@ -99,10 +81,10 @@ def load_shard(
         if group is not None:
             group.barrier()  # every rank loaded: the collective forward below starts together
         worker_gpus.reset_peaks()
-        measure_prefill_peak(model, devices, min(idle, cfg.model.max_model_len), BLOCK_SIZE, dtype, device, world)
+        measure_prefill_peak(model, devices, min(idle, plan.max_model_len), BLOCK_SIZE, dtype, device, world)
         fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
         budget = worker_gpus.kv_budget_after_warmup(
-            per_token, fractions, w.gpu_memory_utilization, share, cfg.model.max_model_len, block_tokens=BLOCK_SIZE
+            per_token, fractions, w.gpu_memory_utilization, plan.share, plan.max_model_len, block_tokens=BLOCK_SIZE
         )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
@@ -113,17 +95,15 @@ def load_shard(
     return Shard(config, device, dtype, model, cache, num_blocks, (prefill, idle))
 
 
-def build_engine(
-    cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group=None, kernel_table: Path | None = None
-):
-    """Load the replica (:func:`load_shard`, reading or writing ``kernel_table``) and assemble the engine; with a tensor-parallel
+def build_engine(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: Path | None = None):
+    """Load the replica as ``plan`` says (:func:`load_shard`, reading or writing ``kernel_table``) and assemble the engine; with a tensor-parallel
     ``group`` this is rank 0, whose runner announces every step (calibration included) to the
     other ranks. Returns ``(engine, kv_budget_tokens)``.
     Raises ``worker.gpus.KvTooSmall`` when not one ``max_model_len`` sequence fits."""
     w = cfg.workers
-    shard = load_shard(cfg, model_path, device_kind, share, group, kernel_table)
+    shard = load_shard(cfg, plan, group, kernel_table)
     config, device, num_blocks = shard.config, shard.device, shard.num_blocks
-    tokenizer = model_mod.load_tokenizer(model_path)
+    tokenizer = model_mod.load_tokenizer(plan.model_path)
     idle = shard.idle_prefill_tokens
     scheduler = Scheduler(
         BlockManager(num_blocks, BLOCK_SIZE),
@@ -142,25 +122,24 @@ def build_engine(
         cfg.model.max_model_len,
         device,
         config.vocab_size,
-        model_mod.eos_ids(model_path, config, tokenizer),
+        model_mod.eos_ids(plan.model_path, config, tokenizer),
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:
-        chunk = calibrate_prefill_tokens(engine.runner, idle, cfg.model.max_model_len)
-        scheduler.set_prefill_budget(chunk, min(idle, IDLE_CHUNKS * chunk))
+        cost = calibrate_step_cost(engine.runner, idle, cfg.model.max_model_len, w.max_num_seqs)
+        scheduler.set_prefill_budget(*prefill_budgets(cost, idle), cost)
         log.info(
-            "prefill budget %d tokens per step beside decodes (a step within %gx a decode step), %d alone",
-            scheduler.max_prefill_tokens,
-            STEP_RATIO,
+            "prefill beside decodes: %s; %d tokens a step alone",
+            cost.describe(CALIBRATION_ROWS) if cost else f"{scheduler.max_prefill_tokens} tokens a step (not measured)",
             scheduler.idle_prefill_tokens,
         )
     return engine, num_blocks * BLOCK_SIZE
 
 
-def build_follower(cfg: WorkerSettings, model_path: str, device_kind: str, share: float, group) -> ModelRunner:
+def build_follower(cfg: WorkerSettings, plan: LoadPlan, group) -> ModelRunner:
     """A tensor-parallel rank other than 0: its shard and KV share (:func:`load_shard`), as a runner
     for :func:`worker.tp.follow`. No tokenizer, scheduler or sampler: rank 0 has those."""
-    shard = load_shard(cfg, model_path, device_kind, share, group)
+    shard = load_shard(cfg, plan, group)
     return ModelRunner(shard.model, shard.cache, shard.device)
 
 
@@ -188,44 +167,64 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
     torch.cuda.empty_cache()
 
 
-STEP_RATIO = 2.0  # a step that prefills beside decodes may take this many decode steps
-CALIBRATION_ROWS = 4  # decoding sequences in the calibration steps
-# With nothing decoding, a step prefills this many calibrated chunks: enough for a burst of short
-# prompts to share the weight reads, few enough that the first of them do not wait for the last.
-IDLE_CHUNKS = 4
+STEP_RATIO = 3.0  # a step that prefills beside decodes may take this many decode steps of its rows (the stall target)
+CALIBRATION_ROWS = 4  # decoding sequences beside the calibration chunks (and the larger decode step timed)
 CALIBRATION_CONTEXT = 256  # their context, tokens
+CALIBRATION_CHUNKS = (16, 64)  # the chunk sizes timed, tokens
+CALIBRATION_FAR = 1024  # the later of the two positions they are timed at (the other: a prompt's start)
+CALIBRATION_ROUNDS = 3  # each step timed this many times, the fastest kept (others only add time)
+# With nothing decoding, a step prefills this many chunks of what a step beside decodes takes at a
+# prompt's start (at least MIN_IDLE_CHUNK tokens each): enough for a burst of short prompts to share
+# the weight reads and for a document alone to take few steps, few enough that the first of them do
+# not wait for the last.
+IDLE_CHUNKS = 4
+MIN_IDLE_CHUNK = 16
 
 
-def calibrate_prefill_tokens(runner: ModelRunner, most: int, max_model_len: int) -> int:
-    """The CPU's ``max_prefill_tokens: auto``: the largest chunk of 16, 32, … ``most`` tokens for
-    which a step decoding a few sequences plus that chunk takes at most ``STEP_RATIO`` times the
-    decode step alone (best of two timed passes each). On CPU a prefill is compute-bound, so this
-    depends on the model, its dtype and the cores; measured, not guessed. Positions stay below
-    ``max_model_len`` (the RoPE tables' length)."""
+def calibrate_step_cost(
+    runner: ModelRunner, most: int, max_model_len: int, max_num_seqs: int, clock=time.perf_counter
+) -> StepCost | None:
+    """The CPU's ``max_prefill_tokens: auto``: time decode-only steps of 1 and ``CALIBRATION_ROWS``
+    rows, and steps of those rows plus a chunk of each of ``CALIBRATION_CHUNKS`` tokens at a
+    prompt's start and at ``CALIBRATION_FAR``, and fit :class:`~worker.step_cost.StepCost` with a
+    bound of ``STEP_RATIO`` (fastest of ``CALIBRATION_ROUNDS`` wall-clock passes each, the steps
+    taking turns, so a busy moment of the machine does not fall on one kind only). On a CPU a prefill
+    is compute-bound and its attention grows with the position, so this depends on the model, its
+    dtype, the kernels and the cores: measured, not guessed. Positions stay below
+    ``max_model_len`` (the RoPE tables' length); None when the cache or ``max_model_len`` is too small
+    for the design (the caller keeps a token budget). ``clock``: seconds (a one-thread CPU clock
+    measures on a busy machine what the wall clock cannot)."""
     bs = runner.cache.block_size
-    context = min(CALIBRATION_CONTEXT, max_model_len // 2)
-    most = min(most, max_model_len - context)
-    per_seq = -(-(context + most) // bs)
-    if (CALIBRATION_ROWS + 1) * per_seq > runner.cache.num_blocks or most < 16:
-        return 16
-    decode = [_Scratch(context, context - 1, i * per_seq, bs) for i in range(CALIBRATION_ROWS)]
+    rows = max(1, min(CALIBRATION_ROWS, max_num_seqs))
+    context = min(CALIBRATION_CONTEXT, max_model_len // 4)
+    small, large = min(CALIBRATION_CHUNKS[0], most), min(CALIBRATION_CHUNKS[1], most)
+    far = min(CALIBRATION_FAR, max_model_len - large - 1)
+    per_seq = -(-max(context + 1, far + large) // bs)
+    if small >= large or far < large or (rows + 1) * per_seq > runner.cache.num_blocks:
+        return None
+    decode = [_Scratch(context, context - 1, i * per_seq, bs) for i in range(rows)]
+    plans = {("decode", 1): StepPlan(decode=decode[:1]), ("decode", rows): StepPlan(decode=decode)}
+    for n in (small, large):
+        for start in (0, far):
+            doc = _Scratch(start + n, start, rows * per_seq, bs)
+            plans[(n, start)] = StepPlan(decode=decode, prefill=[(doc, start, start + n)])
+    best = dict.fromkeys(plans, float("inf"))
+    for _ in range(CALIBRATION_ROUNDS):
+        for key, plan in plans.items():
+            began = clock()
+            runner.run(plan)
+            best[key] = min(best[key], clock() - began)
+    steps = {r: best[("decode", r)] for r in {1, rows}}
+    chunks = {k: t for k, t in best.items() if k[0] != "decode"}
+    return StepCost.fit(steps, rows, chunks, STEP_RATIO)
 
-    def timed(prefill: list) -> float:
-        best = float("inf")
-        for _ in range(2):
-            start = time.perf_counter()
-            runner.run(StepPlan(decode=decode, prefill=prefill))
-            best = min(best, time.perf_counter() - start)
-        return best
 
-    base = timed([])
-    chosen, chunk = 16, 16
-    while chunk <= most:
-        doc = _Scratch(context + chunk, context, CALIBRATION_ROWS * per_seq, bs)
-        if timed([(doc, context, context + chunk)]) > STEP_RATIO * base:
-            break
-        chosen, chunk = chunk, chunk * 2
-    return chosen
+def prefill_budgets(cost: StepCost | None, most: int) -> tuple[int, int]:
+    """Tokens per step beside ``CALIBRATION_ROWS`` decodes at a prompt's start, and with nothing
+    decoding (``IDLE_CHUNKS`` such chunks, at most ``most``), from the measured ``cost``; without
+    one (a cache too small to calibrate) ``MIN_IDLE_CHUNK`` and four times that."""
+    chunk = cost.tokens_within(0, cost.budget(CALIBRATION_ROWS)) if cost is not None else MIN_IDLE_CHUNK
+    return max(1, chunk), min(most, IDLE_CHUNKS * max(MIN_IDLE_CHUNK, chunk))
 
 
 def warm_up(engine: Engine) -> None:

@@ -17,7 +17,11 @@ nano-vllm's block accounting):
   holds) — until the growth fits: a flex one first, then the highest ``priority`` value, then the
   newest admitted. Nothing fails for lack of memory mid-decode.
 * **Short prompts next.** Prompt tokens are computed in chunks under a per-step budget of
-  ``max_prefill_tokens`` (``idle_prefill_tokens`` when nothing decodes). A prompt is *short* when
+  ``max_prefill_tokens`` (``idle_prefill_tokens`` when nothing decodes). With measured step costs
+  (``cost``, :mod:`worker.step_cost`: a CPU's ``max_prefill_tokens: auto``) a step that decodes
+  has a budget in token equivalents instead, what keeps it within a bound of a decode step of its
+  rows, and a chunk spends its tokens plus its attention over the keys before it: a prompt's later
+  chunks are shorter, and every such step takes about as long. A prompt is *short* when
   it has at most ``long_prefill_token_threshold`` tokens to compute: a waiting one its whole
   length, a running one what was left to compute when it was admitted (after its prefix-cache
   hits). A long prompt stays long to its last chunk, so its tail never takes the short prompts'
@@ -55,6 +59,7 @@ from dataclasses import dataclass, field
 from worker.blocks import BlockManager
 from worker.contract.settings import LONG_PREFILL_SHARE, LONG_PREFILL_TOKEN_THRESHOLD, MAX_LONG_PARTIAL_PREFILLS
 from worker.request import RequestStatus
+from worker.step_cost import StepCost
 
 
 class QueueFull(Exception):
@@ -117,6 +122,7 @@ class Scheduler:
         max_queue_wait_s: float = float("inf"),
         clock=time.monotonic,
         shares: PrefillShares | None = None,
+        cost: StepCost | None = None,
     ):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
@@ -126,6 +132,8 @@ class Scheduler:
         self.max_queue_wait_s = max_queue_wait_s
         self.clock = clock
         self.shares = shares or PrefillShares()
+        self.cost = cost  # sizes the chunks of steps that decode too (None: max_prefill_tokens tokens)
+        self._beside = 0  # decode rows of the step being planned (0: nothing decodes)
         self.waiting: list = []  # sorted by _rank
         self.running: list = []  # in admission order
         self._long: set[str] = set()  # request ids of the running sequences admitted as long prompts
@@ -142,10 +150,15 @@ class Scheduler:
         """KV tokens held by running sequences (allocated block slots)."""
         return sum(len(s.table.blocks) for s in self.running) * self.blocks.block_size
 
-    def set_prefill_budget(self, max_prefill_tokens: int, idle_prefill_tokens: int) -> None:
-        """Prompt tokens per step beside decodes and with nothing decoding (the replica's calibration)."""
+    def set_prefill_budget(
+        self, max_prefill_tokens: int, idle_prefill_tokens: int, cost: StepCost | None = None
+    ) -> None:
+        """Prompt tokens per step beside decodes and with nothing decoding (the replica's calibration);
+        with ``cost`` a step that decodes is sized by it instead (:mod:`worker.step_cost`), at most
+        ``idle_prefill_tokens`` tokens."""
         self.max_prefill_tokens = max_prefill_tokens
         self.idle_prefill_tokens = max(max_prefill_tokens, idle_prefill_tokens)
+        self.cost = cost
 
     # ---- requests in and out ----------------------------------------------------------
 
@@ -197,7 +210,8 @@ class Scheduler:
         plan = StepPlan()
         self._expire(plan)
         self._plan_decodes(plan)
-        budget = self.max_prefill_tokens if plan.decode else self.idle_prefill_tokens
+        self._beside = len(plan.decode)
+        budget = self._step_budget()
         reserve = self._long_reserve(budget)
         left = self._continue_prefills(plan, budget - reserve, long=False)
         left = self._admit(plan, left, long=False)
@@ -234,7 +248,7 @@ class Scheduler:
         prefilled (down to one block), else preempt one running sequence, else (one sequence that
         cannot fit alone) abort it."""
         bs = self.blocks.block_size
-        if plan.prefill and self.max_prefill_tokens > bs:
+        if plan.prefill and self.max_prefill_tokens > bs:  # sized in tokens from now on
             self.set_prefill_budget(max(bs, self.max_prefill_tokens // 2), self.idle_prefill_tokens // 2)
             return OomBackOff(prefill_tokens=self.max_prefill_tokens)
         if len(self.running) > 1:
@@ -290,26 +304,49 @@ class Scheduler:
     def _long_prefills(self) -> list:
         return [s for s in self.running if s.num_tokens - s.computed > 1 and self._is_long(s)]
 
-    def _long_reserve(self, budget: int) -> int:
+    def _step_budget(self) -> float:
+        """This step's prefill budget: with nothing decoding ``idle_prefill_tokens`` tokens; beside
+        decodes ``max_prefill_tokens`` tokens, or with a measured cost what keeps the step within its
+        bound (token equivalents), at most ``idle_prefill_tokens`` and at least one (so prompts
+        advance on a machine where even one token overruns the bound)."""
+        if not self._beside:
+            return self.idle_prefill_tokens
+        if self.cost is None:
+            return self.max_prefill_tokens
+        return max(1.0, min(self.cost.budget(self._beside), self.idle_prefill_tokens))
+
+    def _chunk(self, seq, limit: float) -> tuple[int, float]:
+        """The next chunk of ``seq`` within ``limit`` of the step's budget: ``(tokens, spent)``. In
+        tokens, or beside decodes with a measured cost in token equivalents (its attention over the
+        keys before it counted), and then never less than one token while ``limit`` is positive, so
+        a long prompt advances every step whatever its position."""
+        left = seq.num_tokens - seq.computed
+        if self.cost is None or not self._beside:
+            n = max(0, min(left, int(limit)))
+            return n, n
+        n = min(left, max(1 if limit > 0 else 0, self.cost.tokens_within(seq.computed, limit)))
+        return n, self.cost.weight(seq.computed, n)
+
+    def _long_reserve(self, budget: float) -> float:
         """The part of ``budget`` kept for long prompts: ``long_share`` of it while one prefills or
         one waits with a long slot free, else nothing."""
         pending = self._long_prefills() or any(self._is_long(s) for s in self.waiting)
         return min(budget, math.ceil(self.shares.long_share * budget)) if pending else 0
 
-    def _continue_prefills(self, plan: StepPlan, budget: int, long: bool) -> int:
+    def _continue_prefills(self, plan: StepPlan, budget: float, long: bool) -> float:
         """Chunks for the running sequences still prefilling whose length class is ``long``; long
         ones split ``budget`` evenly. Returns what is left of ``budget``."""
         seqs = [s for s in self.running if s.num_tokens - s.computed > 1 and self._is_long(s) == long]
         share = max(1, budget // len(seqs)) if long and seqs else budget
         for seq in seqs:
-            n = min(seq.num_tokens - seq.computed, share, budget)
+            n, spent = self._chunk(seq, min(share, budget))
             if n <= 0:
                 break
             plan.prefill.append((seq, seq.computed, seq.computed + n))
-            budget -= n
+            budget -= spent
         return budget
 
-    def _admit(self, plan: StepPlan, budget: int, long: bool) -> int:
+    def _admit(self, plan: StepPlan, budget: float, long: bool) -> float:
         """Admit waiting sequences of one length class in order while the budget, the batch and the KV
         cache allow; each starts its prefill (or decodes, when its prompt was all cached). A long one
         that could start but does not fit the cache stops the short ones behind it too, so shorts do
@@ -353,7 +390,7 @@ class Scheduler:
             self.preempt(flex[-1], plan)
         return True
 
-    def _start(self, seq, plan: StepPlan, budget: int) -> int:
+    def _start(self, seq, plan: StepPlan, budget: float) -> float:
         """Admit ``seq`` (it fits): allocate its blocks, plan its first chunk. Returns the budget left."""
         use_cache = not getattr(seq, "needs_prompt_logprobs", False)
         self.waiting.remove(seq)
@@ -368,9 +405,9 @@ class Scheduler:
         if left == 1:
             plan.decode.append(seq)
             return budget - 1
-        n = min(left, budget)
+        n, spent = self._chunk(seq, budget)
         plan.prefill.append((seq, seq.computed, seq.computed + n))
-        return budget - n
+        return budget - spent
 
     def _victim(self):
         """The running sequence to give way first: flex, then the highest ``priority`` value, then

@@ -45,7 +45,7 @@ def greedy_outputs(model_path: str, dtype, prompts: list[str], tokens: int) -> l
     cpu = torch.device("cpu")
     config = model_mod.load_config(model_path)
     tok = model_mod.load_tokenizer(model_path)
-    model = model_mod.load_model(model_path, config, cpu, dtype, 2048)
+    model = model_mod.load_model(model_mod.plan_in_process(model_path, dtype, 2048))
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     outs = []
     for text in prompts:

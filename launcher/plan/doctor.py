@@ -144,10 +144,7 @@ def placed_device(cfg: DeployConfig, inv: Inventory, specs: list | None = None) 
 def dtype_check(cfg: DeployConfig, inv: Inventory, specs: list | None = None) -> Check:
     """What ``model.dtype`` means on this hardware (``dtype: auto`` as the worker resolves it) on
     the devices the model's workers are placed on (``specs``, as :func:`placed_device`)."""
-    from worker.contract import dtypes
-
-    device, caps = placed_device(cfg, inv, specs)
-    line = dtypes.describe(cfg.model.dtype, device, caps, inv.cpu_flags)
+    line = load_plan(cfg, inv, None, specs).dtype_note
     warned = "warning:" in line
     return Check("dtype", "warn" if warned else "ok", line, "set model.dtype: auto" if warned else "")
 
@@ -158,17 +155,25 @@ def kernels_check(cfg: DeployConfig, inv: Inventory, shape, specs: list | None =
     not measured here for an embedding model (:mod:`launcher.plan.doctor_embed`)."""
     from launcher.plan.doctor_embed import kernels_row
     from launcher.plan.doctor_kernels import kernel_check
-    from worker.contract import dtypes
 
     if shape is not None and shape.embed is not None:
         return Check("kernels", *kernels_row(shape))
 
-    device, caps = placed_device(cfg, inv, specs)
-    if device == "cuda" and not _cuda_runs():
+    plan = load_plan(cfg, inv, shape, specs)
+    if plan.on_gpu and not _cuda_runs():
         return Check("kernels", "skip", "the workers would run on GPUs this process cannot use")
-    return Check(
-        "kernels", *kernel_check(cfg, shape, device, dtypes.resolve(cfg.model.dtype, device, caps, inv.cpu_flags))
-    )
+    return Check("kernels", *kernel_check(cfg, shape, plan.device, plan.dtype))
+
+
+def load_plan(cfg: DeployConfig, inv: Inventory, shape, specs: list | None = None):
+    """The load plan a worker of ``cfg`` would resolve on the devices it is placed on (``specs``, as
+    :func:`placed_device`): the worker's own rule (:func:`worker.contract.load_plan.resolve_load_plan`),
+    over ``shape`` (None: not read) and the CPU flags of ``inv``."""
+    from worker.contract.load_plan import Machine, ModelFacts, resolve_load_plan
+
+    device, caps = placed_device(cfg, inv, specs)
+    facts = ModelFacts(cfg.model.name, config=shape, stored=getattr(shape, "gguf_types", None))
+    return resolve_load_plan(cfg.model, cfg.workers, Machine(device, tuple(caps), cpu_flags=inv.cpu_flags), facts)
 
 
 def _cuda_runs() -> bool:

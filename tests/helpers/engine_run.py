@@ -16,6 +16,7 @@ from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.engine import Engine
 from worker.runner import ModelRunner
 from worker.scheduler import PrefillShares, Scheduler
+from worker.step_cost import StepCost
 
 QUESTIONS = PROMPTS[:8]  # the dtype bench's first eight: short chat questions
 CPU = torch.device("cpu")
@@ -39,6 +40,7 @@ class Run:
         idle: int = 512,
         max_waiting: int = 64,
         shares: PrefillShares | None = None,
+        cost: StepCost | None = None,
     ):
         model, tok, config, eos = loaded
         self.events: list = []
@@ -47,6 +49,7 @@ class Run:
         self.scheduler = Scheduler(
             BlockManager(num_blocks, BLOCK), max_num_seqs, max_waiting, prefill, idle_prefill_tokens=idle, shares=shares
         )
+        self.scheduler.set_prefill_budget(prefill, idle, cost)
         self.engine = Engine(
             ModelRunner(model, self.cache, CPU),
             tok,
@@ -113,5 +116,5 @@ def load_float32() -> tuple:
     path = str(resolve_model("smollm2-135m-instruct", progress=False))
     config = model_mod.load_config(path)
     tok = model_mod.load_tokenizer(path)
-    model = model_mod.load_model(path, config, CPU, torch.float32, 2048)
+    model = model_mod.load_model(model_mod.plan_in_process(path, torch.float32, 2048))
     return model, tok, config, model_mod.eos_ids(path, config, tok)

@@ -13,6 +13,10 @@ from tests.helpers.keyed import SecuredDeployment
 
 MODEL_DIR = Path.home() / ".cache/llamadeploy/models" / MODEL  # the embedded default, once converted
 
+# The session fixtures below that start a deployment or load a model: each pytest-xdist worker that
+# asks for one makes its own, so tests/helpers/xdist_groups.py sends all their users to one worker.
+STARTS = ("deployment", "keyed_session", "curve_busy", "loaded")
+
 
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory) -> Deployment:

@@ -16,6 +16,7 @@ from tests.helpers.engine_run import BLOCK, QUESTIONS, Run, chat_ids
 from worker.contract.protocol import Failed, Tokens
 from worker.runner import ModelRunner
 from worker.scheduler import PrefillShares
+from worker.step_cost import StepCost
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,28 @@ def test_long_document_does_not_freeze_running_streams(loaded, prompts, document
     during = [e.request_id for e in run.events[mark:] if isinstance(e, Tokens)]
     for i in range(4):
         assert during.count(f"chat{i}") == steps, (during.count(f"chat{i}"), steps)  # one token each step
+
+
+def test_chunks_sized_by_step_costs_shrink_along_a_document_and_change_no_token(loaded, prompts, document):
+    """With step costs (made up here: an attention that soon outweighs the tokens' matmuls) the
+    document beside two running chats is prefilled in chunks that shrink with its position, and its
+    tokens are those it gets alone, the chats' those they get alone."""
+    cost = StepCost(decode_s=0.02, decode_row_s=0.001, chunk_s=0.002, token_s=0.001, key_s=5e-6, ratio=3.0)
+    run = Run(loaded, prefill=32, idle=512, cost=cost)
+    for i in range(2):
+        run.submit(f"chat{i}", prompts[i], max_tokens=24, ignore_eos=True)
+    run.steps(2)
+    run.submit("doc", document, max_tokens=8, ignore_eos=True)
+    chunks, schedule = [], run.scheduler.schedule
+    run.scheduler.schedule = lambda: chunks.append(schedule()) or chunks[-1]
+    while not run.tokens("doc"):
+        run.steps(1)
+    sizes = [e - b for plan in chunks for seq, b, e in plan.prefill if seq.request_id == "doc"]
+    assert len(sizes) > 3 and sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-2], sizes
+    run.drain()
+    assert run.tokens("doc") == alone(loaded, document, max_tokens=8, ignore_eos=True).tokens("solo")
+    for i in range(2):
+        assert run.tokens(f"chat{i}") == alone(loaded, prompts[i], max_tokens=24, ignore_eos=True).tokens("solo")
 
 
 def test_burst_of_short_prompts_is_prefilled_together(loaded, prompts):

@@ -48,7 +48,7 @@ def tiny(tmp_path_factory) -> str:
 
 def test_fallback_matches_transformers_generate(tiny):
     config = model_mod.load_config(tiny)
-    model = model_mod.load_model(tiny, config, CPU, torch.float32, 512)
+    model = model_mod.load_model(model_mod.plan_in_process(tiny, torch.float32, 512))
     assert isinstance(model, HFModel)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     events: list = []

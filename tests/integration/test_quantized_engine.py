@@ -42,7 +42,7 @@ def base():
 
 def load(base, quantization: str, dtype=torch.float32):
     path, config, tok, eos = base
-    model = model_mod.load_model(path, config, CPU, dtype, 2048, quantization=quantization, rows=(16, 16))
+    model = model_mod.load_model(model_mod.plan_in_process(path, dtype, 2048, quantization, rows=(16, 16)))
     return model, tok, config, eos
 
 

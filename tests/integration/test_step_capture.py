@@ -82,6 +82,7 @@ def test_captured_and_eager_steps_give_the_same_greedy_tokens(loaded, prompts, o
     assert answers(run, prompts, max_tokens=16) == eager
     counts = run.engine.stats()
     assert counts.captured_steps > 0 and counts.eager_decode_steps == 0
+    assert run.engine.runner.capture.prefill_steps > 0  # the prompts' chunks went through it too
     alone = captured(loaded)
     assert answers(alone, prompts[:1], max_tokens=16) == eager[:1]  # batch 1: the profiled case
 
@@ -94,6 +95,7 @@ def test_steps_the_capture_cannot_serve_run_eagerly_and_are_counted(loaded, prom
     assert answers(run, prompts[:4], lengths, prompt_logprobs=2, ignore_eos=True) == eager
     stats = run.engine.stats()
     assert stats.eager_decode_steps > 0 and stats.captured_steps > 0  # the batch shrinks to 2 rows at the end
+    assert run.engine.runner.capture.prefill_steps == 0  # chunks scoring prompt logprobs stay eager
     assert scored(run, 4) == scored(eager_run, 4) and all(scored(run, 4))
 
 
@@ -129,6 +131,7 @@ def test_a_batch_invariant_model_is_captured_with_the_eager_steps_values(loaded,
         run = captured(loaded)
         assert answers(run, prompts[:3], max_tokens=8, logprobs=2) == want
         assert run.engine.stats().captured_steps > 0 and run.engine.stats().eager_decode_steps == 0
+        assert run.engine.runner.capture.prefill_steps > 0  # prompt chunks served by it: the same bits
         assert logprobs(run, 3) == logprobs(eager, 3) and all(logprobs(run, 3))
     finally:
         model.invariant = False

@@ -24,6 +24,7 @@ from worker.contract.args import WorkerArgs
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
 from worker.contract.settings import WorkerSettings
 from worker.main import join_group, run_follower_process
+from worker.model import plan_load
 from worker.replica import build_engine, warm_up
 from worker.tp import PEER_LOST_EXIT_CODE, PeerLost
 
@@ -49,7 +50,8 @@ class Rank0:
     def __init__(self, cfg: WorkerSettings, args):
         self.events: list = []
         self.group = join_group(cfg, 0, args.world_size, args.dist_init, "cpu") if args.world_size > 1 else None
-        self.engine, self.budget = build_engine(cfg, args.model_path, "cpu", 1.0, group=self.group)
+        plan = plan_load(cfg, args.model_path, "cpu", 1.0, 0, args.world_size)
+        self.engine, self.budget = build_engine(cfg, plan, group=self.group)
         warm_up(self.engine)
         self.first: dict[str, int] = {}
         self.last: dict[str, int] = {}

@@ -91,8 +91,10 @@ class WorkersConfig(Section):
     max_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="prompt tokens prefilled per engine step while others decode (chunked prefill); auto: on CPU "
-        "measured at start (the largest chunk that keeps a step within 2x a decode step), 2048 on GPU; a step with "
-        "nothing to decode takes four such chunks (at most 512) on CPU, 8192 on GPU; a number sets both",
+        "each chunk is sized by step costs measured at start so that a step beside decodes takes at most 3x a decode "
+        "step of its rows, the chunk's attention over the prompt before it included (a document's later chunks are "
+        "shorter), 2048 on GPU; a step with nothing to decode takes four chunks of a prompt's start (at least 64 "
+        "tokens, at most 512) on CPU, 8192 on GPU; a number sets both",
     )
     long_prefill_token_threshold: int = Field(
         LONG_PREFILL_TOKEN_THRESHOLD,
@@ -166,8 +168,8 @@ class WorkersConfig(Section):
     def prefill_budgets(self, on_gpu: bool) -> tuple[int, int]:
         """Prompt tokens one engine step computes while others decode, and when nothing decodes.
         ``auto``: on GPU 2048 and 8192; on CPU, where a prefill is compute-bound, 32 and 512, and the
-        worker then measures the first (``worker.replica.calibrate_prefill_tokens``: the largest
-        chunk that keeps a step within twice a decode step)."""
+        worker then measures its step costs (``worker.replica.calibrate_step_cost``) and sizes each
+        chunk beside decodes by them (``worker.step_cost``: a step within 3x a decode step)."""
         if self.max_prefill_tokens == "auto":
             return (2048, 8192) if on_gpu else (32, 512)
         return self.max_prefill_tokens, self.max_prefill_tokens

@@ -14,6 +14,7 @@ import time
 import torch
 
 from worker.contract.embed_spec import read_spec, step_tokens
+from worker.contract.load_plan import LoadPlan
 from worker.contract.protocol import Embed, Ready
 from worker.contract.settings import WorkerSettings
 from worker.embed.batcher import Batcher
@@ -24,13 +25,13 @@ from worker.embed.threads import ThreadPlan, measure
 log = logging.getLogger(__name__)
 
 
-def build_embed_engine(cfg: WorkerSettings, model_path: str, device_kind: str) -> EmbedEngine:
-    """The engine of ``model_path`` on ``device_kind`` (``cpu`` or ``cuda``), warmed up."""
+def build_embed_engine(cfg: WorkerSettings, plan: LoadPlan) -> EmbedEngine:
+    """The engine of the model ``plan`` names, on its device in its dtype, warmed up."""
     from worker import model as model_mod
 
-    device = model_mod.pick_device(device_kind)
-    spec = read_spec(model_path, cfg.model.max_model_len)
-    embedder = Embedder.load(model_path, spec, device, model_mod.resolve_dtype(cfg.model.dtype, device))
+    device = model_mod.pick_device(plan.device)
+    spec = read_spec(plan.model_path, plan.max_model_len)
+    embedder = Embedder.load(plan.model_path, spec, device, model_mod.DTYPES[plan.dtype])
     w = cfg.workers
     budget = step_tokens(w.max_prefill_tokens, device.type == "cuda", spec.max_tokens)
     batcher = Batcher(budget, w.max_num_seqs + w.max_waiting, w.max_queue_wait_s)
@@ -62,11 +63,10 @@ def warm_up(engine: EmbedEngine) -> None:
         engine.step()
 
 
-def load_embedder(cfg: WorkerSettings, link, device_kind: str, model_path: str, world: int, started: float):
-    """The embedding worker's part of :func:`worker.main.load`: ``(engine, Ready, None)``."""
-    if world > 1:
-        raise RuntimeError("an embedding model runs on one device: set workers.tensor_parallel_size to 1")
-    engine = build_embed_engine(cfg, model_path, device_kind)
+def load_embedder(cfg: WorkerSettings, link, plan: LoadPlan, started: float):
+    """The embedding worker's part of :func:`worker.main.load`, as ``plan`` says: ``(engine, Ready, None)``."""
+    plan.check()
+    engine = build_embed_engine(cfg, plan)
     spec = engine.embedder.spec
     log.info(
         "loaded %s for embeddings as %s on %s in %.1fs: %s pooling, %d dimensions, up to %d tokens per input, "

@@ -120,6 +120,7 @@ template <> inline v16 widen16<c10::BFloat16>(const c10::BFloat16* src, int64_t 
 }
 
 constexpr int64_t kMaxChunks = 16;  // head_dim up to 256: a row of keys is at most 16 lane groups
+constexpr int64_t kMaxGroup = 8;    // query heads per KV head whose value sums are kept in locals
 
 // Scratch of one thread: the group's scaled queries and outputs [G, chunks] lane groups (zero
 // past D), its scores [G, len].
@@ -161,6 +162,22 @@ void attend_group(const C* kv, const int64_t* table, int64_t len, int64_t block,
     float t = 0.f;
     for (int64_t p = 0; p < len; ++p) t += r[p];
     total[g] = t;
+  }
+  if constexpr (CH > 0) {
+    if (G <= kMaxGroup) {  // the group's sums in locals (registers), not stored back at every key
+      v16 acc[kMaxGroup][CH ? CH : 1] = {};
+      for (int64_t p = 0; p < len; ++p) {
+        const C* v = kv + (table[p / block] * block + p % block) * row + (KVH + kvh) * D;
+        for (int64_t c = 0; c < CH; ++c) x[c] = widen16(v + c * kLanes, kLanes);
+        for (int64_t g = 0; g < G; ++g) {
+          const float w = sc[g * len + p];
+          for (int64_t c = 0; c < CH; ++c) acc[g][c] = acc[g][c] + w * x[c];
+        }
+      }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t c = 0; c < CH; ++c) store16(s.out.data() + (g * CH + c) * kLanes, acc[g][c]);
+      return;
+    }
   }
   std::fill(s.out.begin(), s.out.end(), 0.f);
   for (int64_t p = 0; p < len; ++p) {

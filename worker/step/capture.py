@@ -7,6 +7,8 @@ compiled) and how long it took. :meth:`StepCapture.serve` runs a step
 through it when :func:`worker.step.plan.route` says it can and returns None otherwise, counting the
 decode-only steps it could not serve (``eager_decode_steps``: capture off or unavailable, more rows
 than the largest bucket) beside those it served (``captured_steps``), which the heartbeat reports.
+On CPU the fused step also serves steps with prompt chunks (a chunk's tokens are rows of any
+count), except those scoring prompt logprobs; CUDA graphs have fixed shapes and leave them eager.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class StepCapture:
 
     def __init__(self, fused, sizes: list[int], block_size: int):
         self.fused, self.sizes, self.block_size = fused, sizes, block_size
-        self.captured_steps = 0
+        self.captured_steps = 0  # decode-only steps and steps with prompt chunks it served
+        self.prefill_steps = 0  # of those, the steps with prompt chunks
         self.eager_decode_steps = 0
 
     def serve(self, plan) -> torch.Tensor | None:
@@ -36,7 +39,7 @@ class StepCapture:
         runs the step eagerly (a prefill chunk in it, too many rows, capture off)."""
         bucket, why = step_plan.route(len(plan.decode), len(plan.prefill), self.sizes)
         if why == step_plan.PREFILL:
-            return None
+            return self._mixed(plan)
         if bucket is None or self.fused is None:
             self.eager_decode_steps += 1
             return None
@@ -45,9 +48,30 @@ class StepCapture:
         self.captured_steps += 1
         return logits
 
+    def _mixed(self, plan) -> torch.Tensor | None:
+        """Logits of a step with prompt chunks by the fused CPU step (rows of any count: a chunk's
+        tokens are rows reading their own prompt's keys), or None where it cannot serve it: no fused
+        step, CUDA graphs (fixed shapes), or a chunk whose prompt logprobs are wanted (the eager pass
+        returns the hidden rows they are scored from)."""
+        if not getattr(self.fused, "serves_prefill", False) or any(_scored(seq) for seq, _, _ in plan.prefill):
+            return None
+        rows = [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
+        chunks = [(s.table.blocks, a, b, s.tokens(a, b), b == s.num_tokens) for s, a, b in plan.prefill]
+        logits = self.fused.forward_mixed(rows, chunks)
+        self.captured_steps += 1
+        self.prefill_steps += 1
+        return logits
+
     def counts(self) -> dict[str, int]:
         """The heartbeat's figures (:class:`worker.contract.protocol.EngineLoad` fields)."""
         return {"captured_steps": self.captured_steps, "eager_decode_steps": self.eager_decode_steps}
+
+
+def _scored(seq) -> bool:
+    """``seq`` asked for prompt logprobs (warm-up and calibration passes run scratch sequences
+    without parameters)."""
+    params = getattr(seq, "params", None)
+    return params is not None and params.prompt_logprobs is not None
 
 
 def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None, max_model_len: int = 0) -> StepCapture:

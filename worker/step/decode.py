@@ -64,7 +64,10 @@ def _native(linear, dt: torch.dtype) -> Callable[[int], tuple[torch.dtype, Calla
 
 class FusedDecode:
     """Runs decode-only steps of ``model`` (a :class:`worker.llama.LlamaModel` on CPU) over ``cache``
-    with the fused operators ``ops`` (:func:`worker.step.fused.load`'s module)."""
+    with the fused operators ``ops`` (:func:`worker.step.fused.load`'s module); it serves steps with
+    prompt chunks too (:meth:`forward_mixed`), whose rows are any count."""
+
+    serves_prefill = True
 
     def __init__(self, model, cache, ops):
         self.model, self.cache, self.ops = model, cache, ops
@@ -92,16 +95,26 @@ class FusedDecode:
 
     @torch.inference_mode()
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        tables: torch.Tensor,
+        lens: torch.Tensor,
+        seq: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decode step. ``ids``, ``positions``, ``slots`` [B] (long): each row's token, its position
-        and the cache slot its key and value go to; ``tables`` [B, W] block ids, ``lens`` [B] context
-        lengths (position + 1). Returns float32 logits [B, V]."""
+        """One step. ``ids``, ``positions``, ``slots`` [T] (long): each row's token, its position and
+        the cache slot its key and value go to; ``tables`` [N, W] block ids, ``lens`` [T] how many
+        keys each row attends to (position + 1); ``seq`` [T] the table each row reads (None: row b
+        reads table b, a decode step); ``keep`` the rows whose logits are wanted (None: all). Every
+        row's key and value are written before any row attends, so the rows of one prompt chunk
+        read each other's as the eager pass does. Returns float32 logits [len(keep) or T, V]."""
         m, ops = self.model, self.ops
         H, KVH, eps, dt, bs, scale = m.heads, m.kv_heads, m.eps, m.dtype, self.block_size, m.scale
         rope, attend, norm, silu_mul = ops.rope_cache, ops.paged_attention, ops.rms_norm, ops.silu_mul
         cos, sin = m.cos, m.sin_signed
-        own = ids.new_empty(0)  # paged attention's seq: row b reads table b
+        own = ids.new_empty(0) if seq is None else seq  # paged attention's seq: empty, row b reads table b
         x = m.embed(ids)  # [B, hidden] float32, a fresh tensor: the residual adds go in place
         for n1, qa, qkv, qkv_bias, oa, o, o_bias, n2, ga, gate_up, da, down, kv in self.layers(ids.shape[0]):
             t = qkv(norm(x, n1, eps, qa))
@@ -112,11 +125,18 @@ class FusedDecode:
             if o_bias is not None:
                 x.add_(o_bias)
             x.add_(down(silu_mul(gate_up(norm(x, n2, eps, ga)), dt, da)))
-        return m.head(x)
+        return m.head(x if keep is None else x.index_select(0, keep))
 
     def forward_rows(self, rows: list[tuple[list[int], int, int]]) -> torch.Tensor:
         """:meth:`forward` of decode rows ``(block_table, position, token)``."""
         return self.forward(*step_inputs(rows, self.block_size))
+
+    def forward_mixed(self, rows: list[tuple[list[int], int, int]], chunks: list[tuple]) -> torch.Tensor:
+        """:meth:`forward` of decode rows ``(block_table, position, token)`` and prompt chunks
+        ``(block_table, start, end, tokens, last)`` (positions ``[start, end)``, their ``tokens``;
+        ``last``: the chunk ends its prompt). Logits [R, V]: the decode rows', then each last chunk's
+        final row's, in order (the eager pass's ``logit_rows``)."""
+        return self.forward(*mixed_inputs(rows, chunks, self.block_size))
 
 
 def step_inputs(decode: list[tuple[list[int], int, int]], block_size: int) -> list[torch.Tensor]:
@@ -132,3 +152,24 @@ def step_inputs(decode: list[tuple[list[int], int, int]], block_size: int) -> li
     b = len(decode)
     t = torch.tensor(flat, dtype=torch.long)
     return [t[:b], t[b : 2 * b], t[2 * b : 3 * b], t[4 * b :].view(b, -1), t[3 * b : 4 * b]]
+
+
+def mixed_inputs(decode: list[tuple[list[int], int, int]], chunks: list[tuple], block_size: int) -> list[torch.Tensor]:
+    """The inputs of :meth:`FusedDecode.forward` for decode rows and prompt chunks
+    (:meth:`FusedDecode.forward_mixed`): rows numbered decode rows first, then each chunk's tokens,
+    as :func:`worker.attention.build_batch` numbers them; one table per decode row and per chunk
+    (:func:`worker.attention.paged_rows`), ``seq`` mapping rows to them, ``keep`` the logit rows."""
+    from worker.attention import paged_rows
+
+    ids, positions = [tok for _, _, tok in decode], [p for _, p, _ in decode]
+    keep = list(range(len(decode)))
+    for _, start, end, tokens, last in chunks:
+        ids += tokens
+        positions += range(start, end)
+        if last:
+            keep.append(len(ids) - 1)
+    cpu = torch.device("cpu")
+    tables, seq, lens = paged_rows(block_size, cpu, [(t, p + 1) for t, p, _ in decode], [c[:3] for c in chunks])
+    pos = torch.tensor(positions, dtype=torch.long)
+    slots = tables[seq, pos // block_size] * block_size + pos % block_size
+    return [torch.tensor(ids, dtype=torch.long), pos, slots, tables, lens, seq, torch.tensor(keep, dtype=torch.long)]

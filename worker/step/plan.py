@@ -4,15 +4,16 @@ shared by the CPU's fused step (:mod:`worker.step.decode`) and CUDA graphs (:mod
 A captured step is a decode-only step (every row one token of a running sequence) of at most the
 largest bucket's rows, as vLLM and gpt-fast capture theirs. The buckets are vLLM's capture sizes:
 1, 2, 4, then every multiple of 8 up to ``max_num_seqs`` (which is always one). Anything else runs
-the eager forward pass and is counted: a step with a prefill chunk (prompt logprobs are computed
-only there), more decode rows than the largest bucket, a tensor-parallel or layer-split replica
+the eager forward pass and is counted: a step with a prefill chunk (on CPU the fused step serves
+those too: :meth:`worker.step.capture.StepCapture.serve`; prompt logprobs are computed only
+eagerly), more decode rows than the largest bucket, a tensor-parallel or layer-split replica
 (whose forward sums over ranks / moves between devices), or capture turned off
 (``workers.enforce_eager``).
 """
 
 from __future__ import annotations
 
-PREFILL = "prefill"  # the step computes prompt tokens: always eager, not counted as a miss
+PREFILL = "prefill"  # the step computes prompt tokens: not a bucket's step, not counted as a miss
 OVER_BUCKETS = "over_buckets"
 
 
