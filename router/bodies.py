@@ -11,16 +11,16 @@ from typing import Any
 from aiohttp import web
 
 from router.errors import ApiError
-from router.state import API, Api
+from router.state import API, RequestView
 
 
-def check_prompt_chars(api: Api, text: str, param: str) -> None:
+def check_prompt_chars(view: RequestView, text: str, param: str) -> None:
     """400 at once for a text that must be over ``max_prompt_tokens``, however it tokenizes."""
-    ceiling = api.max_prompt_tokens * api.longest_token_chars
+    ceiling = view.max_prompt_tokens * view.longest_token_chars
     if len(text) > ceiling:
         raise ApiError(
             400,
-            f"prompt of {len(text)} characters is over the limit of {api.max_prompt_tokens} tokens "
+            f"prompt of {len(text)} characters is over the limit of {view.max_prompt_tokens} tokens "
             "(limits.max_prompt_tokens)",
             param=param,
             code="context_length_exceeded",
@@ -97,10 +97,10 @@ async def read_json(request: web.Request) -> Any:
 TIMEOUT_HEADER = "X-Request-Timeout"
 
 
-def request_timeout(request: web.Request, api: Api) -> float:
+def request_timeout(request: web.Request, view: RequestView) -> float:
     """Seconds this request may take: ``router.request_timeout_s``, or less when the client's
     ``X-Request-Timeout`` header asks for less. Past it: 504, and the work is cancelled."""
-    limit = api.cfg.router.request_timeout_s
+    limit = view.cfg.router.request_timeout_s
     raw = request.headers.get(TIMEOUT_HEADER)
     if raw is None:
         return limit

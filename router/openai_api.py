@@ -23,7 +23,7 @@ from router.metrics import request_timer
 from router.schemas import ChatRequest, CompletionRequest, Sampling, parse
 from router.shaping import Choice, Shaper, total_usage
 from router.sse import merge_events, respond_stream
-from router.state import API, REQUEST_ID, Api
+from router.state import API, REQUEST_ID, RequestView
 from router.structured import check_schema
 from router.tiers import Urgency, urgency_of
 from router.tools import ToolMode, chat_messages, tool_grammar, tool_mode
@@ -31,13 +31,13 @@ from router.workers import WorkerPool
 from worker.contract.protocol import Grammar, SamplingParams
 
 
-def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
+def sampling_params(view: RequestView, req: Sampling, prompt_len: int, max_tokens: int | None) -> SamplingParams:
     """Apply the limits and the context length; build the worker's parameters."""
-    lim, max_len = api.cfg.limits, api.max_model_len
-    _check_lengths(api, req, prompt_len, max_tokens)
+    lim, max_len = view.cfg.limits, view.max_model_len
+    _check_lengths(view, req, prompt_len, max_tokens)
     stops = _checked_stops(req, lim)
     bias = req.logit_bias_ids()
-    vocab = len(api.tokenizer)
+    vocab = len(view.tokenizer)
     if any(t >= vocab for t in bias):
         raise ApiError(400, f"logit_bias: token ids must be in [0, {vocab})", param="logit_bias", code="invalid_value")
     max_new = max_tokens if max_tokens is not None else min(lim.max_tokens, max_len - prompt_len)
@@ -66,11 +66,11 @@ def sampling_params(api: Api, req: Sampling, prompt_len: int, max_tokens: int | 
     )
 
 
-def _check_lengths(api: Api, req: Sampling, prompt_len: int, max_tokens: int | None) -> None:
+def _check_lengths(view: RequestView, req: Sampling, prompt_len: int, max_tokens: int | None) -> None:
     """The prompt within ``limits.max_prompt_tokens``, ``max_tokens`` within ``limits.max_tokens``
     and both within the model's context; else 400 as OpenAI words it."""
-    lim, max_len = api.cfg.limits, api.max_model_len
-    max_prompt = api.max_prompt_tokens
+    lim, max_len = view.cfg.limits, view.max_model_len
+    max_prompt = view.max_prompt_tokens
     if prompt_len > max_prompt:
         raise ApiError(
             400,
@@ -124,7 +124,7 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return ((seed + index + 2**63) % 2**64) - 2**63
 
 
-async def request_grammar(api: Api, req: ChatRequest, tools: ToolMode | None) -> Grammar | None:
+async def request_grammar(view: RequestView, req: ChatRequest, tools: ToolMode | None) -> Grammar | None:
     """The decoding constraint of a chat request, compiled once here (400 before dispatch if it
     cannot be): a forced tool call's, or ``response_format``'s."""
     grammar, param = None, "response_format"
@@ -148,83 +148,83 @@ async def request_grammar(api: Api, req: ChatRequest, tools: ToolMode | None) ->
         raise ApiError(
             400, "ignore_eos cannot be combined with constrained output", param="ignore_eos", code="invalid_value"
         )
-    await api.grammar_checker.check(grammar, param)
+    await view.grammar_checker.check(grammar, param)
     return grammar
 
 
-async def tokenize_chat(api: Api, req: ChatRequest) -> list[int]:
-    messages, extra = chat_messages(req, api.native_tools)
+async def tokenize_chat(view: RequestView, req: ChatRequest) -> list[int]:
+    messages, extra = chat_messages(req, view.native_tools)
 
-    check_prompt_chars(api, "".join(m["content"] for m in messages), "messages")
+    check_prompt_chars(view, "".join(m["content"] for m in messages), "messages")
 
     def run() -> list[int]:
         try:
-            text = api.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
+            text = view.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         except TemplateError as exc:  # e.g. a template that requires alternating roles
             raise ApiError(
                 400, f"messages: the model's chat template refused them: {exc}", param="messages", code="invalid_value"
             ) from None
-        check_prompt_chars(api, text, "messages")
-        return api.tokenizer(text, add_special_tokens=False)["input_ids"]
+        check_prompt_chars(view, text, "messages")
+        return view.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     return await asyncio.get_running_loop().run_in_executor(None, run)
 
 
-async def tokenize_prompt(api: Api, prompt: str | list[int]) -> list[int]:
+async def tokenize_prompt(view: RequestView, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, list):
-        if len(prompt) > api.max_prompt_tokens:
+        if len(prompt) > view.max_prompt_tokens:
             raise ApiError(
                 400,
-                f"prompt has {len(prompt)} tokens, over the limit of {api.max_prompt_tokens} "
+                f"prompt has {len(prompt)} tokens, over the limit of {view.max_prompt_tokens} "
                 "(limits.max_prompt_tokens)",
                 param="prompt",
                 code="context_length_exceeded",
             )
-        vocab = len(api.tokenizer)
+        vocab = len(view.tokenizer)
         if any(t < 0 or t >= vocab for t in prompt):
             raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
         return prompt
-    check_prompt_chars(api, prompt, "prompt")
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: api.tokenizer(prompt)["input_ids"])
+    check_prompt_chars(view, prompt, "prompt")
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: view.tokenizer(prompt)["input_ids"])
 
 
 async def chat_completions(request: web.Request, body: dict | None = None) -> web.StreamResponse:
     """``body``: the request's JSON already read (a batch line, :mod:`router.batch.lines`); None: read it."""
     req = parse(ChatRequest, await read_json(request) if body is None else body)
-    api = request.app[API].for_request(req.model, "/v1/chat/completions")
+    view = request.app[API].for_request(req.model, "/v1/chat/completions")
     tools = tool_mode(req)
-    grammar = await request_grammar(api, req, tools)
-    prompt = await tokenize_chat(api, req)
-    params = sampling_params(api, req, len(prompt), req.max_completion_tokens or req.max_tokens)
+    grammar = await request_grammar(view, req, tools)
+    prompt = await tokenize_chat(view, req)
+    params = sampling_params(view, req, len(prompt), req.max_completion_tokens or req.max_tokens)
     params.grammar = grammar
-    return await respond(request, api, req, [prompt], [params], chat=True, tools=tools)
+    return await respond(request, view, req, [prompt], [params], chat=True, tools=tools)
 
 
 async def completions(request: web.Request, body: dict | None = None) -> web.StreamResponse:
     """Each prompt gets ``n`` choices (indices prompt × n + i, as OpenAI numbers them); ``echo``
     and ``max_tokens: 0`` as :mod:`router.echo` says. ``body`` as for :func:`chat_completions`."""
     req = parse(CompletionRequest, await read_json(request) if body is None else body)
-    api = request.app[API].for_request(req.model, "/v1/completions")
+    view = request.app[API].for_request(req.model, "/v1/completions")
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "max_tokens: 0 is only allowed with echo: true (the prompt alone)", param="max_tokens")
-    prompts = [await tokenize_prompt(api, p) for p in req.prompt]
+    prompts = [await tokenize_prompt(view, p) for p in req.prompt]
     if not all(prompts):
         raise ApiError(400, "prompt is empty after tokenization", param="prompt")
     asked = 1 if req.max_tokens == 0 else req.max_tokens  # max_tokens 0: one token, dropped
-    params = [sampling_params(api, req, len(p), asked) for p in prompts]
+    params = [sampling_params(view, req, len(p), asked) for p in prompts]
     make_choice = None
     if req.echo:
         for p in params:
             p.prompt_logprobs = req.logprobs
         loop = asyncio.get_running_loop()
         shown = [
-            p if isinstance(p, str) else await loop.run_in_executor(None, api.tokenizer.decode, p) for p in req.prompt
+            p if isinstance(p, str) else await loop.run_in_executor(None, view.tokenizer.decode, p) for p in req.prompt
         ]
 
         def make_choice(k: int, texts, top) -> Choice:
             return EchoChoice(k, texts, top, shown[k // req.n], prompts[k // req.n], req.max_tokens != 0)
 
-    return await respond(request, api, req, prompts, params, chat=False, make_choice=make_choice)
+    return await respond(request, view, req, prompts, params, chat=False, make_choice=make_choice)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -257,16 +257,16 @@ def _model_card(m, created: int, state: str) -> dict:
     }
 
 
-def _envelope(request: web.Request, api: Api, req: Sampling, chat: bool) -> tuple[Shaper, Urgency]:
+def _envelope(request: web.Request, view: RequestView, req: Sampling, chat: bool) -> tuple[Shaper, Urgency]:
     """The answer's envelope, echoing the ``service_tier`` used when one was asked, with a ready
     replica's ``system_fingerprint`` until the serving worker's is known (:meth:`Shaper.served_by`),
     and the urgency its generations carry (:mod:`router.tiers`)."""
     shaper = Shaper(
         WorkerPool.new_request_id()[4:],
-        api.model_name,
+        view.model_name,
         chat,
         include_usage=bool(req.stream and req.stream_options and req.stream_options.include_usage),
-        fingerprint=api.pool.fingerprint(model=api.pick_model),
+        fingerprint=view.pool.fingerprint(model=view.pick_model),
     )
     urgency = urgency_of(request, req.service_tier, req.priority)
     if urgency.echoed is not None:
@@ -276,7 +276,7 @@ def _envelope(request: web.Request, api: Api, req: Sampling, chat: bool) -> tupl
 
 async def respond(
     request: web.Request,
-    api: Api,
+    view: RequestView,
     req: Sampling,
     prompts: list[list[int]],
     params: list[SamplingParams],
@@ -288,38 +288,38 @@ async def respond(
     seeded with :func:`choice_seed`) and answer with one JSON body or one SSE stream whose chunks
     carry each choice's ``index``. ``make_choice(k, texts, top)`` builds a choice other than the
     plain :class:`Choice` (echo)."""
-    shaper, urgency = _envelope(request, api, req, chat)
-    timeout = request_timeout(request, api)
+    shaper, urgency = _envelope(request, view, req, chat)
+    timeout = request_timeout(request, view)
     timer = request_timer(request)
     top = params[0].logprobs
     if top is not None:
-        await api.grammar_checker.ready()
-    texts = api.token_texts if top is not None else None
+        await view.grammar_checker.ready()
+    texts = view.token_texts if top is not None else None
     count = len(prompts) * req.n
     make = make_choice or (lambda k, texts, top: Choice(k, chat, tools, texts, top))
     choices = [make(k, texts, top) for k in range(count)]
     prompt_tokens = sum(len(p) for p in prompts)  # each prompt counted once, whatever n
 
     def on_tokens(worker_id: int, tok) -> None:
-        shaper.served_by(api.pool.fingerprint(worker_id))
+        shaper.served_by(view.pool.fingerprint(worker_id))
         timer.on_tokens(worker_id, tok)
 
     def events(k: int):
         base, i = params[k // req.n], k % req.n
         p = base if i == 0 else msgspec.structs.replace(base, seed=choice_seed(base.seed, i))
         return stream_tokens(
-            api.pool,
+            view.pool,
             prompts[k // req.n],
             p,
-            api.cfg.router.max_retries,
+            view.cfg.router.max_retries,
             request.get(REQUEST_ID, ""),
             buffered=not req.stream,
             on_tokens=on_tokens,
-            max_migrations=api.cfg.router.max_migrations,
+            max_migrations=view.cfg.router.max_migrations,
             on_migration=timer.on_migration,
-            model=api.pick_model,
+            model=view.pick_model,
             urgency=urgency,
-            exact=api.cfg.workers_for(api.model_name).deterministic,
+            exact=view.cfg.workers_for(view.model_name).deterministic,
         )
 
     merged = timer.wrap(merge_events([events(k) for k in range(count)]))  # one request in the gauges

@@ -25,7 +25,7 @@ from router.errors import ApiError
 from router.rollout_protocol import ApplyRequest, LiveSettings, RolloutStatus
 from router.served import served_model
 from router.settings import RouterSettings
-from router.state import API, GENERATE, Api
+from router.state import API, Api
 from worker.contract.settings import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -154,12 +154,10 @@ def serve_models(api: Api, sections: list[ModelConfig]) -> None:
     model's tokenizer (the router tokenizes for the workers)."""
     kept = {m.config.model_dump_json(): m for m in api.models.values()}
     # each section read as at start (task, an embedding model's spec) from the model's own folder
-    bases = [api.models.get(c.public_name, api.model) for c in sections]
+    bases = [api.models.get(c.public_name, api.default_model) for c in sections]
     fresh = [served_model(c, base.path, base.tokenizer) for c, base in zip(sections, bases, strict=True)]
     served = [kept.get(m.config.model_dump_json(), m) for m in fresh]
     api.models = {m.name: m for m in served}
-    api.model = api.first(GENERATE)
-    api.tokenizer = api.model.tokenizer
 
 
 def add_routes(app: web.Application) -> None:

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from router.auth import token_matches
 from router.hold import DEFAULT_HOLD_S
-from router.policies.registry import PolicyName
+from router.policies.registry import PolicyName, describe_policies
 from router.schemas import ServiceTier
 from worker.contract.settings import LoggingConfig, ModelConfig, Section, WorkersConfig
 
@@ -46,12 +46,7 @@ class RouterConfig(Section):
     port: int = Field(
         8000, ge=1, le=65535, description="the public endpoint's port (the OpenAI API, the pages, /docs/)"
     )
-    policy: PolicyName = Field(
-        "least_loaded",
-        description="round_robin: strict rotation over ready workers; least_loaded: fewest in flight, among those "
-        "the worker whose prefix cache likely holds the prompt's start, else rotation; cache_aware: that worker "
-        "even with up to 2 more in flight (router/policies/)",
-    )
+    policy: PolicyName = Field("least_loaded", description=describe_policies())
     admin_host: str = Field("127.0.0.1", description="the admin API listens here (loopback unless told otherwise)")
     admin_port: int = Field(8001, ge=1, le=65535, description="the admin API's port (drain, restart, policy, apply)")
     admin_token: str | None = Field(None, description="bearer token for the admin API; env LLAMADEPLOY_ADMIN_TOKEN")

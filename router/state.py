@@ -1,12 +1,14 @@
-"""What the router's handlers share: the deployment's config, the worker pool and the served
-models (each with its tokenizer and what is derived from it once: grammar checker, token texts),
-under one aiohttp ``AppKey``. A handler takes the model a request names through ONE function,
-:meth:`Api.for_request`."""
+"""The router's state, in two objects: :class:`Api`, what every handler shares for the router's
+life (the deployment's settings, the worker pool, the served models, the metrics, the Batch API's
+store), under one aiohttp ``AppKey``; and :class:`RequestView`, one request's view of it (the
+served model its ``model`` field resolved to and the settings it runs under), made per request by
+the ONE function that resolves a request's model, :meth:`Api.for_request`. A view is frozen and
+holds no reference to the :class:`Api`: what a request resolves never changes what another sees."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -67,31 +69,32 @@ class ServedModel:
 
 @dataclass
 class Api:
-    """What the handlers share: config, worker pool and the served models.
+    """What the handlers share for the router's life: settings, worker pool and the served models.
 
-    Built with one ``tokenizer`` (the one-model form: ``cfg.model``), or with ``models`` (every
-    served model by name, in deploy.yaml's order). ``model`` is the one this view serves: the
-    first generate model in the app's own ``Api``, the request's in :meth:`for_request`'s answer;
-    ``tokenizer`` and the properties below are that model's."""
+    ``models``: every served model by name, in deploy.yaml's order (the router's start loads them
+    with their tokenizers, :func:`router.main.load_models`); none given: ``cfg.model`` without a tokenizer (a
+    router under test that never tokenizes). Its writers: the app factory (``metrics``,
+    ``batches``, at start) and a live apply (``cfg``, ``models``: :mod:`router.rollout`); a request
+    reads it through its :class:`RequestView` (:meth:`for_request`) and never writes it."""
 
     cfg: RouterSettings
     pool: WorkerPool
-    tokenizer: Any = None
     metrics: Any = None  # router.metrics.Metrics, made by the app factory
     batches: Any = None  # router.batch.api.Batches (the Batch API's store and runner), made by the app factory
     models: dict[str, ServedModel] = field(default_factory=dict)
-    model: ServedModel | None = None
     # Unix seconds the deployment started (the supervisor's start, the same for every router it
     # starts): each model's ``created`` in /v1/models; a router on its own uses its own start
     started: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         if not self.models:
-            one = ServedModel(self.cfg.model, self.tokenizer)
+            one = ServedModel(self.cfg.model, tokenizer=None)
             self.models = {one.name: one}
-        if self.model is None:
-            self.model = self.first(GENERATE)
-        self.tokenizer = self.model.tokenizer
+
+    @property
+    def default_model(self) -> ServedModel:
+        """The model a request that names none goes to: the first generate model (else the first)."""
+        return self.first(GENERATE)
 
     def named(self, name: str) -> ServedModel:
         """The served model called ``name``; raises 404 ``model_not_found`` listing the served ones."""
@@ -105,12 +108,12 @@ class Api:
             )
         return chosen
 
-    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> Api:
-        """The view of the model a request to ``endpoint`` (``/v1/chat/completions``...), an
-        endpoint of ``task``, names; ``name`` None is the first model of that task. Raises 404
+    def for_request(self, name: str | None, endpoint: str, task: str = GENERATE) -> RequestView:
+        """A new view for one request to ``endpoint`` (``/v1/chat/completions``...), an endpoint of
+        ``task``, of the model it names; ``name`` None is the first model of that task. Raises 404
         ``model_not_found`` for a name not served, 400 ``wrong_endpoint`` when the model is served
         for the other task (naming the model and the endpoints to use)."""
-        chosen = (self.model if self.model.task == task else self.first(task)) if name is None else self.named(name)
+        chosen = self.first(task) if name is None else self.named(name)
         if chosen.task != task:
             what = "an embedding model" if chosen.task == EMBED else "a generative (chat) model"
             raise ApiError(
@@ -119,7 +122,9 @@ class Api:
                 param="model",
                 code="wrong_endpoint",
             )
-        return self if chosen is self.model else replace(self, model=chosen, tokenizer=chosen.tokenizer)
+        # the only model: every worker serves it (a worker's model name may lag a rename), no filter
+        pick_model = None if len(self.models) == 1 else chosen.name
+        return RequestView(chosen, self.cfg, self.pool, pick_model)
 
     def first(self, task: str) -> ServedModel:
         """The first served model of ``task``, else the first model (whose task then refuses)."""
@@ -132,15 +137,27 @@ class Api:
             return {name: self.pool.model_state(None) for name in self.models}
         return {name: self.pool.model_state(name) for name in self.models}
 
+
+@dataclass(frozen=True)
+class RequestView:
+    """One request's view of the router (:meth:`Api.for_request` makes one per request): the served
+    ``model`` it resolved to, the settings ``cfg`` it runs under (those in force when it was
+    resolved: a live apply mid-request does not change its limits), the ``pool`` that dispatches
+    it, and ``pick_model``, what :meth:`WorkerPool.pick` is told (the model's name, or None when it
+    is the only one: every worker serves it). ``tokenizer`` and the properties are the model's."""
+
+    model: ServedModel
+    cfg: RouterSettings
+    pool: WorkerPool = field(repr=False)
+    pick_model: str | None
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
     @property
     def model_name(self) -> str:
         return self.model.name
-
-    @property
-    def pick_model(self) -> str | None:
-        """What :meth:`WorkerPool.pick` is told: this view's model, or None when it is the only one
-        (every worker serves it: no filter on the one-model path)."""
-        return None if len(self.models) == 1 else self.model.name
 
     @property
     def max_model_len(self) -> int:

@@ -110,7 +110,7 @@ async def activity(request: web.Request) -> web.Response:
     metrics = api.metrics
     return web.json_response(
         {
-            "model": api.model_name,
+            "model": api.default_model.name,
             "models": list(api.models),
             "history": metrics.activity.history() if metrics is not None else None,
             "events": api.pool.events.recent(EVENTS_SHOWN),

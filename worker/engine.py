@@ -28,7 +28,7 @@ from worker.core import failed
 from worker.request import RequestStatus
 from worker.runner import ModelRunner
 from worker.sampling import MAX_TOP_LOGPROBS, SamplingError, sample_batch_ex
-from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
+from worker.scheduler import QueueFull, Scheduler, StepPlan, TooLarge
 from worker.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Engine:
             out += self._sample(ready, logits)
         except torch.OutOfMemoryError as exc:
             self.scheduler.redo_last_token(ready)
-            out += self._on_oom(Plan(decode=ready), exc)
+            out += self._on_oom(StepPlan(decode=ready), exc)
         return out
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Msg]:
@@ -187,7 +187,7 @@ class Engine:
                 self._end(seq, RequestStatus.for_finish_reason(msg.finish_reason))
         return out
 
-    def _on_oom(self, plan: Plan, exc: Exception) -> list[Msg]:
+    def _on_oom(self, plan: StepPlan, exc: Exception) -> list[Msg]:
         """Out of device memory in the forward pass or the sampler: the scheduler backs off (smaller
         prefill, one sequence preempted, or a lone one that cannot fit aborted: 503); the next step
         retries."""

@@ -34,7 +34,7 @@ from worker.contract.units import GiB
 from worker.engine import Engine
 from worker.quant import autotune
 from worker.runner import ModelRunner
-from worker.scheduler import Plan, PrefillShares, Scheduler
+from worker.scheduler import PrefillShares, Scheduler, StepPlan
 from worker.step import capture
 from worker.step_cost import StepCost
 
@@ -162,7 +162,7 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
     With ``world`` tensor-parallel ranks every rank runs it at once (its sums are collective)."""
     layers, kv_heads, head_dim = model_mod.kv_shape(model.config, world)
     scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
-    ModelRunner(model, scratch, device).run(Plan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
+    ModelRunner(model, scratch, device).run(StepPlan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
     del scratch
     torch.cuda.empty_cache()
 
@@ -203,11 +203,11 @@ def calibrate_step_cost(
     if small >= large or far < large or (rows + 1) * per_seq > runner.cache.num_blocks:
         return None
     decode = [_Scratch(context, context - 1, i * per_seq, bs) for i in range(rows)]
-    plans = {("decode", 1): Plan(decode=decode[:1]), ("decode", rows): Plan(decode=decode)}
+    plans = {("decode", 1): StepPlan(decode=decode[:1]), ("decode", rows): StepPlan(decode=decode)}
     for n in (small, large):
         for start in (0, far):
             doc = _Scratch(start + n, start, rows * per_seq, bs)
-            plans[(n, start)] = Plan(decode=decode, prefill=[(doc, start, start + n)])
+            plans[(n, start)] = StepPlan(decode=decode, prefill=[(doc, start, start + n)])
     best = dict.fromkeys(plans, float("inf"))
     for _ in range(CALIBRATION_ROUNDS):
         for key, plan in plans.items():

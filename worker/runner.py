@@ -17,7 +17,7 @@ import torch
 
 from worker import prompt_logprobs
 from worker.attention import KVCache, build_batch
-from worker.scheduler import Plan
+from worker.scheduler import StepPlan
 
 
 class ModelRunner:
@@ -39,7 +39,7 @@ class ModelRunner:
         """The captured and eager decode steps so far (:meth:`worker.step.capture.StepCapture.counts`)."""
         return self.capture.counts() if self.capture is not None else {}
 
-    def run(self, plan: Plan) -> torch.Tensor:
+    def run(self, plan: StepPlan) -> torch.Tensor:
         """One forward pass for ``plan``. Returns float32 logits [N, V] for the sequences to sample."""
         if self.capture is not None and (logits := self.capture.serve(plan)) is not None:
             return logits

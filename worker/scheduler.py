@@ -71,10 +71,11 @@ class TooLarge(Exception):
 
 
 @dataclass
-class Plan:
-    """One step's work. ``decode``: sequences computing their one last token; ``prefill``:
-    ``(sequence, start, end)`` chunks of positions ``[start, end)``; ``preempted`` and ``expired``
-    left the running set or the queue during planning."""
+class StepPlan:
+    """One engine step's work, as :meth:`Scheduler.schedule` decided it (vLLM's ``SchedulerOutput``).
+    ``decode``: sequences computing their one last token; ``prefill``: ``(sequence, start, end)``
+    chunks of positions ``[start, end)``; ``preempted`` and ``expired`` left the running set or the
+    queue during planning."""
 
     decode: list = field(default_factory=list)
     prefill: list = field(default_factory=list)
@@ -204,9 +205,9 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def schedule(self) -> Plan:
+    def schedule(self) -> StepPlan:
         """Plan one step (see the module docstring). Mutates ``running``, ``waiting`` and block tables."""
-        plan = Plan()
+        plan = StepPlan()
         self._expire(plan)
         self._plan_decodes(plan)
         self._beside = len(plan.decode)
@@ -219,7 +220,7 @@ class Scheduler:
         self.peak_running = max(self.peak_running, len(self.running))
         return plan
 
-    def finish_step(self, plan: Plan) -> list:
+    def finish_step(self, plan: StepPlan) -> list:
         """After the step's forward pass: advance ``computed``, register newly full blocks in the
         prefix cache. Returns the sequences whose next token is to be sampled now."""
         ready = []
@@ -241,7 +242,7 @@ class Scheduler:
         for seq in seqs:
             seq.computed -= 1
 
-    def back_off_after_oom(self, plan: Plan) -> OomBackOff:
+    def back_off_after_oom(self, plan: StepPlan) -> OomBackOff:
         """Out of device memory in the step of ``plan``; nothing advanced (``computed`` moves only
         after a pass succeeds). Ask less of the next step: halve the prefill budgets when the step
         prefilled (down to one block), else preempt one running sequence, else (one sequence that
@@ -259,10 +260,10 @@ class Scheduler:
             self.finish(seq, RequestStatus.FINISHED_ABORTED)
         return OomBackOff(aborted=aborted)
 
-    def preempt(self, seq, plan: Plan | None = None) -> None:
+    def preempt(self, seq, plan: StepPlan | None = None) -> None:
         """Free a running sequence's blocks and queue it again (status ``PREEMPTED``, at its place
         in the order); it recomputes its tokens when readmitted."""
-        plan = plan if plan is not None else Plan()
+        plan = plan if plan is not None else StepPlan()
         self.running.remove(seq)
         self._long.discard(seq.request_id)
         self.blocks.release(seq.table)
@@ -279,7 +280,7 @@ class Scheduler:
 
     # ---- planning ---------------------------------------------------------------------
 
-    def _plan_decodes(self, plan: Plan) -> None:
+    def _plan_decodes(self, plan: StepPlan) -> None:
         """Every running sequence with one token to compute decodes it; one whose next block does
         not fit preempts another (:meth:`_victim`), or itself when it is the one to give way."""
         for seq in list(self.running):
@@ -332,7 +333,7 @@ class Scheduler:
         pending = self._long_prefills() or any(self._is_long(s) for s in self.waiting)
         return min(budget, math.ceil(self.shares.long_share * budget)) if pending else 0
 
-    def _continue_prefills(self, plan: Plan, budget: float, long: bool) -> float:
+    def _continue_prefills(self, plan: StepPlan, budget: float, long: bool) -> float:
         """Chunks for the running sequences still prefilling whose length class is ``long``; long
         ones split ``budget`` evenly. Returns what is left of ``budget``."""
         seqs = [s for s in self.running if s.num_tokens - s.computed > 1 and self._is_long(s) == long]
@@ -345,7 +346,7 @@ class Scheduler:
             budget -= spent
         return budget
 
-    def _admit(self, plan: Plan, budget: float, long: bool) -> float:
+    def _admit(self, plan: StepPlan, budget: float, long: bool) -> float:
         """Admit waiting sequences of one length class in order while the budget, the batch and the KV
         cache allow; each starts its prefill (or decodes, when its prompt was all cached). A long one
         that could start but does not fit the cache stops the short ones behind it too, so shorts do
@@ -364,7 +365,7 @@ class Scheduler:
             budget = self._start(seq, plan, budget)
         return budget
 
-    def _take_seat(self, seq, plan: Plan) -> bool:
+    def _take_seat(self, seq, plan: StepPlan) -> bool:
         """Whether ``seq`` has a place in the batch (fewer than ``max_num_seqs`` run), after
         preempting running flex sequences (newest first) for an interactive one: a batch's lines
         must not hold every seat while a colleague's question waits for one to end."""
@@ -379,7 +380,7 @@ class Scheduler:
         use_cache = not getattr(seq, "needs_prompt_logprobs", False)
         return self.blocks.can_allocate(seq.token_ids, reserve=len(self.running), use_cache=use_cache)
 
-    def _make_room(self, seq, plan: Plan) -> bool:
+    def _make_room(self, seq, plan: StepPlan) -> bool:
         """Whether ``seq`` fits the cache now, after preempting running flex sequences (newest first)
         for an interactive one."""
         while not self._fits(seq):
@@ -389,7 +390,7 @@ class Scheduler:
             self.preempt(flex[-1], plan)
         return True
 
-    def _start(self, seq, plan: Plan, budget: float) -> float:
+    def _start(self, seq, plan: StepPlan, budget: float) -> float:
         """Admit ``seq`` (it fits): allocate its blocks, plan its first chunk. Returns the budget left."""
         use_cache = not getattr(seq, "needs_prompt_logprobs", False)
         self.waiting.remove(seq)
@@ -421,7 +422,7 @@ class Scheduler:
     def _enqueue(self, seq) -> None:
         bisect.insort(self.waiting, seq, key=self._rank)
 
-    def _expire(self, plan: Plan) -> None:
+    def _expire(self, plan: StepPlan) -> None:
         now = self.clock()
         late = [s for s in self.waiting if now - s.queued_at > self.max_queue_wait_s]
         for seq in late:

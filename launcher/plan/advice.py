@@ -17,7 +17,7 @@ import yaml
 
 from launcher.config import DeployConfig
 from launcher.plan.placement import Inventory
-from launcher.plan.plan import Plan, make_plan
+from launcher.plan.plan import ModelPlan, make_plan
 from launcher.plan.sizing import QUANTIZATIONS, resize
 from worker.contract.shapes import ModelShape, weight_format
 
@@ -28,7 +28,7 @@ class Advice:
 
     keys: dict[str, Any]
     config: DeployConfig
-    plan: Plan
+    plan: ModelPlan
 
     def yaml(self) -> str:
         """The keys as the deploy.yaml sections to paste."""
@@ -39,7 +39,7 @@ class Advice:
         return yaml.safe_dump(nested, sort_keys=False).rstrip()
 
 
-def advise(cfg: DeployConfig, inv: Inventory, shape: ModelShape, plan: Plan) -> Advice | None:
+def advise(cfg: DeployConfig, inv: Inventory, shape: ModelShape, plan: ModelPlan) -> Advice | None:
     """The layout to recommend when ``plan`` (``cfg`` on ``inv``) has errors and another layout
     or a lighter quantization of the weights plans without one; None when ``plan`` is fine, when
     the deployment has several models or none of the alternatives fits."""
@@ -60,7 +60,7 @@ def advise(cfg: DeployConfig, inv: Inventory, shape: ModelShape, plan: Plan) -> 
     return None
 
 
-def _alternatives(cfg: DeployConfig, plan: Plan) -> Iterator[dict[str, Any]]:
+def _alternatives(cfg: DeployConfig, plan: ModelPlan) -> Iterator[dict[str, Any]]:
     """The key changes to try: the recommended layout, then each quantization lighter than the
     weights as planned."""
     if layout := _layout_keys(cfg, plan):
@@ -71,7 +71,7 @@ def _alternatives(cfg: DeployConfig, plan: Plan) -> Iterator[dict[str, Any]]:
             yield {"model.quantization": quantization}
 
 
-def _layout_keys(cfg: DeployConfig, plan: Plan) -> dict[str, Any]:
+def _layout_keys(cfg: DeployConfig, plan: ModelPlan) -> dict[str, Any]:
     """The workers keys of ``plan``'s recommended GPU layout that differ from ``cfg``'s ({} when it
     recommends none, or the layout configured already)."""
     rec = plan.recommendation

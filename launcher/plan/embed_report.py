@@ -1,4 +1,4 @@
-"""Rich tables for an embedding model's :class:`~launcher.plan.plan.Plan` (:mod:`launcher.plan.embed`):
+"""Rich tables for an embedding model's :class:`~launcher.plan.plan.ModelPlan` (:mod:`launcher.plan.embed`):
 the sizing (weights, one step's activations, overhead, total; no KV cache) and the placement (per
 worker: what it may use against what it needs). GiB = 2^30 bytes."""
 

@@ -163,9 +163,10 @@ def _no_fit_note(sizing: Sizing, gpus: list[GpuInfo], utilization: float, no_tp:
 
 
 @dataclass
-class Plan:
-    """The plan for one deployment: sizing, placed workers and how each fits, the problems
-    (``errors`` stop ``up``), and a recommendation for this hardware. An embedding model's
+class ModelPlan:
+    """One model's deployment plan (what ``llamadeploy plan`` shows for it): sizing, placed workers
+    and how each fits, the problems (``errors`` stop ``up``), and a recommendation for this
+    hardware; a deployment of several models has one each (:class:`~launcher.plan.several.MultiModelPlan`). An embedding model's
     (:mod:`launcher.plan.embed`) has an :class:`EmbedSizing` and :class:`EmbedFit` s."""
 
     sizing: Sizing | EmbedSizing
@@ -204,7 +205,7 @@ def make_plan(
     shape: ModelShape,
     dtype: str | None = None,
     specs: list[WorkerSpec] | None = None,
-) -> Plan:
+) -> ModelPlan:
     """Place (unless ``specs`` are given), size and check the deployment ``cfg`` on ``inv``, with
     ``dtype`` overriding ``model.dtype``; the weights as ``model.quantization`` holds them.
 
@@ -243,14 +244,14 @@ def make_plan(
         from worker.contract.tp_rules import tp_problems
 
         errors.extend(tp_problems(shape, w.tensor_parallel_size, cfg.model.quantization))
-    plan = Plan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
+    plan = ModelPlan(sizing, gpus, specs, fits, rec, errors, [fmt.problem] if fmt.problem else [])
     _check(plan, cfg, inv)
     return plan
 
 
 def _auto_plan(
     cfg: DeployConfig, inv: Inventory, shape: ModelShape, dtype: str | None, specs: list[WorkerSpec] | None
-) -> Plan:
+) -> ModelPlan:
     """:func:`make_plan` of ``model.max_model_len: auto`` (:mod:`launcher.plan.context`): planned at
     the model's own length, and again at the reduced one when a worker's KV budget holds less."""
     native = native_context(shape)
@@ -270,7 +271,7 @@ def _embed_plan(
     specs: list[WorkerSpec],
     errors: list[str],
     inv: Inventory,
-) -> Plan:
+) -> ModelPlan:
     """:func:`make_plan` of an embedding model: weights + one step's activations, no KV cache."""
     w = cfg.workers
     sizing = size_embed(shape, dtype, w.max_prefill_tokens, bool(gpus))
@@ -286,12 +287,12 @@ def _embed_plan(
         )
         rec = Recommendation("cuda", 0, 0, 0, note, embed=True)
     errors = [*errors, *embed_problems(fits, sizing, w.tensor_parallel_size)]
-    plan = Plan(sizing, gpus, specs, fits, rec, errors)
+    plan = ModelPlan(sizing, gpus, specs, fits, rec, errors)
     _check_memory(plan, inv)
     return plan
 
 
-def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
+def _check(plan: ModelPlan, cfg: DeployConfig, inv: Inventory) -> None:
     s = plan.sizing
     rec = plan.recommendation
     fix = f"fix: set workers {rec.describe()}" if rec.replicas else f"fix: {rec.note}"
@@ -317,7 +318,7 @@ def _check(plan: Plan, cfg: DeployConfig, inv: Inventory) -> None:
     _check_memory(plan, inv)
 
 
-def _check_memory(plan: Plan, inv: Inventory) -> None:
+def _check_memory(plan: ModelPlan, inv: Inventory) -> None:
     """An error when the CPU workers together need more RAM than is available; a warning per GPU
     used that other processes already fill."""
     used = {g.index: g for f in plan.fits for g in f.spec.gpu_info}
@@ -390,7 +391,7 @@ def preflight(cfg: DeployConfig, inv: Inventory, specs: list[WorkerSpec]) -> str
     return "the deployment does not fit (`llamadeploy plan` shows the arithmetic):\n  " + "\n  ".join(plan.errors)
 
 
-def summary(plan: Plan) -> str:
+def summary(plan: ModelPlan) -> str:
     """One line of what a fitting plan holds (``up``'s log)."""
     s = plan.sizing
     if isinstance(s, EmbedSizing):

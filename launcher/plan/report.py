@@ -1,4 +1,4 @@
-"""Rich tables for a :class:`launcher.plan.plan.Plan`: the sizing table (one row per way to hold the
+"""Rich tables for a :class:`launcher.plan.plan.ModelPlan`: the sizing table (one row per way to hold the
 weights: float32, 16-bit, int8 and int4 linear layers, and the planned one when it is none of those),
 the layouts table (data parallel, tensor parallel and layer split side by side) and the
 placement table (per worker). GB = 1e9 bytes, GiB = 2^30 bytes, both labelled."""
@@ -13,13 +13,13 @@ from launcher.config import DeployConfig
 from launcher.plan.embed import EmbedSizing
 from launcher.plan.embed_report import embed_placement_table, embed_sizing_table
 from launcher.plan.layouts import LAYER_SPLIT, TENSOR_PARALLEL, Layout, choose, compare, tp_unavailable
-from launcher.plan.plan import Plan
+from launcher.plan.plan import ModelPlan
 from launcher.plan.sizing import Sizing, resize
 from worker.contract.shapes import UNQUANTIZED, weight_format
 from worker.contract.units import GB, GiB
 
 
-def render(plan: Plan, cfg: DeployConfig) -> Group:
+def render(plan: ModelPlan, cfg: DeployConfig) -> Group:
     """Everything ``llamadeploy plan`` prints, as one renderable."""
     if isinstance(plan.sizing, EmbedSizing):  # no KV cache: its own tables, no layouts to compare
         on_gpu = any(f.spec.device == "cuda" for f in plan.fits) or bool(plan.gpus)
@@ -38,7 +38,7 @@ def render(plan: Plan, cfg: DeployConfig) -> Group:
     return Group(*parts)
 
 
-def sizing_table(plan: Plan, cfg: DeployConfig) -> Table:
+def sizing_table(plan: ModelPlan, cfg: DeployConfig) -> Table:
     """One row per dtype: weights, KV cache, overhead, total, and GPUs one replica needs here."""
     s, shape = plan.sizing, plan.sizing.shape
     gpus = 1 if plan.gpus else 0
@@ -93,7 +93,7 @@ def _rows(s: Sizing) -> list[tuple[str, Sizing]]:
     return rows
 
 
-def _gpus_cell(row, plan: Plan, utilization: float, no_tp: str) -> str:
+def _gpus_cell(row, plan: ModelPlan, utilization: float, no_tp: str) -> str:
     n = len(plan.gpus)
     if not n:
         return "no GPU"
@@ -104,7 +104,7 @@ def _gpus_cell(row, plan: Plan, utilization: float, no_tp: str) -> str:
     return {TENSOR_PARALLEL: f"{k} (TP)", LAYER_SPLIT: f"{k} (layer split)"}.get(chosen.kind, "1")
 
 
-def layouts_table(layouts: list[Layout], plan: Plan) -> Table:
+def layouts_table(layouts: list[Layout], plan: ModelPlan) -> Table:
     """One row per layout on these GPUs: the GPUs one replica takes, the replicas they give, each
     replica's KV room and full-length sequences; the recommended one marked."""
     s = plan.sizing
@@ -139,7 +139,7 @@ def layouts_table(layouts: list[Layout], plan: Plan) -> Table:
     return table
 
 
-def placement_table(plan: Plan) -> Table:
+def placement_table(plan: ModelPlan) -> Table:
     """One row per placed worker: its budget and what is left for the KV cache."""
     s = plan.sizing
     table = Table(title=f"placement ({s.label})")

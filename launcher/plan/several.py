@@ -1,4 +1,4 @@
-"""The plan of a deployment of several models: each model's :class:`~launcher.plan.plan.Plan` on
+"""The plan of a deployment of several models: each model's :class:`~launcher.plan.plan.ModelPlan` on
 the replicas :func:`~launcher.plan.packing.place_models` gave it, and the checks across models
 (the RAM all CPU replicas need together). One line per problem, each naming its model."""
 
@@ -11,7 +11,7 @@ from launcher.config import DeployConfig
 from launcher.plan.embed import EmbedFit
 from launcher.plan.packing import place_models
 from launcher.plan.placement import Inventory, PlacementError, WorkerSpec
-from launcher.plan.plan import Plan, make_plan, ram_error
+from launcher.plan.plan import ModelPlan, make_plan, ram_error
 from worker.contract.shapes import ModelShape
 from worker.contract.units import GiB
 
@@ -21,12 +21,13 @@ RAM_ERROR = "CPU workers need"  # how plan.ram_error's line begins: each model's
 
 
 @dataclass
-class ModelsPlan:
-    """Every model's plan (``plans[k]`` for ``names[k]``) and the problems of the whole deployment
-    (``errors``: each model's, prefixed with its name, and those across models; ``errors`` stop ``up``)."""
+class MultiModelPlan:
+    """The plan of a deployment of several models: every model's :class:`ModelPlan` (``plans[k]``
+    for ``names[k]``) and the problems of the whole deployment (``errors``: each model's, prefixed
+    with its name, and those across models; ``errors`` stop ``up``)."""
 
     names: list[str]
-    plans: list[Plan]
+    plans: list[ModelPlan]
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -58,7 +59,7 @@ def plan_models(
     shapes: list[ModelShape],
     dtype: str | None = None,
     specs: list[WorkerSpec] | None = None,
-) -> ModelsPlan:
+) -> MultiModelPlan:
     """Place (unless ``specs`` are given) every model of ``cfg`` on ``inv`` and plan each one with
     its shape (``shapes[k]`` for ``cfg.served()[k]``). A placement error is one error line."""
     served = cfg.served()
@@ -74,7 +75,7 @@ def plan_models(
         make_plan(cfg.for_model(k), inv, shape, dtype, specs=[s for s in specs if s.model == k])
         for k, shape in enumerate(shapes)
     ]
-    result = ModelsPlan(names, plans, errors)
+    result = MultiModelPlan(names, plans, errors)
     for name, plan in zip(names, plans, strict=True):
         result.errors.extend(f"model '{name}': {e}" for e in plan.errors if not e.startswith(RAM_ERROR))
         result.warnings.extend(f"model '{name}': {w}" for w in plan.warnings)

@@ -92,22 +92,22 @@ async def create_embeddings(request: web.Request, body: dict | None = None) -> w
     """``POST /v1/embeddings`` (module docstring); ``body``: the JSON already read (a batch line), None: read it."""
     req = parse(EmbeddingRequest, await read_json(request) if body is None else body)
     refuse_stream(req)
-    api = request.app[API].for_request(req.model, "/v1/embeddings", EMBED)  # 404 / 400 wrong_endpoint
+    view = request.app[API].for_request(req.model, "/v1/embeddings", EMBED)  # 404 / 400 wrong_endpoint
     if req.input is None:
         raise bad_input("input is required")
     inputs = split_input(req.input)
-    spec = api.model.embed_spec
+    spec = view.model.embed_spec
     dimensions = check_dimensions(spec, req.dimensions)
     if sum(map(len, inputs)) <= INLINE_TOKENIZE:
-        ids = tokenize(api.tokenizer, spec, inputs, req.truncate)
+        ids = tokenize(view.tokenizer, spec, inputs, req.truncate)
     else:
         loop = asyncio.get_running_loop()
-        ids = await loop.run_in_executor(None, tokenize, api.tokenizer, spec, inputs, req.truncate)
-    timeout = request_timeout(request, api)
+        ids = await loop.run_in_executor(None, tokenize, view.tokenizer, spec, inputs, req.truncate)
+    timeout = request_timeout(request, view)
     tag = request.get(REQUEST_ID, "")
     try:
         async with asyncio.timeout(timeout):
-            result = await embed(api.pool, ids, api.cfg.router.max_retries, tag, model=api.pick_model)
+            result = await embed(view.pool, ids, view.cfg.router.max_retries, tag, model=view.pick_model)
     except TimeoutError:
         raise timeout_error(timeout) from None
     encoding = req.encoding_format or "float"
@@ -116,6 +116,6 @@ async def create_embeddings(request: web.Request, body: dict | None = None) -> w
         for i, v in enumerate(shape(result.vectors, dimensions, encoding))
     ]
     usage = {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens}
-    body = {"object": "list", "data": data, "model": api.model_name, "usage": usage}
+    body = {"object": "list", "data": data, "model": view.model_name, "usage": usage}
     # msgspec writes float lists ~15x faster than json.dumps (512 vectors of 384: 19 ms against 340 ms)
     return web.Response(body=msgspec.json.encode(body), content_type="application/json")

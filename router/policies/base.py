@@ -38,6 +38,7 @@ class Policy(Protocol):
     (no locks) with one instance per served model."""
 
     name: ClassVar[str]  # its config name, ``router.policy``
+    summary: ClassVar[str]  # what it does, in a few words: the config reference's help for its name
 
     def pick(self, candidates: Sequence[C], request: Routed) -> C | None:
         """One of ``candidates`` (never empty when the router asks; None when it is)."""

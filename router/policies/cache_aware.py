@@ -28,6 +28,10 @@ class CacheAware(Rotation):
     Owns its prefix-affinity table: the only writer of it."""
 
     name = "cache_aware"
+    summary = (
+        "the worker whose prefix cache likely holds the prompt's start, even with up to "
+        f"{CACHE_AWARE_SLACK} more in flight than the least loaded"
+    )
     slack = CACHE_AWARE_SLACK
 
     def __init__(self) -> None:

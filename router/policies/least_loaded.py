@@ -15,6 +15,9 @@ class LeastLoaded(CacheAware):
     """Fewest in flight; among those, the cached prefix, else rotation (module docstring)."""
 
     name = "least_loaded"
+    summary = (
+        "fewest in flight, among those the worker whose prefix cache likely holds the prompt's start, else rotation"
+    )
     slack = 0
 
 

@@ -12,6 +12,7 @@ class RoundRobin(Rotation, Stateless):
     prefix is consulted: strict rotation is what this policy promises."""
 
     name = "round_robin"
+    summary = "strict rotation over ready workers"
 
     def pick(self, candidates: Sequence[C], request: Routed = NO_PROMPT) -> C | None:
         ordered = self.order(candidates)

@@ -25,7 +25,7 @@ from router.responses.shaping import ResponseShaper
 from router.responses.stream import stream_response
 from router.schemas import ChatRequest, parse
 from router.shaping import Choice
-from router.state import API, REQUEST_ID, Api
+from router.state import API, REQUEST_ID, RequestView
 from router.tiers import urgency_of
 from router.tools import ToolMode, tool_mode
 from worker.contract.protocol import SamplingParams
@@ -50,18 +50,18 @@ async def create_response(request: web.Request, body: dict | None = None) -> web
     """``body``: the request's JSON already read (a batch line, :mod:`router.batch.lines`); None: read it."""
     req = parse(ResponsesRequest, await read_json(request) if body is None else body)
     refuse_stateful(req)
-    api = request.app[API].for_request(req.model, "/v1/responses")
+    view = request.app[API].for_request(req.model, "/v1/responses")
     chat = to_chat(req)
     with responses_names():
         tools = tool_mode(chat)
-        grammar = await request_grammar(api, chat, tools)
-        prompt = await tokenize_chat(api, chat)
-        params = sampling_params(api, chat, len(prompt), output_bound(api, chat.max_completion_tokens, len(prompt)))
+        grammar = await request_grammar(view, chat, tools)
+        prompt = await tokenize_chat(view, chat)
+        params = sampling_params(view, chat, len(prompt), output_bound(view, chat.max_completion_tokens, len(prompt)))
     params.grammar = grammar
-    return await respond(request, api, req, chat, tools, prompt, params)
+    return await respond(request, view, req, chat, tools, prompt, params)
 
 
-def output_bound(api: Api, asked: int | None, prompt_len: int) -> int | None:
+def output_bound(view: RequestView, asked: int | None, prompt_len: int) -> int | None:
     """``max_output_tokens`` as OpenAI documents it: an upper bound on the tokens generated, so
     it is cut to the context left after the prompt (and to ``limits.max_tokens``) rather than
     refused; the answer then ends ``incomplete`` (``max_output_tokens``) where the context does.
@@ -69,12 +69,12 @@ def output_bound(api: Api, asked: int | None, prompt_len: int) -> int | None:
     and vLLM's do. A prompt that leaves no room is still refused by the length checks."""
     if asked is None:
         return None
-    return max(1, min(asked, api.cfg.limits.max_tokens, api.max_model_len - prompt_len))
+    return max(1, min(asked, view.cfg.limits.max_tokens, view.max_model_len - prompt_len))
 
 
 async def respond(
     request: web.Request,
-    api: Api,
+    view: RequestView,
     req: ResponsesRequest,
     chat: ChatRequest,
     tools: ToolMode | None,
@@ -82,30 +82,30 @@ async def respond(
     params: SamplingParams,
 ) -> web.StreamResponse:
     """Generate one answer and send it as a ``response`` object or a Responses event stream."""
-    shaper = ResponseShaper(req, chat, api.model_name)
+    shaper = ResponseShaper(req, chat, view.model_name)
     urgency = urgency_of(request, req.service_tier, req.priority)
     if urgency.echoed is not None:
         shaper.settings["service_tier"] = urgency.echoed
-    timeout = request_timeout(request, api)
+    timeout = request_timeout(request, view)
     timer = request_timer(request)
     top = params.logprobs
     if top is not None:
-        await api.grammar_checker.ready()
-    choice = Choice(0, True, tools, api.token_texts if top is not None else None, top)
+        await view.grammar_checker.ready()
+    choice = Choice(0, True, tools, view.token_texts if top is not None else None, top)
     events = timer.wrap(
         stream_tokens(
-            api.pool,
+            view.pool,
             prompt,
             params,
-            api.cfg.router.max_retries,
+            view.cfg.router.max_retries,
             request.get(REQUEST_ID, ""),
             buffered=not chat.stream,
             on_tokens=timer.on_tokens,
-            max_migrations=api.cfg.router.max_migrations,
+            max_migrations=view.cfg.router.max_migrations,
             on_migration=timer.on_migration,
-            model=api.pick_model,
+            model=view.pick_model,
             urgency=urgency,
-            exact=api.cfg.workers_for(api.model_name).deterministic,
+            exact=view.cfg.workers_for(view.model_name).deterministic,
         )
     )
     if chat.stream:

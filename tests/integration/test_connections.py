@@ -48,7 +48,7 @@ def serve(tmp_path, test: Callable[[Api, list], Awaitable[None]], **router) -> N
     cfg = parse_config({"router": {"port": free_port(), "admin_port": free_port(), **router}}).router_settings()
 
     async def main() -> None:
-        api = Api(cfg, WorkerPool(f"ipc://{tmp_path}/router.sock", "round_robin", 10.0), tokenizer=None)
+        api = Api(cfg, WorkerPool(f"ipc://{tmp_path}/router.sock", "round_robin", 10.0))
         runners = await start_servers(api)
         try:
             await test(api, runners)

@@ -25,7 +25,7 @@ def settings(**router) -> RouterSettings:
 def admin_client(events: list) -> TestClient:
     pool = WorkerPool("inproc://unused", "least_loaded", heartbeat_timeout_s=10)
     pool.tell_supervisor = events.append
-    api = Api(settings(), pool, tokenizer=None)
+    api = Api(settings(), pool)
     return TestClient(TestServer(create_admin_app(api)))
 
 

@@ -46,16 +46,16 @@ def _apply(api: Api, section: dict, router: dict | None = None, also: list | Non
 def test_router_keys_only_keep_the_served_model_as_it_was(tmp_path):
     section = {"name": "all-minilm-l6-v2", "task": "embed"}
     api = _api(_folder(tmp_path), section)
-    before = api.model
+    before = api.default_model
     _apply(api, section, router={"policy": "round_robin"})
-    assert api.model is before and api.model.embed_spec.max_tokens == 256
+    assert api.default_model is before and api.default_model.embed_spec.max_tokens == 256
 
 
 def test_a_rolling_change_keeps_the_spec_and_the_token_limit(tmp_path):
     api = _api(_folder(tmp_path), {"name": "all-minilm-l6-v2", "task": "embed"})
     _apply(api, {"name": "all-minilm-l6-v2", "task": "embed", "max_model_len": 128})
-    assert api.model.task == "embed" and api.model.embed_spec.pooling == "mean"
-    assert api.model.embed_spec.max_tokens == 128 and api.model.config.max_model_len == 128
+    assert api.default_model.task == "embed" and api.default_model.embed_spec.pooling == "mean"
+    assert api.default_model.embed_spec.max_tokens == 128 and api.default_model.config.max_model_len == 128
 
 
 def test_a_rename_serves_both_names_as_embedding_models(tmp_path):
@@ -91,4 +91,4 @@ def test_several_models_each_keep_their_own_folder_tokenizer_and_spec(tmp_path):
         512,
     )
     assert emb is emb_before and emb.embed_spec.max_tokens == 256  # unchanged: kept as it was
-    assert api.model is chat and list(api.models) == ["chat", "emb"]
+    assert api.default_model is chat and list(api.models) == ["chat", "emb"]

@@ -20,7 +20,7 @@ def _get(path: str) -> tuple[int, dict]:
 
     async def main():
         pool = WorkerPool("inproc://model-ids", "least_loaded", heartbeat_timeout_s=10)
-        client = TestClient(TestServer(create_app(Api(settings, pool, tokenizer=None))))
+        client = TestClient(TestServer(create_app(Api(settings, pool))))
         await client.start_server()
         try:
             r = await client.get(path)

@@ -36,7 +36,7 @@ def test_each_model_is_created_when_its_deployment_started_in_every_answer():
 
 def test_a_router_on_its_own_says_its_own_start_in_whole_seconds():
     before = int(time.time())
-    started = Api(RouterSettings(), RecordingPool(), tokenizer=None).started
+    started = Api(RouterSettings(), RecordingPool()).started
     assert isinstance(started, int) and before <= started <= time.time()
 
 

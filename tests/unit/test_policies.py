@@ -9,6 +9,7 @@ from router.policies.least_loaded import LeastLoaded
 from router.policies.prefix_affinity import PrefixAffinity, block_hashes
 from router.policies.registry import POLICIES, REGISTERED, PolicyName, make_policy
 from router.policies.round_robin import RoundRobin
+from router.settings import RouterConfig
 
 
 @dataclass
@@ -187,6 +188,7 @@ def test_every_registered_policy_is_one_module_named_for_it_with_every_hook():
     assert REGISTERED[0] == "least_loaded"  # the config's default comes first
     for name, cls in POLICIES.items():
         assert cls.name == name and (folder / f"{name}.py").is_file()
+        assert f"{name}: {cls.summary}" in RouterConfig.model_fields["policy"].description  # the config's help
         assert cls.__module__ == f"router.policies.{name}"
         policy = make_policy(name)
         assert policy is not make_policy(name)  # a fresh instance, fresh state, each time

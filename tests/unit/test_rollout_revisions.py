@@ -71,13 +71,14 @@ def test_a_renamed_model_is_served_under_both_names_while_replicas_of_both_serve
     from worker.contract.settings import ModelConfig
 
     old, new = ModelConfig(served_name="old"), ModelConfig(served_name="new")
-    api = Api(RouterSettings(model=old), pool=None, tokenizer=None)
-    kept = api.model
+    api = Api(RouterSettings(model=old), pool=None)
+    kept = api.default_model
     serve_models(api, [old, new])  # during the rollout: the old name stays the default
-    assert list(api.models) == ["old", "new"] and api.model is kept and api.pick_model == "old"
+    default = api.for_request(None, "/v1/chat/completions")
+    assert list(api.models) == ["old", "new"] and api.default_model is kept and default.pick_model == "old"
     assert api.for_request("new", "/v1/chat/completions").model.name == "new"
     serve_models(api, [new])  # done: the old name went with its last replica
-    assert list(api.models) == ["new"] and api.pick_model is None
+    assert list(api.models) == ["new"] and api.for_request(None, "/v1/chat/completions").pick_model is None
     with pytest.raises(ApiError) as err:
         api.for_request("old", "/v1/chat/completions")
     assert err.value.status == 404

@@ -80,10 +80,34 @@ def test_an_endpoint_of_the_other_task_is_400_naming_the_model_and_the_endpoint_
     assert api.for_request(None, "/v1/embeddings", "embed").model_name == "e"  # the first embed model
 
 
-def test_the_one_model_form_is_its_own_view_and_picks_without_a_filter():
-    api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool(), tokenizer=None)
-    assert api.for_request("m", "/v1/completions") is api and api.for_request(None, "/v1/completions") is api
-    assert (api.pick_model, api.max_prompt_tokens) == (None, 511)
+def test_the_one_model_form_serves_its_one_model_from_the_shared_state_and_picks_without_a_filter():
+    api = Api(RouterSettings(model=ModelConfig(name="m", max_model_len=512)), RecordingPool())
+    for view in (api.for_request("m", "/v1/completions"), api.for_request(None, "/v1/completions")):
+        assert view.model is api.models["m"] is api.default_model  # the one served model, not a copy
+        assert view.pool is api.pool and view.cfg is api.cfg
+        assert (view.pick_model, view.max_prompt_tokens) == (None, 511)
+
+
+def test_a_request_view_is_made_per_request_and_leaves_the_shared_state_as_it_was():
+    import dataclasses
+
+    api = api_of(ModelConfig(name="c1"), ModelConfig(name="c2", max_model_len=256))
+    served, cfg = dict(api.models), api.cfg
+    first, second = api.for_request("c2", "/v1/completions"), api.for_request("c2", "/v1/completions")
+    assert first is not second and first == second  # one per request, equal for the same model
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.model = api.models["c1"]
+    assert api.models == served and api.cfg is cfg and api.default_model.name == "c1"
+    assert api.for_request(None, "/v1/completions").model_name == "c1"  # another request's choice is its own
+
+
+def test_a_request_keeps_the_settings_it_was_resolved_under_when_a_live_apply_replaces_them():
+    from router.settings import LimitsConfig
+
+    api = api_of(ModelConfig(name="c1", max_model_len=512))
+    view = api.for_request(None, "/v1/completions")
+    api.cfg = RouterSettings(limits=LimitsConfig(max_prompt_tokens=100))  # what router.rollout.apply_live does
+    assert view.max_prompt_tokens == 511 and api.for_request(None, "/v1/completions").max_prompt_tokens == 100
 
 
 def test_each_worker_is_judged_by_its_own_models_heartbeat_and_stall_timeouts():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from worker.blocks import BlockManager, BlockTable
-from worker.scheduler import Plan, QueueFull, Scheduler, TooLarge
+from worker.scheduler import QueueFull, Scheduler, StepPlan, TooLarge
 
 
 class Seq:
@@ -278,9 +278,9 @@ def test_out_of_memory_back_off_halves_then_preempts_then_aborts_a_lone_one():
     backed = s.back_off_after_oom(plan)
     assert backed.prefill_tokens == 32 == s.max_prefill_tokens and s.idle_prefill_tokens == 128
     s.finish_step(plan)
-    backed = s.back_off_after_oom(Plan(decode=[a, b]))
+    backed = s.back_off_after_oom(StepPlan(decode=[a, b]))
     assert backed.preempted is b and b.status is RequestStatus.PREEMPTED
-    backed = s.back_off_after_oom(Plan(decode=[a]))
+    backed = s.back_off_after_oom(StepPlan(decode=[a]))
     assert backed.aborted == [a] and a.status is RequestStatus.FINISHED_ABORTED and not s.running
     assert s.blocks.num_free == s.blocks.num_blocks
 
