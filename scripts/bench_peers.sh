@@ -39,14 +39,14 @@ wait_up() { # URL PID SECONDS: 0 once URL answers 200, 1 if the process ended or
   return 1
 }
 
-peer() { # NAME SERVER FILE: one peer server, its bench, stopped
-  local name=$1 pid
-  "$2" -m "$3" -c 16384 -np 8 -t "$THREADS" --host 127.0.0.1 --port "$PEER_PORT" >"$OUT/$name.log" 2>&1 &
+peer() { # NAME SERVER FILE PORT: one peer server, its bench, stopped
+  local name=$1 port=$4 pid
+  "$2" -m "$3" -c 16384 -np 8 -t "$THREADS" --host 127.0.0.1 --port "$port" >"$OUT/$name.log" 2>&1 &
   pid=$!
-  if wait_up "http://127.0.0.1:$PEER_PORT/health" "$pid" 180; then
+  if wait_up "http://127.0.0.1:$port/health" "$pid" 180; then
     log "$name: bench (load average $(loadavg))"
     # shellcheck disable=SC2086
-    $LD bench "http://127.0.0.1:$PEER_PORT/v1" --model "$MODEL" --tokenizer "$TOKENIZER" --label "$name" \
+    $LD bench "http://127.0.0.1:$port/v1" --model "$MODEL" --tokenizer "$TOKENIZER" --label "$name" \
       --output "$OUT/$name" $BENCH_ARGS >"$OUT/$name.out" 2>&1 || log "$name: bench failed (see $OUT/$name.out)"
   else
     log "$name: did not start (see $OUT/$name.log)"
@@ -85,10 +85,12 @@ for p in $PAIRS; do
   esac
   [ -n "$file" ] || { log "$p: no GGUF file given, skipped"; continue; }
   log "$p: llama-server on $file"
-  peer "peer-$p" "${LLAMA_SERVER:?set LLAMA_SERVER}" "$file"
+  peer "peer-$p" "${LLAMA_SERVER:?set LLAMA_SERVER}" "$file" "$PEER_PORT"
   if [ -n "${IK_SERVER:-}" ] && { [ "$p" = q41 ] || [ "$p" = int8 ]; }; then
     log "$p: ik_llama.cpp's server on $file"
-    peer "ik-$p" "$IK_SERVER" "$file"
+    # its own port: the server before it leaves the port's closed connections in TIME_WAIT, and ik's
+    # server binds without SO_REUSEADDR ("couldn't bind to server socket")
+    peer "ik-$p" "$IK_SERVER" "$file" "$((PEER_PORT + 1))"
   fi
   log "$p: ours ($MODEL$extra)"
   ours "$p" "$extra" "$OUT/peer-$p.json" "$OUT/ik-$p.json"
