@@ -26,12 +26,7 @@ from worker.contract.settings import LoggingConfig, ModelConfig, Section, Worker
 class SupervisorConfig(DrainSettings):
     """How the supervisor restarts crashed children (and, inherited, the drain times the router applies)."""
 
-    restart_backoff_s: float = Field(
-        1.0,
-        ge=0,
-        description="delay before restarting a worker's second crash within restart_window_s (the first restarts "
-        "at once); doubles per crash after that, capped at 30 s",
-    )
+    restart_backoff_s: float = Field(1.0, ge=0, description="first restart delay; doubles per crash, capped at 30 s")
     max_restarts: int = Field(
         5, ge=0, description="restarts allowed within restart_window_s; the next crash marks the worker failed"
     )

@@ -31,20 +31,15 @@ def judge_crash(
 ) -> CrashVerdict:
     """What to do after a crash at ``now``, given the worker's earlier crash times.
 
-    Crashes older than ``window_s`` are forgotten. The first crash within the window is restarted
-    at once (a worker killed once, by the OOM killer or an operator's ``kill -9``, is a lone
-    event: its requests wait for the replacement, and a delay would only lengthen that wait); the
-    n-th, n >= 2, after ``backoff_s × 2^(n-2)`` seconds (at most ``max_backoff_s``), while
-    ``n <= max_restarts``; crash number ``max_restarts + 1`` marks the worker failed. So a worker
-    that always crashes runs ``max_restarts + 1`` times, with the delays 0, ``backoff_s``,
-    ``2 × backoff_s``, ... between them (systemd's and the kubelet's rule: the first restart is
-    immediate, a crash loop backs off).
+    Crashes older than ``window_s`` are forgotten. The n-th crash within the window is restarted
+    after ``backoff_s × 2^(n-1)`` seconds (at most ``max_backoff_s``) while ``n <= max_restarts``;
+    crash number ``max_restarts + 1`` marks the worker failed. So a worker that always crashes
+    runs ``max_restarts + 1`` times.
     """
     recent = (*(t for t in previous if now - t <= window_s), now)
     if len(recent) > max_restarts:
         return CrashVerdict(recent, True, 0.0)
-    delay = 0.0 if len(recent) == 1 else min(max_backoff_s, backoff_s * 2 ** (len(recent) - 2))
-    return CrashVerdict(recent, False, delay)
+    return CrashVerdict(recent, False, min(max_backoff_s, backoff_s * 2 ** (len(recent) - 1)))
 
 
 @dataclass(kw_only=True)
