@@ -43,7 +43,7 @@ class StepCapture:
         if bucket is None or self.fused is None:
             self.eager_decode_steps += 1
             return None
-        rows = [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
+        rows = _decode_rows(plan)
         logits = self.fused.forward_rows(rows)
         self.captured_steps += 1
         return logits
@@ -55,7 +55,7 @@ class StepCapture:
         returns the hidden rows they are scored from)."""
         if not getattr(self.fused, "serves_prefill", False) or any(_scored(seq) for seq, _, _ in plan.prefill):
             return None
-        rows = [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
+        rows = _decode_rows(plan)
         chunks = [(s.table.blocks, a, b, s.tokens(a, b), b == s.num_tokens) for s, a, b in plan.prefill]
         logits = self.fused.forward_mixed(rows, chunks)
         self.captured_steps += 1
@@ -65,6 +65,11 @@ class StepCapture:
     def counts(self) -> dict[str, int]:
         """The heartbeat's figures (:class:`worker.contract.protocol.EngineLoad` fields)."""
         return {"captured_steps": self.captured_steps, "eager_decode_steps": self.eager_decode_steps}
+
+
+def _decode_rows(plan) -> list[tuple[list[int], int, int]]:
+    """``plan``'s decode rows as the fused step takes them: (block table, position, token)."""
+    return [(s.table.blocks, s.computed, s.tokens(s.computed, s.computed + 1)[0]) for s in plan.decode]
 
 
 def _scored(seq) -> bool:
