@@ -1,0 +1,78 @@
+"""``llamadeploy down``: stop a deployment started by ``llamadeploy up`` on this machine.
+
+The router's admin API names the router's pid (``GET /admin/workers``); the process that started
+the router is the ``up`` (launcher) process, which is sent SIGTERM: the same stop as Ctrl-C
+(in-flight requests get ``supervisor.shutdown_grace_s``, then every child is stopped). Nothing
+else is signalled: the parent must be a live ``llamadeploy up`` (or ``python -m launcher.cli up``)
+process, read from ``/proc``; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+class StopError(RuntimeError):
+    """The deployment could not be stopped from here; ``str()`` says why and what to do."""
+
+
+def parent_pid(pid: int, proc: Path = PROC) -> int:
+    """The parent of process ``pid``, from ``proc/<pid>/stat`` (the field after the command name,
+    which may itself hold spaces and parentheses). Raises :class:`StopError` when ``pid`` is not
+    a process of this machine."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        raise StopError(f"the router's process {pid} is not on this machine") from None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def is_launcher(pid: int, proc: Path = PROC) -> bool:
+    """Whether ``pid``'s command line is ``llamadeploy up …`` or ``python -m launcher.cli up …``."""
+    try:
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    words = [a.decode(errors="replace") for a in argv if a]
+    for i, word in enumerate(words[:-1]):
+        if (word.endswith("llamadeploy") or word == "launcher.cli") and words[i + 1] == "up":
+            return True
+    return False
+
+
+def launcher_of(router_pid: int, proc: Path = PROC) -> int:
+    """The ``up`` process that started the router ``router_pid``. Raises :class:`StopError` when
+    the router's parent is not one (a router started another way, or on another machine)."""
+    pid = parent_pid(router_pid, proc)
+    if not is_launcher(pid, proc):
+        raise StopError(
+            f"the router (pid {router_pid}) was not started by `llamadeploy up` on this machine "
+            f"(its parent {pid} is something else); stop that process instead"
+        )
+    return pid
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a zombie counts as gone)."""
+    try:
+        state = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return state[state.rindex(")") + 2] != "Z"
+
+
+def stop(pid: int, timeout: float) -> bool:
+    """SIGTERM the launcher ``pid`` and wait up to ``timeout`` seconds for it to exit; True when it
+    did. The launcher itself stops its router and workers (and SIGKILLs what does not stop)."""
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.2)
+    return not alive(pid)
