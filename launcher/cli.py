@@ -356,7 +356,7 @@ def down(
     with console.status(f"stopping the deployment (llamadeploy up, pid {pid})"):
         stopped = stop(pid, wait_s)
     if not stopped:
-        fail(f"llamadeploy up (pid {pid}) has not stopped after {wait_s:.0f}s", 1)
+        fail(f"llamadeploy up (pid {pid}) got SIGTERM but is still stopping after {wait_s:g}s", 1)
     typer.echo(f"stopped: llamadeploy up (pid {pid}) and its router and workers")
 
 
