@@ -21,15 +21,23 @@ class StopError(RuntimeError):
     """The deployment could not be stopped from here; ``str()`` says why and what to do."""
 
 
-def parent_pid(pid: int, proc: Path = PROC) -> int:
-    """The parent of process ``pid``, from ``proc/<pid>/stat`` (the field after the command name,
-    which may itself hold spaces and parentheses). Raises :class:`StopError` when ``pid`` is not
-    a process of this machine."""
+def _stat(pid: int, proc: Path) -> list[str] | None:
+    """``proc/<pid>/stat``'s fields after the command name (which may itself hold spaces and
+    parentheses): state, parent pid, …; None when there is no such process."""
     try:
         stat = (proc / str(pid) / "stat").read_text()
     except OSError:
-        raise StopError(f"the router's process {pid} is not on this machine") from None
-    return int(stat[stat.rindex(")") + 2 :].split()[1])
+        return None
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def parent_pid(pid: int, proc: Path = PROC) -> int:
+    """The parent of process ``pid``. Raises :class:`StopError` when ``pid`` is not a process of
+    this machine."""
+    fields = _stat(pid, proc)
+    if fields is None:
+        raise StopError(f"the router's process {pid} is not on this machine")
+    return int(fields[1])
 
 
 def is_launcher(pid: int, proc: Path = PROC) -> bool:
@@ -57,13 +65,10 @@ def launcher_of(router_pid: int, proc: Path = PROC) -> int:
     return pid
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, proc: Path = PROC) -> bool:
     """Whether process ``pid`` still exists (a zombie counts as gone)."""
-    try:
-        state = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return False
-    return state[state.rindex(")") + 2] != "Z"
+    fields = _stat(pid, proc)
+    return fields is not None and fields[0] != "Z"
 
 
 def stop(pid: int, timeout: float) -> bool:

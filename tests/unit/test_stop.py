@@ -70,3 +70,11 @@ def test_stop_waits_for_the_process_to_exit():
         if child.poll() is None:
             os.kill(child.pid, 9)
             child.wait()
+
+
+def test_a_zombie_or_a_missing_process_is_not_alive(tmp_path):
+    fake_proc(tmp_path, 30, 1, "llamadeploy", ["llamadeploy", "up"])
+    assert alive(30, tmp_path)
+    (tmp_path / "30" / "stat").write_text("30 (llamadeploy) Z 1 30 30 0 -1\n")
+    assert not alive(30, tmp_path)
+    assert not alive(31, tmp_path)
