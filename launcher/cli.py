@@ -341,10 +341,12 @@ def down(
     batches resume at the next `up` on the same state folder. Exit code 0 once it has stopped,
     1 if no router answers, it was not started by `up` here, or it did not stop in time.
     """
-    from launcher.stop import StopError, launcher_of, stop
+    from launcher.stop import StopError, launcher_of, on_this_machine, stop
 
     cfg = load_or_exit(config)
     client = _admin_client(config, admin_url)
+    if not on_this_machine(client.base):
+        fail(f"{client.base} is not this machine's: run `llamadeploy down` where the deployment runs", 1)
     info = admin_table(client)
     if info.router is None or not info.router.pid:
         fail(f"the admin API at {client.base} names no router process", 1)

@@ -4,21 +4,50 @@ The router's admin API names the router's pid (``GET /admin/workers``); the proc
 the router is the ``up`` (launcher) process, which is sent SIGTERM: the same stop as Ctrl-C
 (in-flight requests get ``supervisor.shutdown_grace_s``, then every child is stopped). Nothing
 else is signalled: the parent must be a live ``llamadeploy up`` (or ``python -m launcher.cli up``)
-process, read from ``/proc``; anything else is refused.
+process, read from ``/proc``; anything else is refused, and so is an admin URL that is not an
+address of this machine (:func:`on_this_machine`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import socket
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 PROC = Path("/proc")
 
 
 class StopError(RuntimeError):
     """The deployment could not be stopped from here; ``str()`` says why and what to do."""
+
+
+def on_this_machine(admin_url: str) -> bool:
+    """Whether ``admin_url``'s host is an address of this machine (loopback, or one a socket here
+    can bind: an admin API exposed on this machine's own LAN address): only then is the pid the
+    router reports a process of this machine (a remote router's pid may be a local one's too)."""
+    host = urlparse(admin_url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(_local(family, addr[0]) for family, _, _, _, addr in infos)
+
+
+def _local(family: int, ip: str) -> bool:
+    if ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+        return True
+    if ipaddress.ip_address(ip.split("%")[0]).is_unspecified:
+        return False
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))  # only an address of one of this machine's interfaces binds
+        except OSError:
+            return False
+    return True
 
 
 def _stat(pid: int, proc: Path) -> list[str] | None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from launcher.stop import StopError, alive, is_launcher, launcher_of, parent_pid, stop
+from launcher.stop import StopError, alive, is_launcher, launcher_of, on_this_machine, parent_pid, stop
 
 
 def fake_proc(tmp_path, pid: int, ppid: int, comm: str, argv: list[str]):
@@ -78,3 +78,33 @@ def test_a_zombie_or_a_missing_process_is_not_alive(tmp_path):
     (tmp_path / "30" / "stat").write_text("30 (llamadeploy) Z 1 30 30 0 -1\n")
     assert not alive(30, tmp_path)
     assert not alive(31, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("url", "here"),
+    [
+        ("http://127.0.0.1:8001", True),
+        ("http://127.0.0.5:8001/", True),
+        ("http://localhost:8001", True),
+        ("http://[::1]:8001", True),
+        ("http://10.0.0.7:8001", False),
+        ("http://gpu-node-3:8001", False),
+        ("http://0.0.0.0:8001", False),
+    ],
+)
+def test_only_a_loopback_admin_url_is_stopped_from_here(url, here):
+    assert on_this_machine(url) is here
+
+
+def test_this_machines_own_lan_address_counts_as_here():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # a UDP connect picks the outgoing address, sends nothing
+        except OSError:
+            pytest.skip("no IPv4 route on this machine")
+        own = probe.getsockname()[0]
+    if own.startswith("127."):
+        pytest.skip("only loopback here")
+    assert on_this_machine(f"http://{own}:8001")
