@@ -17,7 +17,8 @@ operators are not profiler events: under ``--capture`` only the CPU-time share c
 
 ``--threads 2`` runs torch (and the kernels in its thread pool) on two threads, as a worker on a
 2-core machine does: a kernel that leaves the second thread idle shows there and not on one thread.
-The CPU time is then the calling thread's only, which an idle second thread does not lower.
+The CPU time is then the calling thread's only: work the second thread takes lowers it, and spinning at
+a barrier while the other thread waits for a core (a loaded machine) raises it.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ operator runs in torch's thread pool, position-independent), then the operator
 compiled with OpenMP (:data:`worker.quant.ggml_kernel.CFLAGS`) so its ``at::parallel_for`` loops run
 on torch's threads. All of
 it lives under :func:`worker.quant.ggml_kernel.cache_root`, the library at
-:func:`worker.quant.ggml_kernel.library_path` (keyed by ggml's version, torch's, the CPU's flags and
-the source), so a second run finds it and only checks. Prints what it did and how long it took; exits
+:func:`worker.quant.ggml_kernel.library_path` (keyed by ggml's version, torch's, the CPU's flags, the
+source and its compiler flags), so a second run finds it and only checks. Prints what it did and how long it took; exits
 1 when it cannot build (no compiler, no cmake, no network to the index): the worker then serves with
 torch's kernels.
 """
