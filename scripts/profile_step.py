@@ -1,7 +1,8 @@
-"""Where a batch-1 decode step's time goes: the embedded model in process, torch.profiler, one thread.
+"""Where a batch-1 decode step's time goes: the embedded model in process, torch.profiler, one thread
+unless ``--threads`` says more.
 
 Usage: ``PYTHONPATH=. python scripts/profile_step.py [--dtype float32|bfloat16] [--quantization int8|auto]
-[--capture] [--steps 20] [--rounds 5] [--context 45] [--top 15]``. ``--capture`` profiles the
+[--capture] [--threads 1] [--steps 20] [--rounds 5] [--context 45] [--top 15]``. ``--capture`` profiles the
 captured decode step (:mod:`worker.step`) instead of the eager forward pass. Prints the tensor
 operations per step (all levels and top level), the matmuls' share of the operations' own time and
 of the step's wall time, and the operations that took the most time. Each figure is the fastest of
@@ -13,6 +14,11 @@ the figures by this thread's CPU time (``time.thread_time``): the step's, and th
 linears (the layers' four, the LM head) called alone on inputs of their shapes and dtypes; the
 non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmarks/results.md quotes ("Time outside the matmuls"). The fused
 operators are not profiler events: under ``--capture`` only the CPU-time share counts them.
+
+``--threads 2`` runs torch (and the kernels in its thread pool) on two threads, as a worker on a
+2-core machine does: a kernel that leaves the second thread idle shows there and not on one thread.
+The CPU time is then the calling thread's only: work the second thread takes lowers it, and spinning at
+a barrier while the other thread waits for a core (a loaded machine) raises it.
 """
 
 from __future__ import annotations
@@ -68,8 +74,9 @@ def main() -> None:
     p.add_argument("--context", type=int, default=45)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--capture", action="store_true", help="profile the captured decode step")
+    p.add_argument("--threads", type=int, default=1, help="torch's threads (a worker runs one per core)")
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     runner = load(a.dtype, a.quantization)
     cap = step_capture.build(runner.model, runner.cache, 1, enforce_eager=False)
     if a.capture:

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
 NAME = "ggml_ops"
+# the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
+# template) compiles to a serial loop, and the operator would run on one thread whatever torch's count
+CFLAGS = ("-O3", "-fopenmp")
 SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
 
 # ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
@@ -75,8 +78,8 @@ def ggml_dir() -> Path:
 
 def library_path() -> Path:
     """The operator's shared library (present once built): under :func:`ggml_dir`, keyed by torch's
-    version and the operator's source."""
-    return ggml_dir() / f"op-torch{torch.__version__}-{_digest(SOURCE.read_text())}" / f"{NAME}.so"
+    version, the operator's source and its compiler flags."""
+    return ggml_dir() / f"op-torch{torch.__version__}-{_digest(SOURCE.read_text(), *CFLAGS)}" / f"{NAME}.so"
 
 
 def load() -> bool:
