@@ -23,6 +23,7 @@ from router.state import Api, ServedModel
 from router.supervisor_events import EventSender
 from router.workers import WorkerPool
 from worker.contract import keys
+from worker.contract.heap import freeze_startup_heap
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
 
@@ -120,6 +121,7 @@ async def run_router(cfg: RouterSettings, args: RouterArgs) -> None:
     api = Api(cfg, pool, models=models, **({"started": started} if started else {}))
     pool.hold.limits = lambda model: api.cfg.hold_limits(model)  # api.cfg: replaced by a live apply
     runners = await start_servers(api)
+    freeze_startup_heap()  # a full collection would stop the event loop, and with it every stream
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

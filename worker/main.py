@@ -26,6 +26,7 @@ from pathlib import Path
 from worker.contract.args import WorkerArgs
 from worker.contract.env import SLOT_DEVICE_ENV
 from worker.contract.fingerprint import system_fingerprint
+from worker.contract.heap import freeze_startup_heap
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
 from worker.contract.protocol import (
@@ -109,6 +110,7 @@ def run_worker_process(cfg: WorkerSettings, args: WorkerArgs) -> int:
     stop = threading.Event()
     catch_signals(link, stop)
     engine, ready, group = load(cfg, link, args, started)
+    freeze_startup_heap()  # before the first request: a full collection would pause every stream
     link.engine = engine
     link.transport.announce(ready)
     log.info("ready after %.1fs", time.monotonic() - started)

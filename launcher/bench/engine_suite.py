@@ -8,6 +8,11 @@ and a second document of the same length (sharing no prefix with the first) arri
 ``json`` (only with ``response_format``): c1 again with that ``response_format`` and no
 ``ignore_eos`` (a schema decides where its output ends).
 
+With ``ignore_eos`` the stall's streams also ban the tokenizer's special tokens
+(:func:`~launcher.bench.prompts.special_token_bias`): a stream runs long past its answer, and
+the stall is measured between chunks of text, so a token without text (``<|im_end|>`` sampled
+past the end) would read as a pause of the engine.
+
 Every prompt opens with a tag unique to the run and request, so nothing is a cache hit except the
 repeated document (and the chat template's head, which every chat shares).
 """
@@ -25,7 +30,7 @@ from launcher.bench import load
 from launcher.bench.client import Client, server_root, watch_memory
 from launcher.bench.figures import engine_figures
 from launcher.bench.options import BenchOptions
-from launcher.bench.prompts import document_messages, prompt_ids, short_messages
+from launcher.bench.prompts import document_messages, prompt_ids, short_messages, special_token_bias
 from launcher.bench.summary import Sample, batch_summary, stall_summary, summarize
 
 STREAM_TOKENS = 1024  # long enough to outlast any document prefill; the streams are cancelled after it
@@ -43,6 +48,7 @@ class EnginePrompts:
     json: list
     doc: list
     stall_doc: list
+    stream_bias: dict  # the stall streams' logit_bias: the special tokens banned
 
 
 def build_prompts(tokenizer, opts: BenchOptions, tag: str | None = None) -> EnginePrompts:
@@ -59,6 +65,7 @@ def build_prompts(tokenizer, opts: BenchOptions, tag: str | None = None) -> Engi
         json=short("j", opts.prompts),
         doc=document_messages(tokenizer, opts.doc_tokens, 1, f"{tag}d"),
         stall_doc=document_messages(tokenizer, opts.doc_tokens, 2, f"{tag}e"),
+        stream_bias=special_token_bias(tokenizer),
     )
 
 
@@ -95,7 +102,12 @@ async def run_engine_suite(opts: BenchOptions, model: str | None, prompts: Engin
         )
         step(f"stall ({opts.streams} streams, another {opts.doc_tokens}-token document among them)")
         streams, stall_doc = await load.document_among_streams(
-            client, prompts.streams, STREAM_TOKENS, prompts.stall_doc, opts.doc_output_tokens, opts.timeout
+            client,
+            prompts.streams,
+            {"max_tokens": STREAM_TOKENS, "logit_bias": prompts.stream_bias if opts.ignore_eos else None},
+            prompts.stall_doc,
+            opts.doc_output_tokens,
+            opts.timeout,
         )
         details["stall"] = {**stall_summary(streams, stall_doc), "doc_prompt_tokens": stall_doc.prompt_tokens}
         if opts.response_format is not None:

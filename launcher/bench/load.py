@@ -77,19 +77,19 @@ async def wait_until(predicate: Callable[[], bool], timeout: float, poll: float 
 async def document_among_streams(
     client: Client,
     stream_prompts: list[list[dict]],
-    stream_tokens: int,
+    stream_body: dict,
     doc: list[dict],
     doc_tokens: int,
     timeout: float,
     settle_chunks: int = 8,
 ) -> tuple[list[Sample], Sample]:
-    """Start one long stream per prompt; once each has streamed ``settle_chunks`` chunks, send the
-    document; once the document has answered and every live stream has streamed again after the
-    document's first chunk, cancel the streams. Returns (streams, document)."""
+    """Start one long stream per prompt (``stream_body``: the fields each stream sends, ``max_tokens``
+    at least); once each has streamed ``settle_chunks`` chunks, send the document; once the document
+    has answered and every live stream has streamed again after the document's first chunk, cancel
+    the streams. Returns (streams, document)."""
     streams = [Sample("stream", time.perf_counter()) for _ in stream_prompts]
     tasks = [
-        asyncio.create_task(client.send(p, s, max_tokens=stream_tokens))
-        for p, s in zip(stream_prompts, streams, strict=True)
+        asyncio.create_task(client.send(p, s, **stream_body)) for p, s in zip(stream_prompts, streams, strict=True)
     ]
     alive = lambda s: s.end is None  # noqa: E731
     try:

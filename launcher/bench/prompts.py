@@ -46,6 +46,15 @@ def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def special_token_bias(tokenizer) -> dict[str, int]:
+    """A ``logit_bias`` that bans every special token of ``tokenizer`` (``-100``, OpenAI's floor):
+    what llama.cpp's server does itself under ``ignore_eos`` (it bans the end-of-generation tokens),
+    so a stream forced past its answer goes on in text on every server. Without it an engine that
+    keeps ``ignore_eos`` in vLLM's sense samples ``<|im_end|>`` / ``<|im_start|>`` there, tokens
+    with no text, and its stream's text pauses for a step or more whatever the engine does."""
+    return {str(i): -100 for i in sorted(set(tokenizer.all_special_ids))}
+
+
 def short_messages(tag: str, index: int) -> list[dict]:
     """A short chat question, distinct per ``(tag, index)`` right after the system prompt, so no
     request reuses another's cached prefix beyond the template's own head."""

@@ -1,13 +1,18 @@
 """The bench's figures over synthetic timelines: tok/s, TTFT p50/p95, ITL, the closed-loop window,
-the stall gap and its ratio, the engine table's ratios and the ours/peer comparison's direction."""
+the stall gap and its ratio (and what the stall's streams send), the engine table's ratios and the
+ours/peer comparison's direction."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
+from launcher.bench import load
 from launcher.bench.client import on_line
 from launcher.bench.figures import BY_KEY, compare, engine_figures, meets
-from launcher.bench.prompts import report_text
+from launcher.bench.prompts import report_text, special_token_bias
 from launcher.bench.summary import Sample, batch_summary, percentile, stall_summary, summarize
 
 
@@ -189,3 +194,39 @@ def test_the_affinity_bench_line_gives_the_mean_repeat_against_the_first():
     line = summary("round_robin", 1478, [0.9, 0.9, 0.1, 0.1])
     assert line.endswith("latencies 0.90 0.90 0.10 0.10 s; repeats / first = 0.41x")
     assert document("a") != document("b") and document("a") == document("a")
+
+
+class _Tokenizer:
+    all_special_ids = (2, 0, 1, 2)
+
+
+def test_the_stall_streams_ban_the_special_tokens_as_llama_cpp_does_under_ignore_eos():
+    assert special_token_bias(_Tokenizer()) == {"0": -100, "1": -100, "2": -100}
+
+
+class _StreamingClient:
+    """Streams a chunk every millisecond until cancelled; the document answers at once."""
+
+    def __init__(self, doc: list[dict]):
+        self.doc, self.bodies = doc, []
+
+    async def send(self, messages: list[dict], s: Sample, **overrides) -> Sample:
+        self.bodies.append((messages, overrides))
+        s.chunks.append(time.perf_counter())
+        if messages is self.doc:
+            s.end = time.perf_counter()
+            return s
+        while True:
+            await asyncio.sleep(0.001)
+            s.chunks.append(time.perf_counter())
+
+
+def test_every_stall_stream_carries_its_body_and_the_document_does_not():
+    doc = [{"role": "user", "content": "a long document"}]
+    client = _StreamingClient(doc)
+    prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    body = {"max_tokens": 64, "logit_bias": {"2": -100}}
+    streams, got = asyncio.run(load.document_among_streams(client, prompts, body, doc, 16, timeout=10))
+    assert got.chunks and all(s.chunks[-1] > got.chunks[0] for s in streams)
+    assert [o for m, o in client.bodies if m is not doc] == [body] * 3
+    assert [o for m, o in client.bodies if m is doc] == [{"max_tokens": 16}]
