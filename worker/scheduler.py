@@ -215,7 +215,8 @@ class Scheduler:
         reserve = self._long_reserve(budget)
         left = self._continue_prefills(plan, budget - reserve, long=False)
         left = self._admit(plan, left, long=False)
-        left = self._continue_prefills(plan, left + reserve, long=True)
+        # a short prompt's forced token at the floor may overspend its part: the long part stays
+        left = self._continue_prefills(plan, max(left, 0.0) + reserve, long=True)
         self._admit(plan, left, long=True)
         self.peak_running = max(self.peak_running, len(self.running))
         return plan
@@ -329,9 +330,17 @@ class Scheduler:
 
     def _long_reserve(self, budget: float) -> float:
         """The part of ``budget`` kept for long prompts: ``long_share`` of it while one prefills or
-        one waits with a long slot free, else nothing."""
-        pending = self._long_prefills() or any(self._is_long(s) for s in self.waiting)
-        return min(budget, math.ceil(self.shares.long_share * budget)) if pending else 0
+        one waits with a long slot free, else nothing. At the floor of a measured cost (a budget of
+        one token: even one token overruns the step's bound, as on a machine busy when it calibrated)
+        the share stays a fraction, so short and long prompts each still take a token a step
+        (:meth:`_chunk` gives any positive limit one token): a whole-token reserve would leave
+        short prompts nothing while a long one prefills."""
+        if not (self._long_prefills() or any(self._is_long(s) for s in self.waiting)):
+            return 0
+        reserve = min(budget, math.ceil(self.shares.long_share * budget))
+        if reserve >= budget and self.cost is not None and self._beside:
+            return self.shares.long_share * budget
+        return reserve
 
     def _continue_prefills(self, plan: StepPlan, budget: float, long: bool) -> float:
         """Chunks for the running sequences still prefilling whose length class is ``long``; long

@@ -340,3 +340,22 @@ def test_interactive_request_takes_the_seat_of_a_flex_one_when_the_batch_is_full
         run_step(s)
         s.retire({q.request_id for q in s.running if len(q.output) >= 10})
     assert lines[1].output[: len(made[1])] == made[1] and lines[1].preemptions == 1
+
+
+def test_at_a_measured_costs_floor_short_and_long_prompts_each_take_a_token_a_step():
+    # a cost model calibrated on a busy machine: nothing is left beside a decode (budget 0 -> floor 1)
+    from worker.step_cost import StepCost
+
+    cost = StepCost(decode_s=0.03, decode_row_s=0.02, chunk_s=0.3, token_s=0.001, key_s=0.0, ratio=3.0)
+    assert cost.budget(1) == 0.0
+    s = make(blocks=256, prefill=8, idle=8, cost=cost, shares=PrefillShares(long_threshold=16))
+    chat = Seq("chat", 4)
+    s.add(chat)
+    run_step(s)  # idle: prefilled whole, then decodes
+    doc, question = Seq("doc", 60, base=1000), Seq("question", 6, base=2000)
+    s.add(doc)
+    run_step(s)  # the document starts beside the decode
+    s.add(question)
+    plan = run_step(s)
+    took = {q.request_id: e - b for q, b, e in plan.prefill}
+    assert took.get("question", 0) >= 1 and took.get("doc", 0) >= 1, took
