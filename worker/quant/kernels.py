@@ -293,9 +293,12 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
 
 def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
-    (row-count invariant) and the blocks dequantized per call for ``F.linear``."""
+    (row-count invariant) and the blocks dequantized per call for ``F.linear``; for a float weight,
+    ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
+    bit where they run; not declared invariant, so a deterministic table checks it like BLAS)."""
     tol = ggml_kernel.tolerance
     return [
+        Candidate(f"ggml-{_short(dt)}", _tol(dt), ggml_kernel.accepts_float, ggml_kernel.float_builder(Kernel)),
         Candidate(
             "ggml",
             tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
