@@ -20,7 +20,16 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from worker.quant import ggml_kernel, invariance
-from worker.quant.kernels import TOL_BF16_SUM, TOL_FLOAT32, Kernel, candidates, check
+from worker.quant.format import quantize_int8
+from worker.quant.kernels import (
+    TOL_BF16_SUM,
+    TOL_FLOAT32,
+    Kernel,
+    candidates,
+    check,
+    full_precision,
+    head_pool,
+)
 
 pytestmark = pytest.mark.skipif(
     not ggml_kernel.load(), reason=f"the ggml operator is not built here ({ggml_kernel.library_path()} absent)"
@@ -182,3 +191,22 @@ def test_the_float_candidate_passes_the_deterministic_tables_check(dt):
         w = torch.randn(40, k, generator=torch.Generator().manual_seed(k)).to(dt)
         kernel = ggml_kernel.float_builder(Kernel)(w, dt)
         assert invariance.row_invariant(kernel, k, dt, CPU)
+
+
+def test_a_bfloat16_head_runs_ggml_for_float32_logits():
+    """In a bfloat16 model the LM head runs ``ggml-bf16`` where it is eligible (:func:`head_pool`): its
+    ``native`` form returns the float32 sums that its bfloat16 output rounds, so logits 0.09 apart near
+    25 stay apart. A float32 model's head, and a quantized head, keep every full-precision candidate."""
+    w = torch.randn(64, 576, generator=torch.Generator().manual_seed(5)) * 0.05
+    bf16 = candidates(torch.bfloat16, CPU)
+    assert [c.name for c in head_pool(bf16, w.bfloat16(), torch.bfloat16, CPU)] == ["ggml-bf16"]
+    f32 = candidates(torch.float32, CPU)
+    assert {"ggml-f32", "plain-f32"} <= {c.name for c in head_pool(f32, w, torch.float32, CPU)}
+    every = [c.name for c in bf16 if full_precision(c, torch.bfloat16)]
+    assert [c.name for c in head_pool(bf16, quantize_int8(w, 32), torch.bfloat16, CPU)] == every
+    kernel = check(next(c for c in bf16 if c.name == "ggml-bf16"), w.bfloat16(), torch.bfloat16, CPU)
+    act, wide = kernel.native
+    x = torch.randn(3, 576, generator=torch.Generator().manual_seed(6)).bfloat16()
+    logits = wide(x.float())
+    assert act == torch.float32 and logits.dtype == torch.float32
+    assert torch.equal(logits.bfloat16(), kernel.fn(x))

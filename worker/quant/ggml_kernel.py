@@ -190,13 +190,18 @@ def float_builder(kernel_class):
     """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: ggml's ``vec_dot`` of the weight cast
     to ``dt`` (F32's, with FMA, or BF16's, with ``avx512_bf16``'s dot products where the CPU has them:
     what llama.cpp runs for one row of a float GGUF's weights), over rows of ``x`` read as they are.
-    Holds the weight in ``dt`` only (the same storage as a weight already in it)."""
+    Holds the weight in ``dt`` only (the same storage as a weight already in it). BF16's sums are in
+    float32 and rounded to bfloat16 on the way out: its ``native`` form takes float32 rows (rounded to
+    bfloat16 inside, as ``x.to(bfloat16)`` rounds them) and returns the float32 sums (an LM head's
+    logits, :meth:`worker.llama.LlamaModel.head`)."""
 
     def build(w: torch.Tensor, dt: torch.dtype):
         weight = w.detach().to(dt).contiguous()  # [N, K]
         raw, t, n = weight.view(torch.uint8), FLOAT_TYPE_OF[dt], weight.shape[0]  # raw: [N, K * bytes]
         linear = torch.ops.ggml.linear
-        return kernel_class("ggml-float", lambda x: linear(x, raw, t, n), (weight,))
+        fn = lambda x: linear(x, raw, t, n)  # noqa: E731
+        native = (torch.float32, fn) if dt == torch.bfloat16 else None
+        return kernel_class("ggml-float", fn, (weight,), native=native)
 
     return build
 
