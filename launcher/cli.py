@@ -1,4 +1,4 @@
-"""The ``llamadeploy`` command line (typer): up, status, restart-worker, apply, plan, doctor, bench."""
+"""The ``llamadeploy`` command line (typer): up, down, status, restart-worker, apply, plan, doctor, bench."""
 
 from __future__ import annotations
 
@@ -325,6 +325,41 @@ def worker_table(info):
             str(w.revision),
         )
     return table
+
+
+@app.command()
+def down(
+    config: Path | None = CONFIG_ARG,
+    admin_url: str | None = ADMIN_URL,
+    timeout: float | None = typer.Option(
+        None, help="seconds to wait for it to stop (default: supervisor.shutdown_grace_s + 30)"
+    ),
+) -> None:
+    """Stop a deployment that `llamadeploy up` runs on this machine, as Ctrl-C would.
+
+    In-flight requests get supervisor.shutdown_grace_s to finish, then every process is stopped;
+    batches resume at the next `up` on the same state folder. Exit code 0 once it has stopped,
+    1 if no router answers, it was not started by `up` here, or it did not stop in time.
+    """
+    from launcher.stop import StopError, launcher_of, on_this_machine, stop
+
+    cfg = load_or_exit(config)
+    client = _admin_client(config, admin_url)
+    if not on_this_machine(client.base):
+        fail(f"{client.base} is not this machine's: run `llamadeploy down` where the deployment runs", 1)
+    info = admin_table(client)
+    if info.router is None or not info.router.pid:
+        fail(f"the admin API at {client.base} names no router process", 1)
+    try:
+        pid = launcher_of(info.router.pid)
+    except StopError as exc:
+        fail(str(exc), 1)
+    wait_s = cfg.supervisor.shutdown_grace_s + 30 if timeout is None else timeout
+    with console.status(f"stopping the deployment (llamadeploy up, pid {pid})"):
+        stopped = stop(pid, wait_s)
+    if not stopped:
+        fail(f"llamadeploy up (pid {pid}) got SIGTERM but is still stopping after {wait_s:g}s", 1)
+    typer.echo(f"stopped: llamadeploy up (pid {pid}) and its router and workers")
 
 
 @app.command("restart-worker")

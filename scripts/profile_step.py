@@ -1,8 +1,9 @@
-"""Where a batch-1 decode step's time goes: the embedded model in process, torch.profiler, one thread.
+"""Where a batch-1 decode step's time goes: the embedded model in process, torch.profiler, one thread
+unless ``--threads`` says more.
 
 Usage: ``PYTHONPATH=. python scripts/profile_step.py [--dtype float32|bfloat16] [--quantization int8|auto]
-[--capture] [--deterministic] [--steps 20] [--rounds 5] [--context 45] [--top 15]``. ``--capture``
-profiles the captured decode step (:mod:`worker.step`) instead of the eager forward pass;
+[--capture] [--deterministic] [--threads 1] [--steps 20] [--rounds 5] [--context 45] [--top 15]``.
+``--capture`` profiles the captured decode step (:mod:`worker.step`) instead of the eager forward pass;
 ``--deterministic`` runs the kernels a default worker runs (one row-invariant kernel per weight,
 chosen over a served worker's buckets) instead of the fastest at one row. Prints the tensor
 operations per step (all levels and top level), the matmuls' share of the operations' own time and
@@ -16,6 +17,11 @@ linears (the layers' four, the LM head) called alone on inputs of their shapes a
 non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmarks/results.md quotes ("Time outside the matmuls"),
 and the rate the weights are read at (the bytes held over each time). The fused
 operators are not profiler events: under ``--capture`` only the CPU-time share counts them.
+
+``--threads 2`` runs torch (and the kernels in its thread pool) on two threads, as a worker on a
+2-core machine does: a kernel that leaves the second thread idle shows there and not on one thread.
+The CPU time is then the calling thread's only: work the second thread takes lowers it, and spinning at
+a barrier while the other thread waits for a core (a loaded machine) raises it.
 """
 
 from __future__ import annotations
@@ -77,8 +83,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--capture", action="store_true", help="profile the captured decode step")
     p.add_argument("--deterministic", action="store_true", help="the kernels a default (deterministic) worker runs")
+    p.add_argument("--threads", type=int, default=1, help="torch's threads (a worker runs one per core)")
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     runner = load(a.dtype, a.quantization, a.deterministic)
     cap = step_capture.build(runner.model, runner.cache, 1, enforce_eager=False)
     if a.capture:

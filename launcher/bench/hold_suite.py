@@ -1,8 +1,8 @@
 """``llamadeploy bench --suite hold --config deploy.yaml``: the hold targets on a one-replica deployment.
 
 Against the running deployment ``--config`` describes (its router, admin API and admin token), and
-under :class:`~launcher.bench.hold_traffic.Traffic` (``--streams`` streaming clients plus a steady
-request loop) the whole time, its only worker is replaced three ways, one after another:
+under :class:`~launcher.bench.hold_traffic.Traffic` (``--streams`` streaming clients, a steady
+request loop and open-loop arrivals) the whole time, its only worker is replaced three ways, one after another:
 
 1. ``llamadeploy apply`` of the file with ``workers.max_num_seqs`` one higher (a rolling apply);
 2. ``llamadeploy restart-worker ID`` of the only worker (as typed, no ``--drain``);
@@ -198,6 +198,9 @@ def _row(event: Event, calls: list, steady_calls: list, until: float = float("in
     steady = sorted(first_byte_s(steady_calls)) or [0.0]
     median, waits = steady[len(steady) // 2], first_byte_s(calls) or [0.0]
     down = event.replaced.down_s
+    # a surge is never down, but its replacement loads on the serving cores: the clients' wait is held
+    # against that load, the issue's own bound ("the replacement's load time + 2 s")
+    bound = down or event.replaced.load_s
     return {
         "event": event.name,
         "detail": event.detail,
@@ -216,7 +219,8 @@ def _row(event: Event, calls: list, steady_calls: list, until: float = float("in
         # time to first byte only (beyond the steady median: prefill and queueing behind the others)
         "longest_first_byte_s": round(max(waits), 2),
         "steady_first_byte_s": round(median, 2),
-        "client_within_target": max(waits) - median <= down + SLACK_S,
+        "client_bound_s": round(bound, 2),
+        "client_within_target": max(waits) - median <= bound + SLACK_S,
         "wall_s": round(event.end - event.start, 1),
     }
 
@@ -225,7 +229,7 @@ def print_hold(result: dict) -> None:
     """The table: one row per event, then each event's errors (if any) and what the command said."""
     head = f"{'event':<18} {'requests':>8} {'5xx':>4} {'cut':>4} {'other':>5} {'held':>5} {'longest hold s':>14} "
     head += f"{'first byte s':>12} {'down s':>7} {'delay s':>7} {'start s':>7} {'load s':>7} "
-    head += f"{'hold <= down+2s':>15} {'wait <= down+2s':>15} {'wall s':>7}"
+    head += f"{'hold <= down+2s':>15} {'wait <= bound+2s':>16} {'wall s':>7}"
     typer.echo(head)
     for r in result["events"]:
         typer.echo(
@@ -233,7 +237,7 @@ def print_hold(result: dict) -> None:
             f"{r['other_failures']:>5} {r['held']:>5.0f} {r['longest_hold_s']:>14.1f} "
             f"{r['longest_first_byte_s']:>12.1f} {r['down_s']:>7.1f} {_part(r['restart_delay_s'])} "
             f"{_part(r['start_s'])} {_part(r['load_s'])} {'yes' if r['within_target'] else 'NO':>15} "
-            f"{'yes' if r['client_within_target'] else 'NO':>15} {r['wall_s']:>7.1f}"
+            f"{'yes' if r['client_within_target'] else 'NO':>16} {r['wall_s']:>7.1f}"
         )
     steady = result["events"][0]["steady_first_byte_s"] if result["events"] else 0.0
     typer.echo(
@@ -241,7 +245,8 @@ def print_hold(result: dict) -> None:
         f"which includes a retried request's wait; wait: first byte less the steady median ({steady:.1f}s); "
         "down: the model without a ready replica (the old one stopped answering -> the replacement ready) = "
         "delay (to the new process) + start (its start and imports, to its Hello) + load (Hello -> ready); "
-        "- where nothing was down (a surge)"
+        "- where nothing was down (a surge); bound: down, or for a surge the replacement's load (its "
+        "load_seconds, on the serving cores)"
     )
     for r in result["events"]:
         typer.echo(f"  {r['event']}: {r['detail']}")

@@ -1,8 +1,10 @@
 """The hold suite's traffic: streaming clients and a request loop, each request recorded.
 
-:class:`Traffic` runs ``streams`` clients that each stream chat completions one after another and
-one client that sends non-streaming ones one after another, all against one OpenAI-compatible
-``/v1`` URL, until stopped. Each request becomes a :class:`Call` with its times, so a driver can
+:class:`Traffic` runs ``streams`` clients that each stream chat completions one after another, one
+client that sends non-streaming ones one after another, and open-loop arrivals (a non-streaming
+request every ``1 / arrivals_per_s`` seconds, whether or not the earlier ones were answered: the
+requests that arrive while no replica is ready, which the router holds), all against one
+OpenAI-compatible ``/v1`` URL, until stopped. Each request becomes a :class:`Call` with its times, so a driver can
 count what was answered 5xx and which streams were cut among the requests in flight during an event.
 """
 
@@ -44,19 +46,24 @@ class Call:
 
 
 class Traffic:
-    """``streams`` streaming clients plus one request loop against ``base_url`` (``model``, bearer
-    ``api_key``); the only writer of :attr:`calls`. ``max_tokens``: each streamed answer's length
-    (the loop asks for half); ``timeout``: seconds per request, long enough for a hold."""
+    """``streams`` streaming clients plus one request loop plus open-loop arrivals against
+    ``base_url`` (``model``, bearer ``api_key``); the only writer of :attr:`calls`. ``max_tokens``:
+    each streamed answer's length (the loop and the arrivals ask for half); ``timeout``: seconds per
+    request, long enough for a hold; ``arrivals_per_s``: the open-loop rate (0: none)."""
 
     def __init__(self, base_url: str, model: str | None, api_key: str | None, streams: int = 4, **kw):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.headers = model, auth_headers(api_key)
         self.max_tokens, self.timeout = kw.get("max_tokens", 8), kw.get("timeout", 600.0)
+        self.arrivals_per_s = kw.get("arrivals_per_s", 1.0)
         self.calls: list[Call] = []
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._run, args=(n < streams,), daemon=True) for n in range(streams + 1)
         ]
+        if self.arrivals_per_s > 0:
+            self._threads.append(threading.Thread(target=self._arrive, daemon=True))
+        self._arrived: list[threading.Thread] = []
 
     def __enter__(self) -> Traffic:
         for t in self._threads:
@@ -65,7 +72,7 @@ class Traffic:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        for t in self._threads:
+        for t in self._threads + self._arrived:
             t.join(timeout=self.timeout)
 
     def completed_since(self, t: float) -> int:
@@ -77,21 +84,35 @@ class Traffic:
             n = 0
             while not self._stop.is_set():
                 n += 1
-                call = Call(stream, time.monotonic())
-                body = {
-                    "messages": [{"role": "user", "content": f"Count from {n} to {n + 20}."}],
-                    "max_tokens": self.max_tokens if stream else max(1, self.max_tokens // 2),
-                    "stream": stream,
-                    **({"model": self.model} if self.model else {}),
-                }
-                try:
-                    (self._stream if stream else self._once)(http, body, call)
-                except httpx.HTTPError as exc:
-                    call.error, call.cut = f"{type(exc).__name__}: {exc}", call.status == 200
-                call.end = time.monotonic()
-                self.calls.append(call)
-                if call.failed:
+                if self._call(http, stream, n).failed:
                     time.sleep(0.5)  # as a client that backs off after an error
+
+    def _arrive(self) -> None:
+        """Start one request every ``1 / arrivals_per_s`` seconds, each in its own thread."""
+        with httpx.Client(timeout=self.timeout, headers=self.headers) as http:
+            n = 0
+            while not self._stop.wait(1.0 / self.arrivals_per_s):
+                n += 1
+                t = threading.Thread(target=self._call, args=(http, False, 1000 + n), daemon=True)
+                self._arrived.append(t)
+                t.start()
+
+    def _call(self, http: httpx.Client, stream: bool, n: int) -> Call:
+        """One request, recorded in :attr:`calls` once it ended."""
+        call = Call(stream, time.monotonic())
+        body = {
+            "messages": [{"role": "user", "content": f"Count from {n} to {n + 20}."}],
+            "max_tokens": self.max_tokens if stream else max(1, self.max_tokens // 2),
+            "stream": stream,
+            **({"model": self.model} if self.model else {}),
+        }
+        try:
+            (self._stream if stream else self._once)(http, body, call)
+        except httpx.HTTPError as exc:
+            call.error, call.cut = f"{type(exc).__name__}: {exc}", call.status == 200
+        call.end = time.monotonic()
+        self.calls.append(call)
+        return call
 
     def _once(self, http: httpx.Client, body: dict, call: Call) -> None:
         r = http.post(self.url, json=body)

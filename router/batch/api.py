@@ -108,19 +108,9 @@ async def delete_file(request: web.Request) -> web.Response:
 async def create_batch(request: web.Request) -> web.Response:
     """``POST /v1/batches``: the input file's lines must all ask for ``endpoint``; they are copied
     into the batch (deleting the file afterwards changes nothing)."""
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    endpoint, window, metadata = body.get("endpoint"), body.get("completion_window"), body.get("metadata")
-    if endpoint not in ENDPOINTS:
-        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint", code="invalid_value")
-    if window not in WINDOWS:
-        raise ApiError(400, "completion_window must be '24h'", param="completion_window", code="invalid_value")
-    if metadata is not None and not _good_metadata(metadata):
-        raise ApiError(400, f"metadata: at most {MAX_METADATA} string pairs", param="metadata", code="invalid_value")
+    fid, endpoint, window, metadata = create_args(await read_json(request))
     owner, store = owner_of(request), request.app[API].batches.store
-    fid = body.get("input_file_id")
-    content = await asyncio.to_thread(store.file_content, owner, fid) if isinstance(fid, str) else None
+    content = await asyncio.to_thread(store.file_content, owner, fid)
     if content is None:
         raise ApiError(404, f"No such File: {str(fid)[:100]}", param="input_file_id")
     bounds, lim = request.app[API].cfg.router.batch, request.app[API].cfg.limits
@@ -140,14 +130,44 @@ async def create_batch(request: web.Request) -> web.Response:
     return web.json_response(batch_object(row))
 
 
-def _good_metadata(metadata: object) -> bool:
-    return (
-        isinstance(metadata, dict)
-        and len(metadata) <= MAX_METADATA
-        and all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
+def create_args(body: object) -> tuple[str, str, str, dict | None]:
+    """``POST /v1/batches``'s body checked: ``(input_file_id, endpoint, completion_window,
+    metadata)``. Raises :class:`ApiError` 400 naming the field, as OpenAI answers (a missing
+    ``input_file_id`` is ``missing_required_parameter``, not a 404 for a file named None)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    fid, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window")
+    if fid is None:
+        raise ApiError(
+            400, "Missing required parameter: 'input_file_id'", param="input_file_id", code="missing_required_parameter"
         )
-    )
+    if not isinstance(fid, str) or not fid:
+        raise ApiError(400, "input_file_id must be a file id (a string)", param="input_file_id", code="invalid_value")
+    if endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint", code="invalid_value")
+    if window not in WINDOWS:
+        raise ApiError(400, "completion_window must be '24h'", param="completion_window", code="invalid_value")
+    metadata = body.get("metadata")
+    if metadata is not None and (problem := metadata_problem(metadata)):
+        raise ApiError(400, f"metadata: {problem}", param="metadata", code="invalid_value")
+    return fid, endpoint, window, metadata
+
+
+def metadata_problem(metadata: object) -> str | None:
+    """What is wrong with a batch's ``metadata`` (OpenAI's bounds: at most 16 pairs, string keys of
+    at most 64 characters, string values of at most 512), or None when it is fine."""
+    if not isinstance(metadata, dict):
+        return f"must be an object of string keys and values (got {type(metadata).__name__})"
+    if len(metadata) > MAX_METADATA:
+        return f"at most {MAX_METADATA} pairs (got {len(metadata)})"
+    for key, value in metadata.items():
+        if len(key) > 64:
+            return f"key {key[:20]!r}... is over 64 characters"
+        if not isinstance(value, str):
+            return f"the value of {key[:64]!r} must be a string (got {type(value).__name__})"
+        if len(value) > 512:
+            return f"the value of {key[:64]!r} is over 512 characters"
+    return None
 
 
 async def get_batch(request: web.Request) -> web.Response:

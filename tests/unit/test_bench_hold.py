@@ -58,6 +58,16 @@ def test_a_retried_requests_wait_is_its_first_byte_beyond_the_steady_median():
     assert row["within_target"] and not row["client_within_target"]  # no queue wait, a retry's wait
 
 
+def test_a_surges_clients_wait_is_held_against_the_replacements_load_on_the_serving_cores():
+    surge = Replacement(stopped=None, spawned=None, hello=None, ready=None, load_s=30.0)
+    steady = [Call(True, 0.0, 2.0, 3.0, 200) for _ in range(3)]
+    slowed = Call(True, 10.0, 10.0 + 2.0 + 30.0 + SLACK_S - 0.5, 50.0, 200)
+    row = _row(Event("apply", 5.0, 60.0, 0.0, 0.0, surge, "applied"), [slowed], steady)
+    assert row["down_s"] == 0.0 and row["client_bound_s"] == 30.0 and row["client_within_target"]
+    late = Call(True, 10.0, 10.0 + 2.0 + 30.0 + SLACK_S + 0.5, 50.0, 200)
+    assert not _row(Event("apply", 5.0, 60.0, 0.0, 0.0, surge, "applied"), [late], steady)["client_within_target"]
+
+
 def row(pid: int, state: str, uptime_s: float = 0.0, load_seconds: float = 0.0) -> WorkerInfo:
     return WorkerInfo(id=0, state=WorkerState(state), pid=pid, uptime_s=uptime_s, load_seconds=load_seconds)
 

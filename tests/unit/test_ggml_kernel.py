@@ -95,6 +95,24 @@ def test_rows_do_not_depend_on_what_shares_the_call(qtype):
         assert torch.equal(alone[0], together[r])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_loops_run_on_torchs_threads(threads):
+    """The operator's loops share torch's thread count (a build without OpenMP would run them on one
+    thread whatever torch is set to), and a row's values do not change with it."""
+    blocks = ggml_kernel.quantize(torch.from_numpy(weight(4)), "Q8_0")
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(3))
+    linear = torch.ops.ggml.linear
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = linear(x, blocks, int(T.Q8_0), N)
+        torch.set_num_threads(threads)
+        assert torch.ops.ggml.threads() == threads
+        assert torch.equal(linear(x, blocks, int(T.Q8_0), N), alone)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_refuses_rows_that_are_not_whole_blocks():
     blocks = ggml_kernel.quantize(torch.from_numpy(weight()), "Q8_0")
     with pytest.raises(RuntimeError, match=r"(?i)not whole q8_0 blocks"):

@@ -4,10 +4,12 @@
 package index (``pip download --no-binary``: it vendors llama.cpp), builds only ggml's ``ggml-base``
 and ``ggml-cpu`` static libraries (cmake, ``GGML_NATIVE=ON`` for this CPU, ``GGML_OPENMP=OFF``: the
 operator runs in torch's thread pool, position-independent), then the operator
-(``worker/quant/csrc/ggml_linear.cpp``) with ``torch.utils.cpp_extension`` linked against them. All of
+(``worker/quant/csrc/ggml_linear.cpp``) with ``torch.utils.cpp_extension`` linked against them,
+compiled with OpenMP (:data:`worker.quant.ggml_kernel.CFLAGS`) so its ``at::parallel_for`` loops run
+on torch's threads. All of
 it lives under :func:`worker.quant.ggml_kernel.cache_root`, the library at
-:func:`worker.quant.ggml_kernel.library_path` (keyed by ggml's version, torch's, the CPU's flags and
-the source), so a second run finds it and only checks. Prints what it did and how long it took; exits
+:func:`worker.quant.ggml_kernel.library_path` (keyed by ggml's version, torch's, the CPU's flags, the
+source and its compiler flags), so a second run finds it and only checks. Prints what it did and how long it took; exits
 1 when it cannot build (no compiler, no cmake, no network to the index): the worker then serves with
 torch's kernels.
 """
@@ -90,8 +92,9 @@ def build_operator(src: Path, libs: Path, dest: Path) -> Path:
         name=ggml_kernel.NAME,
         sources=[str(ggml_kernel.SOURCE)],
         extra_include_paths=[str(src / "include")],
-        extra_cflags=["-O3"],
-        extra_ldflags=[str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"), "-lpthread"],
+        extra_cflags=list(ggml_kernel.CFLAGS),
+        # -fopenmp links libgomp.so.1, the OpenMP runtime torch has already loaded: one thread pool
+        extra_ldflags=[str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"), "-fopenmp", "-lpthread"],
         build_directory=str(work),
         is_python_module=False,
         verbose=False,

@@ -38,6 +38,9 @@ LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
 HEADERS = [SOURCE.with_name("ggml_float_tiles.h")]  # included by SOURCE: part of the build's key
 NAME = "ggml_ops"
+# the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
+# template) compiles to a serial loop, and the operator would run on one thread whatever torch's count
+CFLAGS = ("-O3", "-fopenmp")
 SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
 
 # ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
@@ -81,8 +84,8 @@ def ggml_dir() -> Path:
 
 def library_path() -> Path:
     """The operator's shared library (present once built): under :func:`ggml_dir`, keyed by torch's
-    version and the operator's source."""
-    source = _digest(SOURCE.read_text(), *(h.read_text() for h in HEADERS))
+    version, the operator's source (its headers included) and its compiler flags."""
+    source = _digest(SOURCE.read_text(), *(h.read_text() for h in HEADERS), *CFLAGS)
     return ggml_dir() / f"op-torch{torch.__version__}-{source}" / f"{NAME}.so"
 
 

@@ -10,6 +10,7 @@
 //
 // ggml::quantize(w [N, K] float32, type) -> blocks [N, row_bytes] uint8 (ggml_quantize_chunk, no imatrix).
 // ggml::dequantize(blocks [R, row_bytes] uint8, type, k) -> [R, k] float32 (the type's to_float).
+// ggml::threads() -> how many of torch's threads this library's at::parallel_for loops run on.
 //
 // ggml_get_type_traits_cpu is internal to ggml: the version is pinned (worker/quant/ggml_build.py).
 #include <ATen/ATen.h>
@@ -166,6 +167,18 @@ at::Tensor dequantize(const at::Tensor& blocks_in, int64_t type, int64_t k) {
   return out;
 }
 
+// The distinct threads a parallel_for over one index per torch thread runs on: torch's thread count
+// where this file was compiled with OpenMP, 1 where it was not (ATen's parallel_for is an inline
+// template: compiled without OpenMP it is a serial loop, whatever at::get_num_threads() says).
+int64_t threads() {
+  const int64_t n = at::get_num_threads();
+  std::vector<char> seen(n, 0);
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+  int64_t count = 0;
+  for (char s : seen) count += s;
+  return count;
+}
+
 // ggml's CPU tables (fp16 conversion, feature detection) before the first call.
 struct Init {
   Init() { ggml_cpu_init(); }
@@ -177,6 +190,7 @@ TORCH_LIBRARY(ggml, m) {
   m.def("linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("quantize(Tensor w, int type) -> Tensor");
   m.def("dequantize(Tensor blocks, int type, int k) -> Tensor");
+  m.def("threads() -> int", &threads);
 }
 
 TORCH_LIBRARY_IMPL(ggml, CPU, m) {
