@@ -2,8 +2,10 @@
 unless ``--threads`` says more.
 
 Usage: ``PYTHONPATH=. python scripts/profile_step.py [--dtype float32|bfloat16] [--quantization int8|auto]
-[--capture] [--threads 1] [--steps 20] [--rounds 5] [--context 45] [--top 15]``. ``--capture`` profiles the
-captured decode step (:mod:`worker.step`) instead of the eager forward pass. Prints the tensor
+[--capture] [--deterministic] [--threads 1] [--steps 20] [--rounds 5] [--context 45] [--top 15]``.
+``--capture`` profiles the captured decode step (:mod:`worker.step`) instead of the eager forward pass;
+``--deterministic`` runs the kernels a default worker runs (one row-invariant kernel per weight,
+chosen over a served worker's buckets) instead of the fastest at one row. Prints the tensor
 operations per step (all levels and top level), the matmuls' share of the operations' own time and
 of the step's wall time, and the operations that took the most time. Each figure is the fastest of
 ``--rounds`` rounds of ``--steps`` steps (unprofiled and profiled rounds apart): other processes
@@ -12,7 +14,8 @@ only add time, so the fastest round is the one they disturbed least.
 On a shared machine wall time also counts the other processes' turns on the core, so it also prints
 the figures by this thread's CPU time (``time.thread_time``): the step's, and that of the same
 linears (the layers' four, the LM head) called alone on inputs of their shapes and dtypes; the
-non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmarks/results.md quotes ("Time outside the matmuls"). The fused
+non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmarks/results.md quotes ("Time outside the matmuls"),
+and the rate the weights are read at (the bytes held over each time). The fused
 operators are not profiler events: under ``--capture`` only the CPU-time share counts them.
 
 ``--threads 2`` runs torch (and the kernels in its thread pool) on two threads, as a worker on a
@@ -37,6 +40,7 @@ from worker.step import capture as step_capture
 
 CPU = torch.device("cpu")
 BLOCK = 16
+SERVED_ROWS = (128, 8)  # a default worker's buckets: a step's rows (decodes and prompt chunks), the LM head's
 # the operations that multiply a weight (every candidate kernel of worker/quant/kernels.py)
 MATMULS = ("mm", "addmm", "linear", "matmul", "mkldnn", "int8pack", "int4pack", "dyn_quant", "bmm")
 
@@ -46,12 +50,16 @@ def is_matmul(name: str) -> bool:
     return any(m in name for m in MATMULS) and "scaled_dot_product" not in name
 
 
-def load(dtype: str, quantization: str) -> ModelRunner:
-    """The embedded model on CPU with a cache for one sequence, as a runner."""
+def load(dtype: str, quantization: str, deterministic: bool = False) -> ModelRunner:
+    """The embedded model on CPU with a cache for one sequence, as a runner: its kernels tuned for one
+    row, or with ``deterministic`` as a default worker tunes them (one row-invariant kernel per weight
+    over the buckets of :data:`SERVED_ROWS`)."""
     path = str(resolve_model("smollm2-135m-instruct", progress=False, quantization=quantization))
     config = model_mod.load_config(path)
     dt = model_mod.DTYPES[dtype]
-    model = model_mod.load_model(model_mod.plan_in_process(path, dtype, 2048, quantization, rows=(1, 1)))
+    rows = SERVED_ROWS if deterministic else (1, 1)
+    plan = model_mod.plan_in_process(path, dtype, 2048, quantization, rows=rows, deterministic=deterministic)
+    model = model_mod.load_model(plan)
     layers, kv_heads, head_dim = model_mod.kv_shape(config)
     cache = KVCache(layers, 64, BLOCK, kv_heads, head_dim, dt, CPU)
     return ModelRunner(model, cache, CPU)
@@ -74,10 +82,11 @@ def main() -> None:
     p.add_argument("--context", type=int, default=45)
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--capture", action="store_true", help="profile the captured decode step")
+    p.add_argument("--deterministic", action="store_true", help="the kernels a default (deterministic) worker runs")
     p.add_argument("--threads", type=int, default=1, help="torch's threads (a worker runs one per core)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    runner = load(a.dtype, a.quantization)
+    runner = load(a.dtype, a.quantization, a.deterministic)
     cap = step_capture.build(runner.model, runner.cache, 1, enforce_eager=False)
     if a.capture:
         if cap.fused is None:
@@ -101,6 +110,11 @@ def main() -> None:
     print(
         f"by CPU time: step {step_cpu * 1e3:.2f} ms, its linears alone {mat_cpu * 1e3:.2f} ms, "
         f"non-matmul share {1 - mat_cpu / step_cpu:.1%}"
+    )
+    read = weights_read(runner.model, a.quantization)
+    print(
+        f"a step reads {read / 1e6:.0f} MB of weights: {read / mat_cpu / 1e9:.1f} GB/s by the linears alone, "
+        f"{read / step_cpu / 1e9:.1f} GB/s over the step"
     )
 
 
@@ -133,6 +147,17 @@ def linears_alone(model, steps: int, clock) -> float:
         for fn, x in calls:
             fn(x)
     return (clock() - start) / steps
+
+
+def weights_read(model, quantization: str) -> int:
+    """Bytes of weights one step's linears read: their shapes in the compute dtype for a float model,
+    else every weight the model holds (its quantized forms)."""
+    if quantization != "none":
+        return model.linears.weight_bytes
+    c, layers = model.config, len(model.layers)
+    attn, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    per_layer = c.hidden_size * (attn + 2 * kv) + attn * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    return (layers * per_layer + c.vocab_size * c.hidden_size) * model.dtype.itemsize
 
 
 def timed(runner: ModelRunner, steps: int, context: int, clock=time.perf_counter) -> float:

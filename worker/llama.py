@@ -208,8 +208,15 @@ class LlamaModel:
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head: residual rows [N, hidden] (float32) -> logits [N, V] (float32)."""
+        """Final norm and LM head: residual rows [N, hidden] (float32) -> logits [N, V] (float32). In a
+        bfloat16 / float16 model whose head kernel sums in float32 and rounds its output to the compute
+        dtype (:meth:`~worker.quant.linear.Dispatch.native` in float32), the logits are taken before
+        that rounding: the same products, but no grid of 0.125 near a logit of 25 to tie two tokens."""
         x = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps).to(self.dtype)
+        if self.dtype != torch.float32 and hasattr(self.lm_head, "native"):
+            act, fn = self.lm_head.native(x.shape[0])
+            if act == torch.float32:
+                return fn(x.float())
         return self.lm_head(x).float()
 
 

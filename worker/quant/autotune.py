@@ -22,7 +22,11 @@ On a CPU the candidates are timed on one thread by that thread's CPU clock (:fun
 for every caller (the chat engine's linears and the embedding encoder's): on a busy CPU a wall-clock
 timing on several threads measures OpenMP barriers waiting for a descheduled thread, not the
 kernel, while a thread's CPU time counts only what it computed. Every candidate splits its output rows over threads alike, so their ranking on one thread
-is the ranking on several. The timer is injectable, so the choice logic is unit-tested with a fake
+is the ranking on several. Each of those timed calls starts with the weight out of the caches
+(:func:`cache_evictor`), as a decode step finds it: the step reads every weight once, far more bytes
+than the last-level cache holds, so a kernel timed on a weight left in the cache by its previous
+call would be ranked by its arithmetic at one row, where what decides is how fast it streams the
+weight from memory. The timer is injectable, so the choice logic is unit-tested with a fake
 clock.
 
 Each candidate says whether it is row-count invariant (:attr:`~worker.quant.kernels.Candidate.invariant`),
@@ -61,6 +65,8 @@ MIN_GAIN = 0.10  # a second form of a weight must be at least this much faster w
 # a quantized weight's values are held once (quantization is for memory): a second form may add a
 # copy of its scales (int8pack's bfloat16 ones), not another layout of its values
 MAX_ADDED_QUANTIZED = 0.25
+LLC_DEFAULT = 32 * 2**20  # bytes, where the CPU's caches are not listed
+EVICT_FACTOR = 1.5  # a buffer this many times the last-level cache empties it of the weight timed
 
 
 def buckets(max_rows: int) -> list[int]:
@@ -100,11 +106,16 @@ class Choice:
 
 
 def best_times(
-    fns: list[Callable], x: torch.Tensor, timer: Callable[[], float], sync: Callable[[], None]
+    fns: list[Callable],
+    x: torch.Tensor,
+    timer: Callable[[], float],
+    sync: Callable[[], None],
+    evict: Callable[[], None] | None = None,
 ) -> list[float]:
     """The fastest of :data:`REPEATS` calls of each ``fn(x)`` (two when a round of them takes over
     :data:`SLOW_ROUND_S`), in seconds, after :data:`WARMUP` calls each. The calls take turns (one of each per round), so a burst of load from other
-    processes slows every candidate alike instead of one of them."""
+    processes slows every candidate alike instead of one of them. ``evict``, where given, runs
+    before each timed call, untimed (:func:`cache_evictor`)."""
     for fn in fns:
         for _ in range(WARMUP):
             fn(x)
@@ -114,6 +125,8 @@ def best_times(
         if rep == 2 and sum(best) > SLOW_ROUND_S:
             break  # slow calls vary less, and the start-up is waiting: two rounds will do
         for i, fn in enumerate(fns):
+            if evict is not None:
+                evict()
             start = timer()
             fn(x)
             sync()
@@ -146,8 +159,13 @@ def measure(
     one thread's CPU clock (:func:`cpu_timing`), on CUDA the wall clock after a synchronize."""
     if timer is None and device.type == "cpu":
         with cpu_timing() as clock:
-            return measure(kernels, k, rows, dt, device, clock)
-    timer = timer or time.perf_counter
+            weight = min(sum(_nbytes(t) for t in _distinct(kn.held)) for kn in kernels)
+            return _measure(kernels, k, rows, dt, device, clock, cache_evictor(weight))
+    return _measure(kernels, k, rows, dt, device, timer or time.perf_counter)
+
+
+def _measure(kernels, k, rows, dt, device, timer, evict=None) -> dict[str, dict[int, float]]:
+    """:func:`measure` by ``timer``, each timed call after ``evict`` where given."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, dict[int, float]] = {kn.name: {} for kn in kernels}
     alive = list(kernels)
@@ -155,11 +173,45 @@ def measure(
     with torch.inference_mode():
         for r in rows:
             x = torch.randn(r, k, generator=g).to(device=device, dtype=dt)
-            for kn, t in zip(alive, best_times([kn.fn for kn in alive], x, timer, sync), strict=True):
+            for kn, t in zip(alive, best_times([kn.fn for kn in alive], x, timer, sync, evict), strict=True):
                 times[kn.name][r] = t
             best = min(times[kn.name][r] for kn in alive)
             alive = [kn for kn in alive if times[kn.name][r] <= PRUNE * best]
     return times
+
+
+def last_level_cache_bytes() -> int:
+    """This CPU's largest cache in bytes (``/sys/devices/system/cpu/cpu0/cache``; :data:`LLC_DEFAULT`
+    where it is not readable)."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=LLC_DEFAULT)
+
+
+def cache_evictor(weight_bytes: int = 0) -> Callable[[], None] | None:
+    """A function that pushes what the caches hold out of them by writing a buffer of
+    :data:`EVICT_FACTOR` times the last-level cache (:func:`last_level_cache_bytes`): a weight timed
+    after it is read from memory, as a decode step reads it. None where the weight of
+    ``weight_bytes`` is itself that large (it streams from memory at every call anyway)."""
+    size = int(last_level_cache_bytes() * EVICT_FACTOR)
+    if weight_bytes >= size:
+        return None
+    buf = torch.empty(size, dtype=torch.uint8)
+    state = [0]
+
+    def evict() -> None:
+        state[0] = (state[0] + 1) % 251
+        buf.fill_(state[0])
+
+    return evict
 
 
 def _storages(kernel: Kernel) -> set[int]:

@@ -13,7 +13,9 @@ around the operator.
 
 :class:`~worker.quant.format.QuantizedWeight` carries the blocks (``blocks``, ``ggml_type``) where it
 came from a GGUF file or was quantized here with ``ggml_quantize_chunk`` (:func:`quantize`); the
-candidates below accept only such weights.
+quantized candidates below accept only such weights. A float weight is its own blocks (ggml's F32,
+F16 and BF16 rows are the tensor's bytes): :func:`float_builder` multiplies it by ggml's float
+``vec_dot``, the kernel llama.cpp runs at one row for a float GGUF.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 # internal to ggml, so the version is pinned and the operator tested against it.
 LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
+HEADERS = [SOURCE.with_name("ggml_float_tiles.h")]  # included by SOURCE: part of the build's key
 NAME = "ggml_ops"
 # the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
 # template) compiles to a serial loop, and the operator would run on one thread whatever torch's count
@@ -43,6 +46,9 @@ SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
 # ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
 TYPES = {8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
 TYPE_OF = {name: t for t, (name, _, _) in TYPES.items()}
+# float weights multiplied as they are (their rows' bytes are ggml's rows): ggml_type -> torch dtype
+FLOAT_TYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+FLOAT_TYPE_OF = {dt: t for t, dt in FLOAT_TYPES.items()}
 
 _state: dict[str, bool] = {}
 
@@ -78,8 +84,9 @@ def ggml_dir() -> Path:
 
 def library_path() -> Path:
     """The operator's shared library (present once built): under :func:`ggml_dir`, keyed by torch's
-    version, the operator's source and its compiler flags."""
-    return ggml_dir() / f"op-torch{torch.__version__}-{_digest(SOURCE.read_text(), *CFLAGS)}" / f"{NAME}.so"
+    version, the operator's source (its headers included) and its compiler flags."""
+    source = _digest(SOURCE.read_text(), *(h.read_text() for h in HEADERS), *CFLAGS)
+    return ggml_dir() / f"op-torch{torch.__version__}-{source}" / f"{NAME}.so"
 
 
 def load() -> bool:
@@ -173,6 +180,31 @@ def builder(kernel_class, dequantized: bool = False):
         else:
             fn = lambda x: linear(x, blocks, t, n)  # noqa: E731
         return kernel_class("ggml", fn, (blocks,), gather=lambda ids: dequantize(blocks.index_select(0, ids), t, k))
+
+    return build
+
+
+def accepts_float(w, dt: torch.dtype, device: torch.device) -> bool:
+    """A float weight on a CPU, for float32 or bfloat16 activations (multiplied in that dtype)."""
+    return isinstance(w, torch.Tensor) and device.type == "cpu" and dt in (torch.float32, torch.bfloat16)
+
+
+def float_builder(kernel_class):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: ggml's ``vec_dot`` of the weight cast
+    to ``dt`` (F32's, with FMA, or BF16's, with ``avx512_bf16``'s dot products where the CPU has them:
+    what llama.cpp runs for one row of a float GGUF's weights), over rows of ``x`` read as they are.
+    Holds the weight in ``dt`` only (the same storage as a weight already in it). BF16's sums are in
+    float32 and rounded to bfloat16 on the way out: its ``native`` form takes float32 rows (rounded to
+    bfloat16 inside, as ``x.to(bfloat16)`` rounds them) and returns the float32 sums (an LM head's
+    logits, :meth:`worker.llama.LlamaModel.head`)."""
+
+    def build(w: torch.Tensor, dt: torch.dtype):
+        weight = w.detach().to(dt).contiguous()  # [N, K]
+        raw, t, n = weight.view(torch.uint8), FLOAT_TYPE_OF[dt], weight.shape[0]  # raw: [N, K * bytes]
+        linear = torch.ops.ggml.linear
+        fn = lambda x: linear(x, raw, t, n)  # noqa: E731
+        native = (torch.float32, fn) if dt == torch.bfloat16 else None
+        return kernel_class("ggml-float", fn, (weight,), native=native)
 
     return build
 

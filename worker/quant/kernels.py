@@ -75,7 +75,10 @@ class Candidate:
     float copy of a quantized weight (more memory than the quantized form; see autotune).
     ``invariant``: each output row is computed from its own input row alone, in an order that does not
     depend on how many rows share the call (ggml's per-row ``vec_dot``), so a sequence's values do not
-    change with its batch; False where that is not known (BLAS and oneDNN choose blockings by shape)."""
+    change with its batch; False where that is not known (BLAS and oneDNN choose blockings by shape).
+    ``wide_logits``: in a bfloat16 / float16 model its kernel's ``native`` form returns the float32
+    sums before they are rounded to the compute dtype (what an LM head's logits want: see
+    :func:`head_pool`)."""
 
     name: str
     tolerance: float
@@ -83,6 +86,7 @@ class Candidate:
     build: Callable[[Weight, torch.dtype], Kernel]
     copy: bool = False
     invariant: bool = False
+    wide_logits: bool = False
 
 
 def _is_float(w: Weight) -> bool:
@@ -250,6 +254,16 @@ def full_precision(candidate: Candidate, dt: torch.dtype) -> bool:
     return candidate.tolerance <= max(_tol(dt), TOL_BF16_SUM)
 
 
+def head_pool(pool: list[Candidate], w: Weight, dt: torch.dtype, device: torch.device) -> list[Candidate]:
+    """The candidates an LM head ``w`` of a ``dt`` model may run: :func:`full_precision` ones, and in a
+    bfloat16 / float16 model only those returning float32 logits (``wide_logits``) where any takes
+    ``w``: logits rounded to bfloat16 tie two tokens whose float32 logits differ by less than the
+    grid (0.125 near 25), and which of them greedy decoding takes then depends on the kernel."""
+    pool = [c for c in pool if full_precision(c, dt)]
+    wide = [c for c in pool if c.wide_logits and c.accepts(w, dt, device)] if dt != torch.float32 else []
+    return wide or pool
+
+
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
     """Every candidate for compute dtype ``dt`` on ``device``'s kind, whatever the weight; each
     says itself which weights it takes (:attr:`Candidate.accepts`)."""
@@ -293,9 +307,18 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
 
 def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
-    (row-count invariant) and the blocks dequantized per call for ``F.linear``."""
+    (row-count invariant) and the blocks dequantized per call for ``F.linear``; for a float weight,
+    ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
+    bit where they run; not declared invariant, so a deterministic table checks it like BLAS)."""
     tol = ggml_kernel.tolerance
     return [
+        Candidate(
+            f"ggml-{_short(dt)}",
+            _tol(dt),
+            ggml_kernel.accepts_float,
+            ggml_kernel.float_builder(Kernel),
+            wide_logits=dt == torch.bfloat16,
+        ),
         Candidate(
             "ggml",
             tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),

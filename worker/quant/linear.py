@@ -24,7 +24,7 @@ from worker.quant import ggml_kernel, invariance
 from worker.quant.autotune import Choice, Pick, buckets, invariant, storage_key, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.gguf_blocks import GROUP, unpack
-from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, full_precision
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, head_pool
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,11 @@ class Linears:
     def head(self, weight: Weight) -> Callable:
         """The LM head, tuned for at most ``max_logit_rows`` rows: int8 rows when quantizing, else
         in the compute dtype; only kernels whose logits keep the compute dtype's precision
-        (:func:`~worker.quant.kernels.full_precision`). Where its kernel holds the rows in a layout of
+        (:func:`~worker.quant.kernels.full_precision`; float32 logits in a bfloat16 model where a kernel gives
+        them, :func:`~worker.quant.kernels.head_pool`). Where its kernel holds the rows in a layout of
         its own, the per-row form is dropped and a tied embedding (:meth:`embedding`) reads that one."""
-        pool = [c for c in self.pool.values() if full_precision(c, self.dtype)]
         held = self.rows_int8(weight)
+        pool = head_pool(list(self.pool.values()), held, self.dtype, self.device)
         fn = self._build(held, self.logit_rows, pool)
         if held is not weight and storage_key(held.q) in self.gathers:
             self.rows8.pop(storage_key(weight))

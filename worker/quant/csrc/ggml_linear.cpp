@@ -2,9 +2,11 @@
 //
 // ggml::linear(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // each activation row is quantized once with the weight type's `from_float` into its `vec_dot_type`
-// (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the K-quants), then `vec_dot` runs over the output rows
+// (Q8_0 for Q8_0/Q4_0, Q8_1 for Q4_1, Q8_K for the K-quants; the float types F32, F16 and BF16 are their
+// own, and rows of x already in it are read as they are), then `vec_dot` runs over the output rows
 // in torch's own thread pool (at::parallel_for), never ggml's. Each output value is one vec_dot of one
-// weight row with one activation row, so a row's result does not depend on how many rows share the call.
+// weight row with one activation row, so a row's result does not depend on how many rows share the call
+// (F32 and BF16 weights at several rows: the same sums in tiles, ggml_float_tiles.h).
 //
 // ggml::quantize(w [N, K] float32, type) -> blocks [N, row_bytes] uint8 (ggml_quantize_chunk, no imatrix).
 // ggml::dequantize(blocks [R, row_bytes] uint8, type, k) -> [R, k] float32 (the type's to_float).
@@ -20,6 +22,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "ggml_float_tiles.h"  // F32 / BF16 weights at several rows: ggml's vec_dot, tiled
 
 namespace {
 
@@ -30,6 +33,9 @@ bool served(int64_t type) {
     case GGML_TYPE_Q4_1:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q6_K:
+    case GGML_TYPE_F32:  // float weights as they are (blocks: the rows' bytes)
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16:
       return true;
     default:
       return false;
@@ -81,7 +87,10 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type
                   blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
               "ggml::linear: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
   const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
-  const std::vector<uint8_t> act = quantize_rows(x, traits);
+  const bool as_is = (traits->vec_dot_type == GGML_TYPE_F32 && x.scalar_type() == at::kFloat) ||
+                     (traits->vec_dot_type == GGML_TYPE_BF16 && x.scalar_type() == at::kBFloat16);
+  const std::vector<uint8_t> converted = as_is ? std::vector<uint8_t>() : quantize_rows(x, traits);
+  const uint8_t* act = as_is ? static_cast<const uint8_t*>(x.data_ptr()) : converted.data();
   const size_t a_bytes = ggml_row_size(traits->vec_dot_type, k);
   const auto vec_dot = traits->vec_dot;
   const uint8_t* w = blocks.data_ptr<uint8_t>();
@@ -89,13 +98,28 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   float* out_f = bf16 ? nullptr : out.data_ptr<float>();
   c10::BFloat16* out_b = bf16 ? out.data_ptr<c10::BFloat16>() : nullptr;
+  if (rows > 1 && traits->vec_dot_type == t && tiles::serve(t, k)) {
+    auto store = [&](int64_t r, int64_t i, float s) {
+      if (bf16) {
+        out_b[r * n + i] = c10::BFloat16(s);
+      } else {
+        out_f[r * n + i] = s;
+      }
+    };
+    if (t == GGML_TYPE_BF16) {
+      tiles::linear<tiles::BF16>(w, w_bytes, n, act, a_bytes, rows, k, store);
+    } else {
+      tiles::linear<tiles::F32>(w, w_bytes, n, act, a_bytes, rows, k, store);
+    }
+    return out;
+  }
   // a chunk of at least 16 output rows: below that the thread hand-off costs more than the dot products
   at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const uint8_t* wrow = w + i * w_bytes;
       for (int64_t r = 0; r < rows; ++r) {
         float s;
-        vec_dot(static_cast<int>(k), &s, 0, wrow, 0, act.data() + r * a_bytes, 0, 1);
+        vec_dot(static_cast<int>(k), &s, 0, wrow, 0, act + r * a_bytes, 0, 1);
         if (bf16) {
           out_b[r * n + i] = c10::BFloat16(s);
         } else {
@@ -134,6 +158,7 @@ at::Tensor dequantize(const at::Tensor& blocks_in, int64_t type, int64_t k) {
   const int64_t rows = blocks.size(0);
   at::Tensor out = at::empty({rows, k}, blocks.options().dtype(at::kFloat));
   const auto to_float = ggml_get_type_traits(t)->to_float;
+  TORCH_CHECK(to_float != nullptr, "ggml::dequantize: ", ggml_type_name(t), " has no to_float");
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, rows, 64, [&](int64_t lo, int64_t hi) {
