@@ -13,13 +13,15 @@ measuring (each read or measurement is logged, with its time).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from worker.contract.env import tuning_dir
@@ -46,25 +48,42 @@ def kernel_table_path(model_path: str) -> Path:
 
 def cached_step_cost(key: dict, measure: Callable[[], StepCost | None]) -> StepCost | None:
     """The step costs saved under ``key`` (JSON: everything they depend on, the machine included),
-    else ``measure()``'s, saved for the next start. None (a KV cache too small to calibrate) is not
+    else ``measure()``'s, saved for the next start. The replicas of a deployment start together: the
+    first measures under a file lock while the others wait for it and read (so it measures alone,
+    and they spend no CPU on the same figures). None (a KV cache too small to calibrate) is not
     saved: finding it again costs nothing. An unreadable file is measured again and replaced; a
-    folder that cannot be written only logs a warning."""
+    folder that cannot be written only logs a warning (and nothing is locked)."""
     path = tuning_dir() / f"step-cost-{digest(key)}.json"
-    try:
-        cost = StepCost(**json.loads(path.read_text())["cost"])
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        log.warning("step costs %s unreadable (%s): measuring again", path, exc)
-    else:
-        log.info("step costs read from %s (measured at an earlier start here)", path)
+    with locked(path):
+        try:
+            cost = StepCost(**json.loads(path.read_text())["cost"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("step costs %s unreadable (%s): measuring again", path, exc)
+        else:
+            log.info("step costs read from %s (measured at an earlier start here)", path)
+            return cost
+        began = time.perf_counter()
+        cost = measure()
+        if cost is not None:
+            log.info("step costs measured in %.1fs; kept in %s", time.perf_counter() - began, path)
+            write_atomically(path, json.dumps({"key": key, "cost": dataclasses.asdict(cost)}, indent=1, default=str))
         return cost
-    began = time.perf_counter()
-    cost = measure()
-    if cost is not None:
-        log.info("step costs measured in %.1fs; kept in %s", time.perf_counter() - began, path)
-        write_atomically(path, json.dumps({"key": key, "cost": dataclasses.asdict(cost)}, indent=1, default=str))
-    return cost
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` + ``.lock`` for the block (none when it cannot be made)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "w")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -203,7 +203,7 @@ def test_step_costs_are_measured_once_per_key_and_read_at_the_next_start(tmp_pat
     slower = dataclasses.replace(TRUE, token_s=0.005)
     assert start_cache.cached_step_cost(other, lambda: measure(slower)) == slower and len(calls) == 2
     assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 2  # each key its own file
-    (kept,) = [p for p in tmp_path.iterdir() if start_cache.digest(key) in p.name]
+    (kept,) = [p for p in tmp_path.glob("*.json") if start_cache.digest(key) in p.name]
     kept.write_text("{not json")
     assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 3
     assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 3  # replaced by a good one
