@@ -17,6 +17,7 @@ ranks, so they follow without being told what the steps are for.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -243,6 +244,7 @@ def step_cost_key(cfg: WorkerSettings, plan: LoadPlan, runner: ModelRunner, most
         "plan": plan.describe(),
         "kernels": kernels,
         "step": build_key(),
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],  # this calibration's code
         "settings": [w.max_num_seqs, w.enforce_eager, cfg.model.max_model_len, most, runner.cache.num_blocks],
         "design": [STEP_RATIO, CALIBRATION_ROWS, CALIBRATION_CONTEXT, CALIBRATION_CHUNKS, CALIBRATION_FAR],
     }

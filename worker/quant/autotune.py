@@ -288,12 +288,17 @@ def weight_label(w: Weight, dt: torch.dtype) -> str:
 
 
 def machine_digest() -> str:
-    """16 hex digits naming this machine's timings: the CPU (its model and flags), torch's version
-    and the ggml operator's build, which all change them."""
+    """16 hex digits naming this machine's timings: the CPU (its model and flags), torch's version,
+    the ggml operator's build and the code that times and chooses the kernels (this package's
+    sources), which all change them: a table kept across starts is measured again after any of them
+    changes."""
     from worker.quant import ggml_kernel
 
     machine = ggml_kernel.library_path().parent.name + "\0" + ggml_kernel.cpu_flags()
-    return hashlib.sha256(machine.encode()).hexdigest()[:16]
+    h = hashlib.sha256(machine.encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(source.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def table_name(revision: str) -> str:
