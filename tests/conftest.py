@@ -4,14 +4,35 @@ reconfigure a deployment starts its own with ``tests.helpers.deployment.Deployme
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.xdist_groups import group_order, module_groups
+from tests.helpers.xdist_groups import group_order, last_users, module_groups
+from worker.contract.env import TUNING_ENV
 
 ROOT = Path(__file__).parent
 pytest_plugins = ["tests.helpers.fixtures"]  # shared fixtures: deployment, client, tokenizer
+RELEASE = pytest.StashKey[dict[str, set[str]]]()  # test id -> the session fixtures stopped after it
+TUNING = pytest.StashKey[str]()  # the tuning folder this process made (and removes)
+
+
+def pytest_configure(config):
+    """The workers' start-up timings (kernel tables, step costs: ``worker.start_cache``) go to a
+    folder of this run's, shared by its pytest-xdist workers (they inherit the variable): the suite's
+    first start of a model measures, later ones read, and nothing measured on a busy test machine
+    is left for a later ``up``. Set the variable to use another folder (kept)."""
+    if TUNING_ENV not in os.environ:
+        config.stash[TUNING] = os.environ[TUNING_ENV] = tempfile.mkdtemp(prefix="llamadeploy-tuning-")
+
+
+def pytest_unconfigure(config):
+    if folder := config.stash.get(TUNING, None):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(TUNING_ENV, None)
 
 
 # tryfirst: pytest-xdist's worker reads the xdist_group marks in its own collection hook
@@ -21,9 +42,10 @@ def pytest_collection_modifyitems(config, items):
         for marker in ("unit", "integration", "e2e", "ray"):
             if (ROOT / marker) in Path(item.fspath).parents:
                 item.add_marker(getattr(pytest.mark, marker))
+    starts = {id(item): session_starts(item) for item in items}
     uses: dict[str, set[str]] = {}
     for item in items:
-        uses.setdefault(module_of(item), set()).update(session_starts(item))
+        uses.setdefault(module_of(item), set()).update(starts[id(item)])
     groups = module_groups(uses)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[module_of(item)]))
@@ -31,7 +53,21 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             tag_group(item, groups[module_of(item)])
         # the workers' collection order is the order the groups are handed out in
-        items.sort(key=lambda item: group_order(module_of(item), groups[module_of(item)]))
+        items.sort(key=lambda item: group_order(module_of(item), groups[module_of(item)], bool(uses[module_of(item)])))
+    elif hasattr(config, "workerinput"):
+        return  # another --dist mode: a group's tests may run on both workers, so none is stopped early
+    config.stash[RELEASE] = last_users([(item.nodeid, starts[id(item)]) for item in items])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test that uses a session fixture of ``STARTS`` (in this process's order: a
+    group runs whole on one worker), stop it: a deployment no later test needs gives its memory
+    back to the modules still to run, instead of holding it to the end of the session."""
+    result = yield
+    for name in sorted(item.config.stash.get(RELEASE, {}).get(item.nodeid, ())):
+        item._fixtureinfo.name2fixturedefs[name][-1].finish(item._request)
+    return result
 
 
 def module_of(item: pytest.Item) -> str:

@@ -13,7 +13,6 @@ exit 0 when rank 0 stops cleanly, and ignore SIGTERM once loaded (rank 0 decides
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import queue
@@ -172,7 +171,7 @@ def catch_signals(link: Link, stop: threading.Event) -> None:
 def load(cfg: WorkerSettings, link: Link, args: WorkerArgs, started: float):
     """Check the GPUs, resolve and log the load plan (:func:`worker.model.plan_load`), join the
     tensor-parallel ranks, load the weights and KV cache as planned, warm up; with
-    ``workers.deterministic`` the replicas started from one settings file share one kernel table
+    ``workers.deterministic`` the replicas of a model share one kernel table
     (:func:`kernel_table`). Returns ``(engine, its Ready message, the rank group or None)``."""
     device_kind, cpus, model_path, world = args.device, args.cpus, args.model_path, args.world_size
     import torch
@@ -190,7 +189,7 @@ def load(cfg: WorkerSettings, link: Link, args: WorkerArgs, started: float):
 
         return load_embedder(cfg, link, plan, started)
     group = join_group(cfg, 0, world, args.dist_init, device_kind) if world > 1 else None
-    table = kernel_table(cfg, args.config, model_path)
+    table = kernel_table(cfg, model_path)
     engine, budget = build_engine(cfg, plan, group=group, kernel_table=table)
     log_loaded(cfg, engine, gpus, started)
     warm_up(engine)
@@ -213,21 +212,17 @@ def load(cfg: WorkerSettings, link: Link, args: WorkerArgs, started: float):
     return engine, ready, group
 
 
-def kernel_table(cfg: WorkerSettings, settings_path: str | None, model_path: str) -> Path | None:
-    """With ``workers.deterministic``, the kernel table the replicas of this revision share: in the run
-    directory (the settings file's folder), named for the revision (the settings file's name and a
-    hash of its content and the model path: every replica of one revision reads the same file) and
-    the machine (:func:`worker.quant.autotune.table_name`). None otherwise: each replica measures
-    its own. None under tensor parallel too: the table's lock is held while the linears are built,
-    and a rank holding it can wait in a collective for a peer rank that waits for the lock (the
-    ranks of two replicas deadlock), so each rank measures its own table there."""
-    if not cfg.workers.deterministic or settings_path is None or cfg.workers.tensor_parallel_size > 1:
+def kernel_table(cfg: WorkerSettings, model_path: str) -> Path | None:
+    """With ``workers.deterministic``, the kernel table every replica of the model shares on this
+    machine, kept across starts (:func:`worker.start_cache.kernel_table_path`). None otherwise: each
+    replica measures its own. None under tensor parallel too: the table's lock is held while the
+    linears are built, and a rank holding it can wait in a collective for a peer rank that waits for
+    the lock (the ranks of two replicas deadlock), so each rank measures its own table there."""
+    if not cfg.workers.deterministic or cfg.workers.tensor_parallel_size > 1:
         return None
-    from worker.quant import autotune
+    from worker.start_cache import kernel_table_path
 
-    path = Path(settings_path)
-    digest = hashlib.sha256(path.read_bytes() + b"\0" + model_path.encode()).hexdigest()[:12]
-    return path.parent / autotune.table_name(f"{path.stem}-{digest}")
+    return kernel_table_path(model_path)
 
 
 def log_loaded(cfg: WorkerSettings, engine, gpus: list, started: float) -> None:

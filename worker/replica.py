@@ -4,7 +4,8 @@ prefill budget, warm it up.
 
 On GPU the KV cache is sized after a warm-up pass at the largest prefill step, whose activation
 peak the budget rule (:mod:`worker.contract.budget`) subtracts. On CPU its size is ``kv_cache_gib``, and
-``max_prefill_tokens: auto`` is measured here (:func:`calibrate_step_cost`).
+``max_prefill_tokens: auto`` is measured here (:func:`calibrate_step_cost`) at a model's first start
+on the machine, and read at the next ones (:mod:`worker.start_cache`).
 
 A tensor-parallel replica runs :func:`load_shard` on every rank (each sizes its KV share from its
 own GPU, or ``kv_cache_gib`` per rank on CPU; all take the smallest block count), then rank 0
@@ -16,6 +17,7 @@ ranks, so they follow without being told what the steps are for.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 
 from worker import gpus as worker_gpus
-from worker import grammar
+from worker import grammar, start_cache
 from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager, BlockTable
@@ -126,7 +128,10 @@ def build_engine(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: 
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:
-        cost = calibrate_step_cost(engine.runner, idle, cfg.model.max_model_len, w.max_num_seqs)
+        cost = start_cache.cached_step_cost(
+            step_cost_key(cfg, plan, engine.runner, idle),
+            lambda: calibrate_step_cost(engine.runner, idle, cfg.model.max_model_len, w.max_num_seqs),
+        )
         scheduler.set_prefill_budget(*prefill_budgets(cost, idle), cost)
         log.info(
             "prefill beside decodes: %s; %d tokens a step alone",
@@ -217,6 +222,32 @@ def calibrate_step_cost(
     steps = {r: best[("decode", r)] for r in {1, rows}}
     chunks = {k: t for k, t in best.items() if k[0] != "decode"}
     return StepCost.fit(steps, rows, chunks, STEP_RATIO)
+
+
+def step_cost_key(cfg: WorkerSettings, plan: LoadPlan, runner: ModelRunner, most: int) -> dict:
+    """What :func:`calibrate_step_cost` measures depends on, as JSON (the key it is kept under across
+    starts, :func:`worker.start_cache.cached_step_cost`): the machine and the threads it runs on, the
+    model and its load plan, the kernel each weight runs, the fused step's build, the settings and
+    bounds the calibration's design reads, and that design."""
+    from worker.quant.autotune import machine_digest
+    from worker.step.fused import build_key
+
+    linears = getattr(runner.model, "linears", None)  # None: transformers' forward (no table)
+    kernels = (
+        [[c.n, c.k, c.weight, [[p.rows, p.kernel] for p in c.picks]] for c, _ in linears.table()] if linears else []
+    )
+    w = cfg.workers
+    return {
+        "machine": machine_digest(),
+        "threads": torch.get_num_threads(),
+        "model": plan.model_path,
+        "plan": plan.describe(),
+        "kernels": kernels,
+        "step": build_key(),
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],  # this calibration's code
+        "settings": [w.max_num_seqs, w.enforce_eager, cfg.model.max_model_len, most, runner.cache.num_blocks],
+        "design": [STEP_RATIO, CALIBRATION_ROWS, CALIBRATION_CONTEXT, CALIBRATION_CHUNKS, CALIBRATION_FAR],
+    }
 
 
 def prefill_budgets(cost: StepCost | None, most: int) -> tuple[int, int]:

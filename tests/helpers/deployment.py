@@ -19,6 +19,11 @@ from launcher.plan.ports import free_port
 
 MODEL = "smollm2-135m-instruct"
 T = TypeVar("T")
+# `up` refuses to start when the machine has not the RAM its workers need now (launcher.plan.plan);
+# under `pytest -n 2` the other worker's deployment (or another job) may hold it for a while
+RAM_REFUSAL = "CPU workers need"
+RAM_WAIT_S = 600.0  # how long start() retries such a refusal before failing with it
+RAM_RETRY_S = 10.0
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str = "", interval: float = 0.1) -> T:
@@ -110,14 +115,30 @@ class Deployment:
         return sum((entry.get("workers") or {}).get("replicas", top) for entry in entries)
 
     def start(self, timeout: float = 240.0) -> Deployment:
+        """``llamadeploy up`` until every worker is ready (``timeout`` s). While ``up`` refuses for
+        RAM the machine has not free now (:data:`RAM_REFUSAL`: another pytest-xdist worker's
+        deployment holds it), it tries again every :data:`RAM_RETRY_S` for up to :data:`RAM_WAIT_S`,
+        noting each wait in the log; any other failure raises at once."""
         self.path.write_text(yaml.safe_dump(self.config))
-        self._log = open(self.log_path, "ab")  # closed by stop()
         cli = [sys.executable, "-m", "launcher.cli", "up", str(self.path), *self.args]
-        self.proc = subprocess.Popen(
-            cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-        self.wait_ready(timeout)
-        return self
+        waited_until = time.monotonic() + RAM_WAIT_S
+        while True:
+            self._log = open(self.log_path, "ab")  # closed by stop()
+            attempt = self._log.tell()  # where this attempt's lines begin
+            self.proc = subprocess.Popen(
+                cli, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+            try:
+                self.wait_ready(timeout)
+                return self
+            except RuntimeError:
+                refused = RAM_REFUSAL in self.log_path.read_bytes()[attempt:].decode(errors="replace")
+                if not refused or time.monotonic() > waited_until:
+                    raise
+            self._log.close()
+            with open(self.log_path, "a") as log:
+                log.write(f"[tests] up refused for RAM: trying again in {RAM_RETRY_S:.0f}s\n")
+            time.sleep(RAM_RETRY_S)
 
     def wait_ready(self, timeout: float = 240.0, count: int | None = None) -> None:
         """Until ``count`` (default: all) workers are ready; fails at once if ``up`` exits."""

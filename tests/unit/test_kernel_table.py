@@ -200,25 +200,27 @@ def test_set_up_without_a_compiler_still_succeeds(tmp_path):
     assert "ggml kernels not built (cmake, c++ not found)" in out.stdout and "torch's kernels" in out.stdout
 
 
-def test_a_deterministic_worker_names_one_table_per_settings_file_and_model(tmp_path):
-    """Replicas started from one settings file and model read one table in the run directory; another
-    revision (other settings) or model another; with ``workers.deterministic`` off, none."""
+def test_a_deterministic_worker_names_one_table_per_model_and_machine_kept_across_starts(tmp_path, monkeypatch):
+    """The replicas of a model read one table in the tuning folder (kept across starts and
+    deployments: its entries are keyed by weight shape, rows and candidates, so other settings share
+    it); another model another; another machine (its digest) another; with ``workers.deterministic``
+    off, none."""
     from worker.contract.settings import WorkerSettings
     from worker.main import kernel_table
+    from worker.quant import autotune
 
+    monkeypatch.setenv("LLAMADEPLOY_TUNING_DIR", str(tmp_path / "tuning"))
     on = WorkerSettings.model_validate({"workers": {"deterministic": True}})
-    settings = tmp_path / "worker.json"
-    settings.write_text(on.model_dump_json())
-    first = kernel_table(on, str(settings), "/models/a")
-    assert first is not None and first.parent == tmp_path and first.name.startswith("kernels-worker-")
-    assert kernel_table(on, str(settings), "/models/a") == first
-    assert kernel_table(on, str(settings), "/models/b") != first
-    settings.write_text(
-        WorkerSettings.model_validate({"workers": {"deterministic": True, "max_num_seqs": 4}}).model_dump_json()
-    )
-    assert kernel_table(on, str(settings), "/models/a") != first
+    first = kernel_table(on, "/models/a")
+    assert first is not None and first.parent == tmp_path / "tuning" and first.name.startswith("kernels-a-")
+    assert kernel_table(on, "/models/a") == first
+    assert kernel_table(on, "/models/b") != first
+    other = WorkerSettings.model_validate({"workers": {"deterministic": True, "max_num_seqs": 4}})
+    assert kernel_table(other, "/models/a") == first
+    monkeypatch.setattr(autotune, "machine_digest", lambda: "another-cpu")
+    assert kernel_table(on, "/models/a") != first
     off = WorkerSettings.model_validate({"workers": {"deterministic": False}})
-    assert kernel_table(off, str(settings), "/models/a") is None
+    assert kernel_table(off, "/models/a") is None
 
 
 def test_tensor_parallel_ranks_measure_their_own_table(tmp_path):
@@ -228,6 +230,4 @@ def test_tensor_parallel_ranks_measure_their_own_table(tmp_path):
     from worker.main import kernel_table
 
     tp = WorkerSettings.model_validate({"workers": {"deterministic": True, "tensor_parallel_size": 2}})
-    settings = tmp_path / "worker.json"
-    settings.write_text(tp.model_dump_json())
-    assert kernel_table(tp, str(settings), "/models/a") is None
+    assert kernel_table(tp, "/models/a") is None

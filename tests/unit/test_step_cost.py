@@ -181,3 +181,32 @@ def test_the_calibration_gives_way_when_the_cache_cannot_hold_its_steps():
 
     runner = FakeRunner(TRUE, num_blocks=40)
     assert replica.calibrate_step_cost(runner, 512, 8192, 8, clock=runner.clock) is None and not runner.plans
+
+
+def test_step_costs_are_measured_once_per_key_and_read_at_the_next_start(tmp_path, monkeypatch):
+    """The first start with a key measures and keeps the costs; the next with the same key reads them
+    without measuring; another key (another machine, model, setting) measures; an unreadable file
+    is measured again and replaced; None (a cache too small to calibrate) is not kept."""
+    from worker import start_cache
+
+    monkeypatch.setenv("LLAMADEPLOY_TUNING_DIR", str(tmp_path))
+    calls = []
+
+    def measure(cost=TRUE):
+        calls.append(cost)
+        return cost
+
+    key = {"machine": "m1", "model": "/models/a", "settings": [8, False, 2048, 512]}
+    assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 1
+    assert start_cache.cached_step_cost(dict(key), measure) == TRUE and len(calls) == 1  # read, not measured
+    other = {**key, "machine": "m2"}
+    slower = dataclasses.replace(TRUE, token_s=0.005)
+    assert start_cache.cached_step_cost(other, lambda: measure(slower)) == slower and len(calls) == 2
+    assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 2  # each key its own file
+    (kept,) = [p for p in tmp_path.glob("*.json") if start_cache.digest(key) in p.name]
+    kept.write_text("{not json")
+    assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 3
+    assert start_cache.cached_step_cost(key, measure) == TRUE and len(calls) == 3  # replaced by a good one
+    small = {**key, "settings": [8, False, 2048, 512, 40]}
+    assert start_cache.cached_step_cost(small, lambda: None) is None
+    assert start_cache.cached_step_cost(small, lambda: measure(None)) is None and len(calls) == 4

@@ -21,6 +21,7 @@ RAY_GPU_IDS_ENV = "LLAMADEPLOY_RAY_GPU_IDS"  # ray.get_gpu_ids(), comma-separate
 API_KEYS_ENV = "LLAMADEPLOY_API_KEYS"  # the launcher's own: comma-separated router.api_keys
 ADMIN_TOKEN_ENV = "LLAMADEPLOY_ADMIN_TOKEN"  # the launcher's own: router.admin_token
 CACHE_ENV = "LLAMADEPLOY_CACHE"  # the root of what is cached across runs: converted models, built operators
+TUNING_ENV = "LLAMADEPLOY_TUNING_DIR"  # where start-up timings are kept (worker.start_cache); default under CACHE_ENV
 SECRET_ENVS = frozenset(
     {API_KEYS_ENV, ADMIN_TOKEN_ENV}
 )  # never passed on to a child (the router's settings file has them)
@@ -46,3 +47,10 @@ def cache_root() -> Path:
     """The root of what llamadeploy caches across runs (converted models, built operators):
     ``$LLAMADEPLOY_CACHE``, else ``~/.cache/llamadeploy``."""
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "llamadeploy"))
+
+
+def tuning_dir() -> Path:
+    """Where a worker keeps what it measured at start for the next start on this machine (its
+    kernel tables and step costs, :mod:`worker.start_cache`): ``$LLAMADEPLOY_TUNING_DIR``, else
+    :func:`cache_root` ``/tuning``."""
+    return Path(os.environ.get(TUNING_ENV) or cache_root() / "tuning")

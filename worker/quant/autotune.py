@@ -31,8 +31,8 @@ clock.
 
 Each candidate says whether it is row-count invariant (:attr:`~worker.quant.kernels.Candidate.invariant`),
 and so does each :class:`Choice` (:attr:`Choice.invariant`: one such kernel at every bucket). The
-replicas of one revision can share one table (:func:`load_or_measure`): measured once, read by the
-next replica, so they all run the same kernels.
+replicas of a model can share one table (:func:`load_or_measure`, kept across starts by
+:mod:`worker.start_cache`): measured once, read by the next replica, so they all run the same kernels.
 """
 
 from __future__ import annotations
@@ -336,23 +336,32 @@ def weight_label(w: Weight, dt: torch.dtype) -> str:
     return f"{w.source}/{group}"
 
 
-# ---- one table for the replicas of a revision -------------------------------------------------------
+# ---- one table for the replicas of a model ----------------------------------------------------------
 
 
-def table_name(revision: str) -> str:
-    """The file name of revision ``revision``'s kernel table on this machine: keyed by the CPU (its
-    model and flags), torch's version and the ggml operator's build, which all change the timings."""
+def machine_digest() -> str:
+    """16 hex digits naming this machine's timings: the CPU (its model and flags), torch's version,
+    the ggml operator's build and the code that times and chooses the kernels (this package's
+    sources), which all change them: a table kept across starts is measured again after any of them
+    changes."""
     from worker.quant import ggml_kernel
 
     machine = ggml_kernel.library_path().parent.name + "\0" + ggml_kernel.cpu_flags()
-    digest = hashlib.sha256(machine.encode()).hexdigest()[:16]
+    h = hashlib.sha256(machine.encode())
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(source.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def table_name(revision: str) -> str:
+    """The file name of ``revision``'s kernel table on this machine (:func:`machine_digest`)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in revision)
-    return f"kernels-{safe}-{digest}.json"
+    return f"kernels-{safe}-{machine_digest()}.json"
 
 
 @contextlib.contextmanager
 def load_or_measure(path: Path | str) -> Iterator[dict[str, list[Pick]]]:
-    """The kernel table shared by every replica of one revision, at ``path`` (see :func:`table_name`).
+    """The kernel table shared by the replicas of a model, at ``path`` (see :func:`table_name`).
 
     Holds an exclusive lock (``path`` + ``.lock``) for the block, and yields the table read from
     ``path`` (empty when absent or unreadable): ``{key: [Pick, ...]}``. The block builds the model's

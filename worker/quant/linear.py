@@ -85,7 +85,7 @@ class Linears:
     memory). ``timer``: the clock of the measurements (None: :func:`~worker.quant.autotune.measure`'s
     own; a fake one in tests). ``agree``: with tensor parallelism, maps this rank's picks (kernel
     indices per bucket) to rank 0's (:meth:`worker.tp.TPGroup.rank0_ints`), so every rank of a replica
-    runs rank 0's table. ``shared``: a table shared by the replicas of a revision
+    runs rank 0's table. ``shared``: a table shared by the replicas of a model
     (:func:`worker.quant.autotune.load_or_measure`): a weight found there runs its saved picks
     unmeasured, one measured here is added to it.
     ``deterministic``: only row-invariant kernels, one per weight for every bucket
