@@ -164,9 +164,13 @@ def _last_line(done: subprocess.CompletedProcess) -> str:
 
 
 def _settle(traffic: Traffic, streams: int, since: float, timeout: float) -> None:
-    """Wait until the clients completed one request each after ``since`` (the load is back)."""
+    """Wait until the clients completed one request each after ``since`` (the load is back) and no
+    arrival sent before ``since`` is still in flight: the next event then meets no request that this
+    one already made retry (``router.max_retries`` counts a request's losses, whichever event)."""
     deadline = time.monotonic() + timeout
-    while traffic.completed_since(since) < streams + 1 and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+        traffic.completed_since(since) < streams + 1 or traffic.arrivals_in_flight(since)
+    ):
         time.sleep(0.2)
 
 

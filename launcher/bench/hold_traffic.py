@@ -64,6 +64,7 @@ class Traffic:
         if self.arrivals_per_s > 0:
             self._threads.append(threading.Thread(target=self._arrive, daemon=True))
         self._arrived: list[threading.Thread] = []
+        self._open: dict[int, float] = {}  # arrivals in flight: number -> start
 
     def __enter__(self) -> Traffic:
         for t in self._threads:
@@ -74,6 +75,10 @@ class Traffic:
         self._stop.set()
         for t in self._threads + self._arrived:
             t.join(timeout=self.timeout)
+
+    def arrivals_in_flight(self, before: float) -> int:
+        """Open-loop arrivals sent before ``before`` and not yet ended."""
+        return sum(1 for start in list(self._open.values()) if start < before)
 
     def completed_since(self, t: float) -> int:
         """Requests answered 200 and complete that ended after ``t``."""
@@ -88,14 +93,20 @@ class Traffic:
                     time.sleep(0.5)  # as a client that backs off after an error
 
     def _arrive(self) -> None:
-        """Start one request every ``1 / arrivals_per_s`` seconds, each in its own thread."""
+        """Start one request every ``1 / arrivals_per_s`` seconds, each in its own thread (and its own
+        connection: an ``httpx.Client`` is not shared across threads)."""
+        n = 0
+        while not self._stop.wait(1.0 / self.arrivals_per_s):
+            n += 1
+            self._open[n] = time.monotonic()
+            t = threading.Thread(target=self._arrival, args=(n,), daemon=True)
+            self._arrived.append(t)
+            t.start()
+
+    def _arrival(self, n: int) -> None:
         with httpx.Client(timeout=self.timeout, headers=self.headers) as http:
-            n = 0
-            while not self._stop.wait(1.0 / self.arrivals_per_s):
-                n += 1
-                t = threading.Thread(target=self._call, args=(http, False, 1000 + n), daemon=True)
-                self._arrived.append(t)
-                t.start()
+            self._call(http, False, 1000 + n)
+        self._open.pop(n, None)
 
     def _call(self, http: httpx.Client, stream: bool, n: int) -> Call:
         """One request, recorded in :attr:`calls` once it ended."""

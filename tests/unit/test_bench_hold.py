@@ -130,3 +130,11 @@ CHUNK = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
 def test_a_stream_is_complete_cut_or_answered_5xx(status, body, cut, failed, server_error):
     call = answered(status, body)
     assert (call.cut, call.failed, call.server_error) == (cut, failed, server_error), call
+
+
+def test_an_event_settles_only_once_the_arrivals_sent_before_it_ended():
+    from launcher.bench.hold_traffic import Traffic
+
+    traffic = Traffic("http://127.0.0.1:9/v1", "m", None, streams=0)
+    traffic._open.update({1: 5.0, 2: 12.0})  # sent at 5 s and 12 s, not answered yet
+    assert traffic.arrivals_in_flight(10.0) == 1 and traffic.arrivals_in_flight(4.0) == 0
