@@ -26,6 +26,7 @@ from worker.contract import keys
 from worker.contract.heap import freeze_startup_heap
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
+from worker.contract.pauses import SLOW_TURN_S, TurnWatch
 
 log = logging.getLogger("router")
 
@@ -122,14 +123,27 @@ async def run_router(cfg: RouterSettings, args: RouterArgs) -> None:
     pool.hold.limits = lambda model: api.cfg.hold_limits(model)  # api.cfg: replaced by a live apply
     runners = await start_servers(api)
     freeze_startup_heap()  # a full collection would stop the event loop, and with it every stream
+    lag = asyncio.create_task(watch_event_loop())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the launcher decides when we stop
     await stop.wait()
+    lag.cancel()
     await stop_servers(api, runners)
     if sender is not None:
         sender.close()
+
+
+async def watch_event_loop(tick_s: float = 0.1) -> None:
+    """Log every tick of the event loop that comes over :data:`~worker.contract.pauses.SLOW_TURN_S`
+    late (a blocking call or a collection held every stream this router relays), with the CPU the
+    router used meanwhile (:class:`~worker.contract.pauses.TurnWatch`). Runs until cancelled."""
+    watch = TurnWatch(f"a {1e3 * tick_s:.0f} ms tick of the router's event loop", slow_s=tick_s + SLOW_TURN_S)
+    while True:
+        watch.begin()
+        await asyncio.sleep(tick_s)
+        watch.end()
 
 
 def main(argv: list[str] | None = None) -> None:

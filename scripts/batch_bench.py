@@ -126,6 +126,7 @@ async def batch_beside_chat(args, chat: Client, model: str | None, faults: Fault
         await client.close()
     out = {"batch": check_output(run, args.lines), "chat": chat_figures(beside, run.started, run.ended)}
     out["chat"]["errors_seen"] = sorted({s.error for s in beside if s.error})[:3]  # what the failures were
+    out["wall_minus_perf_s"] = time.time() - time.perf_counter()  # dates the timelines' perf_counter times
     if faults is not None:
         out["faults"] = faults.done
     return out

@@ -31,6 +31,10 @@ class EngineCore(Protocol):
         """One iteration of the engine; returns its messages in order."""
         ...
 
+    def last_step(self) -> str:
+        """What the last :meth:`step` computed, in words (a slow turn's log line)."""
+        ...
+
     def idle(self) -> None:
         """Called on every turn of the loop, work or not (a tensor-parallel keep-alive)."""
         ...

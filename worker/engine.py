@@ -63,6 +63,7 @@ class Engine:
         self.last_step_at = time.monotonic()
         self.oom_events = 0
         self._last_trim = 0.0
+        self._last_shape = (0, 0, 0)  # the last step's decodes, prefill chunks and their tokens
 
     # ---- requests in ------------------------------------------------------------------
 
@@ -148,6 +149,7 @@ class Engine:
             )
         if plan.empty:
             return out
+        self._last_shape = (len(plan.decode), len(plan.prefill), sum(e - s for _, s, e in plan.prefill))
         try:
             logits = self.runner.run(plan)
         except torch.OutOfMemoryError as exc:
@@ -163,6 +165,15 @@ class Engine:
             self.scheduler.redo_last_token(ready)
             out += self._on_oom(StepPlan(decode=ready), exc)
         return out
+
+    def last_step(self) -> str:
+        """The last step's batch: its decodes, prefill chunks and their tokens, and what is left."""
+        decodes, chunks, tokens = self._last_shape
+        s = self.scheduler
+        return (
+            f"step {self.steps}: {decodes} decodes, {chunks} prefill chunks of {tokens} tokens; "
+            f"{len(s.running)} running, {len(s.waiting)} waiting"
+        )
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[Msg]:
         """Sample every sequence whose tokens are all computed (``logits`` [N, V]); a row the sampler

@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from worker.contract.args import WorkerArgs
@@ -28,6 +29,7 @@ from worker.contract.fingerprint import system_fingerprint
 from worker.contract.heap import freeze_startup_heap
 from worker.contract.lifeline import die_with_parent
 from worker.contract.logs import setup_logging
+from worker.contract.pauses import TurnWatch
 from worker.contract.protocol import (
     PROTOCOL_VERSION,
     Bye,
@@ -322,24 +324,35 @@ class Loop:
             self.send(out)
 
 
+def turn_details(engine: EngineCore, handled: int, stepped: bool) -> str:
+    """A slow engine turn in words: the messages it handled and the step it took."""
+    return f"{handled} messages handled" + (f", {engine.last_step()}" if stepped else "")
+
+
 def serve(loop: Loop, inbox: queue.SimpleQueue) -> str:
     """The engine loop: take messages, step while there is work, block briefly when idle. Returns
     why it stopped."""
     engine = loop.engine
+    watch = TurnWatch("an engine turn")
     while not loop.stop.is_set():
         try:
             msg = inbox.get_nowait() if engine.has_work else inbox.get(timeout=0.2)
         except queue.Empty:
             msg = None
+        watch.begin()  # a turn: the messages that arrived, then one step
+        handled = 0
         while msg is not None:
             if (reason := loop.dispatch(msg)) is not None:
                 return reason
+            handled += 1
             try:
                 msg = inbox.get_nowait()
             except queue.Empty:
                 msg = None
-        if engine.has_work:
+        stepped = engine.has_work
+        if stepped:
             loop.send_all(engine.step())
+        watch.end(partial(turn_details, engine, handled, stepped))
         engine.idle()  # tensor parallel: a keep-alive when no step went out for a second
     return "SIGTERM"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from itertools import pairwise
 
 from launcher.bench.summary import Sample, percentile, ratio
 
@@ -19,17 +20,20 @@ class DocAnswer:
 
 
 def chat_figures(samples: list[Sample], start: float, end: float) -> dict:
-    """TTFT p50/p95, the longest pause inside a stream and the median gap, output tok/s over the
-    window [start, end], failures; of the chat samples that ended inside the window."""
+    """TTFT p50/p95, the longest pause inside a stream (and when it ended) and the median gap,
+    output tok/s over the window [start, end], failures; of the chat samples that ended inside the
+    window."""
     ok = [s for s in samples if s.ok and not s.cut]
     gaps = [g for s in ok for g in s.gaps]
     tokens = sum(s.tokens for s in ok)
+    ends = [(b - a, b) for s in ok for a, b in pairwise(s.chunks)]
     return {
         "requests": len(ok),
         "failed": sum(1 for s in samples if s.error),
         "ttft_p50_s": percentile([s.ttft for s in ok], 50),
         "ttft_p95_s": percentile([s.ttft for s in ok], 95),
         "longest_pause_s": max(gaps, default=None),
+        "longest_pause_ended_s": max(ends)[1] if ends else None,  # perf_counter: the run's wall_minus_perf_s dates it
         "median_gap_s": statistics.median(gaps) if gaps else None,
         "tokens_per_s": tokens / (end - start) if end > start else None,
     }

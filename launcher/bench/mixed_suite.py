@@ -116,6 +116,7 @@ async def run_one(opts: BenchOptions, base_url: str, label: str, model: str | No
         "base_url": base_url,
         "model": model,
         "documents_used": sorted({name for name, _ in docs}),
+        "wall_minus_perf_s": time.time() - time.perf_counter(),  # dates the timelines' perf_counter times
         "chat_alone": chat_figures([s for s in alone if s.kind == "measured"], a0, a1),
         "chat_beside": chat_figures(beside, b0, b1),
         "documents": doc_figures(answers, len(QUESTIONS), b0, b1),

@@ -44,6 +44,7 @@ def test_chat_figures_take_ttft_the_longest_pause_and_tokens_per_second():
     assert got["requests"] == 2 and got["failed"] == 1
     assert got["ttft_p50_s"] == pytest.approx(0.1) and got["ttft_p95_s"] == pytest.approx(0.5)
     assert got["longest_pause_s"] == pytest.approx(1.0) and got["median_gap_s"] == pytest.approx(0.1)
+    assert got["longest_pause_ended_s"] == 2.6  # the chunk that ended it
     assert got["tokens_per_s"] == pytest.approx(3.0)
 
 

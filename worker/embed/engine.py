@@ -37,6 +37,7 @@ class EmbedEngine:
         self.served = 0
         self.steps = 0
         self.last_step_at = time.monotonic()
+        self._last_inputs = 0
 
     @property
     def by_id(self) -> dict[str, EmbedJob]:
@@ -94,9 +95,14 @@ class EmbedEngine:
         ]
         for batch in micro_batches(step.items, self.batcher.token_budget):
             out += self._run(batch)
+        self._last_inputs = len(step.items)
         self.steps += 1
         self.last_step_at = time.monotonic()
         return out
+
+    def last_step(self) -> str:
+        """The last step's inputs and the requests still queued."""
+        return f"step {self.steps}: {self._last_inputs} inputs; {len(self.batcher.jobs)} requests held"
 
     def _run(self, batch: list[Item]) -> list[Msg]:
         """One forward pass over ``batch``; store the vectors, answer the requests now complete."""
