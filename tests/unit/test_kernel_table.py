@@ -30,12 +30,18 @@ class FakeClock:
 
     def __init__(self):
         self.now = 0.0
+        self.made = 0
 
     def time(self) -> float:
         return self.now
 
-    def candidate(self, name: str, cost, invariant: bool = False) -> Candidate:
-        w, held = torch.ones(4, 8), torch.zeros(1)
+    def candidate(self, name: str, cost, invariant: bool = False, same_as: int | None = None) -> Candidate:
+        """A kernel of ``cost(rows)`` seconds per call; its values differ from every other candidate's
+        (each scales the product by its own factor, well within the tolerance) unless ``same_as``
+        names the index of the one it reproduces bit for bit."""
+        self.made += 1
+        scale = 1 + (self.made if same_as is None else same_as) * 2.0**-20
+        w, held = torch.ones(4, 8) * scale, torch.zeros(1)
 
         def fn(x):
             self.now += cost(x.shape[0])
@@ -102,6 +108,30 @@ def test_the_deterministic_table_weighs_each_bucket_by_ratio():
     assert sum(_rowwise(r) / r for r in SERVING_BUCKETS) < sum(_dequant(r) / r for r in SERVING_BUCKETS)
     picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "rowwise": _rowwise})
     assert picks == ["dequant"] * len(SERVING_BUCKETS)
+
+
+def test_a_deterministic_table_hands_a_bucket_to_a_kernel_giving_the_same_values_bit_for_bit():
+    """ggml's vec_dot and llamafile's tinyBLAS compute the same Q8_0 sums: each bucket runs the faster,
+    and a row's values still do not depend on its bucket. A kernel with values of its own never joins."""
+    clock = FakeClock()
+    vec_dot = clock.candidate("vec-dot", _vec_dot, invariant=True)
+    gemm = clock.candidate("gemm", _dequant, same_as=clock.made)  # vec-dot's values, faster from 32 rows
+    choice, _ = tune(
+        torch.ones(4, 8),
+        torch.float32,
+        CPU,
+        SERVING_BUCKETS,
+        timer=clock.time,
+        pool=[vec_dot, gemm],
+        deterministic=True,
+    )
+    assert [p.kernel for p in choice.picks] == ["vec-dot"] * 5 + ["gemm"] * 3
+    other = FakeClock()
+    pool = [other.candidate("vec-dot", _vec_dot, invariant=True), other.candidate("gemm", _dequant)]
+    choice, _ = tune(
+        torch.ones(4, 8), torch.float32, CPU, SERVING_BUCKETS, timer=other.time, pool=pool, deterministic=True
+    )
+    assert [p.kernel for p in choice.picks] == ["vec-dot"] * len(SERVING_BUCKETS)
 
 
 def test_bucket_cost_is_the_log_of_the_product_and_a_pruned_bucket_is_never_picked():

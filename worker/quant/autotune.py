@@ -296,7 +296,8 @@ def tune(
     """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
     time the eligible ones at ``rows`` and choose. Returns the choice and the eligible kernels built
     for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible. ``deterministic``:
-    only row-invariant kernels, one for every bucket (:mod:`worker.quant.invariance`)."""
+    one row-invariant kernel, or at some buckets a kernel giving its values bit for bit
+    (:func:`worker.quant.invariance.per_bucket`)."""
     pool = candidates(dt, device) if pool is None else pool
     built = {}
     for cand in pool:
@@ -312,9 +313,11 @@ def tune(
         raise RuntimeError(f"no kernel can multiply by a {what} weight {n}x{k} on {device.type} here")
     kernels = list(built.values())
     times = measure(kernels, k, rows, dt, device, timer) if len(kernels) > 1 else {kernels[0].name: {}}
-    if len(kernels) == 1 or deterministic:
-        name = invariance.fastest_invariant(built, times, rows, k, dt, device) if deterministic else kernels[0].name
-        picks = [Pick(r, name, times[name].get(r, float("nan"))) for r in rows]
+    if deterministic:
+        names = invariance.per_bucket(built, times, rows, k, dt, device)
+        picks = [Pick(r, name, times[name].get(r, float("nan"))) for r, name in zip(rows, names, strict=True)]
+    elif len(kernels) == 1:
+        picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies
         picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)

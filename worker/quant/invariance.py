@@ -12,6 +12,9 @@ table that runs another kernel at another bucket changes the numbers by itself. 
   :func:`row_invariant` passes —
   each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
   alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
+- runs, at each bucket, the fastest of that kernel and the kernels giving its output bit for bit on
+  the same check's calls (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
+  the same Q8_0 / Q4_0 sums on an AVX2 / AVX-512 CPU, one faster at a few rows, the other at many);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -100,6 +103,38 @@ def fastest_invariant(
         if row_invariant(built[name], k, dt, device):
             return name
     raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
+
+
+def _calls(k: int, dt: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The rows [max(CHECK_ROWS) + SHIFT, k] :func:`same_values` compares kernels on, and its calls
+    (first row, row count): each of :data:`CHECK_ROWS` from the first row and from :data:`SHIFT`."""
+    g = torch.Generator(device="cpu").manual_seed(2)
+    x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
+    return x, [(0, rows) for rows in CHECK_ROWS] + [(SHIFT, rows) for rows in CHECK_ROWS[:8]]
+
+
+def same_values(a: Kernel, b: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
+    """Whether kernels ``a`` and ``b`` (for one weight [N, ``k``]) give the same output, bit for bit,
+    on every call of :func:`_calls`: a row-invariant ``a`` may then hand any bucket to ``b``."""
+    x, calls = _calls(k, dt, device)
+    with torch.inference_mode():
+        return all(torch.equal(a.fn(x[f : f + r]), b.fn(x[f : f + r])) for f, r in calls)
+
+
+def per_bucket(
+    built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
+) -> list[str]:
+    """Each bucket's kernel (one per ``rows``) when deterministic: the fastest of the row-invariant
+    kernel every bucket could run (:func:`fastest_invariant`) and the kernels faster than it at some
+    bucket that give its values bit for bit (:func:`same_values`; checked once per weight shape, like
+    :func:`row_invariant`). Raises ``RuntimeError`` when no kernel is row-invariant."""
+    base = fastest_invariant(built, times, rows, k, dt, device)
+    ours = times.get(base, {})
+    faster = [n for n in built if n != base and any(times[n].get(r, math.inf) < ours.get(r, math.inf) for r in rows)]
+    same = [base] + [n for n in sorted(faster) if same_values(built[base], built[n], k, dt, device)]
+    if len(same) > 1:
+        log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
+    return [min(same, key=lambda n: (times.get(n, {}).get(r, math.inf), n != base)) for r in rows]
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:

@@ -309,7 +309,9 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
     (row-count invariant) and the blocks dequantized per call for ``F.linear``; for a float weight,
     ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
-    bit where they run; not declared invariant, so a deterministic table checks it like BLAS)."""
+    bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
+    llamafile's tinyBLAS (ggml's prompt-processing GEMM) for float, Q8_0 and Q4_0 weights, likewise
+    checked per shape."""
     tol = ggml_kernel.tolerance
     return [
         Candidate(
@@ -325,6 +327,19 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel),
             invariant=True,
+        ),
+        Candidate(
+            f"tinyblas-{_short(dt)}",
+            _tol(dt),
+            lambda w, d, dev: _is_float(w) and ggml_kernel.accepts_tinyblas(w, d, dev),
+            ggml_kernel.tinyblas_builder(Kernel),
+            wide_logits=dt == torch.bfloat16,
+        ),
+        Candidate(
+            "tinyblas",
+            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            lambda w, d, dev: not _is_float(w) and ggml_kernel.accepts_tinyblas(w, d, dev),
+            ggml_kernel.tinyblas_builder(Kernel),
         ),
         Candidate(
             f"ggml-dequant-{_short(dt)}",
