@@ -11,7 +11,8 @@
 // ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
 // activations converted as for linear (F32 weights: float32 rows; BF16: bfloat16 rows; Q8_0 / Q4_0: Q8_0
-// blocks by from_float). tinyBLAS takes two rows or more: one row is computed as two equal rows. Raises
+// blocks by from_float). tinyBLAS takes two rows or more: one row of a float weight runs a matrix-vector
+// product computing each output as tinyBLAS does (tinyblas::gemv), one row of blocks goes in twice. Raises
 // where this CPU's tinyBLAS does not take the type or sizes (llamafile_sgemm declines: a row length not
 // whole vectors, F32 / BF16 weights whose row count is not a multiple of 4).
 //
@@ -154,17 +155,24 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, 
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
                   blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
               "ggml::gemm: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
-  // tinyBLAS takes two activation rows or more: one row goes in twice (each output is its own sum)
-  at::Tensor x = rows == 1 ? x_in.expand({2, k}).contiguous() : x_in.contiguous();
   const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
   const ggml_type b_type = traits->vec_dot_type;  // F32, BF16 or Q8_0
+  const bool as_is = b_type == GGML_TYPE_F32 || b_type == GGML_TYPE_BF16;
+  const int64_t lda = static_cast<int64_t>(w_bytes / ggml_type_size(t));
+  if (rows == 1 && as_is) {  // one row of a float weight: tinyBLAS's sums, weight rows in order
+    const at::Tensor x = x_in.to(b_type == GGML_TYPE_F32 ? at::kFloat : at::kBFloat16).contiguous();
+    at::Tensor sums = at::empty({1, n}, x_in.options().dtype(at::kFloat));
+    if (tinyblas::gemv_float(t, n, k, blocks.data_ptr<uint8_t>(), lda, x.data_ptr(), sums.data_ptr<float>())) {
+      return sums.to(x_in.scalar_type());
+    }
+  }
+  // tinyBLAS takes two activation rows or more: one row goes in twice (each output is its own sum)
+  at::Tensor x = rows == 1 ? x_in.expand({2, k}).contiguous() : x_in.contiguous();
   if (b_type == GGML_TYPE_F32) x = x.to(at::kFloat);
   if (b_type == GGML_TYPE_BF16) x = x.to(at::kBFloat16);
-  const bool as_is = b_type == GGML_TYPE_F32 || b_type == GGML_TYPE_BF16;
   const std::vector<uint8_t> converted = as_is ? std::vector<uint8_t>() : quantize_rows(x, traits);
   const void* act = as_is ? x.data_ptr() : static_cast<const void*>(converted.data());
   const int64_t per = ggml_blck_size(t);  // k and the leading dimensions in elements of each type
-  const int64_t lda = static_cast<int64_t>(w_bytes / ggml_type_size(t));
   const int64_t ldb = static_cast<int64_t>(ggml_row_size(b_type, k) / ggml_type_size(b_type));
   at::Tensor sums = at::empty({x.size(0), n}, x_in.options().dtype(at::kFloat));
   TORCH_CHECK(tinyblas::gemm(n, x.size(0), k / per, blocks.data_ptr<uint8_t>(), lda, w_bytes, t, act, ldb, b_type,

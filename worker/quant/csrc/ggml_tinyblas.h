@@ -93,4 +93,45 @@ inline bool gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, si
   return ok.load();
 }
 
+// One activation row b [k] against weight rows a [m, k] (lda apart) into c [m]: each output computed as
+// tinyBLAS's gemm_bloc computes it (sgemm.cpp: one accumulator D, zero to start, madd(load<V>(weight + l),
+// load<V>(activation + l), acc) for l = 0, KN, ... < k, then hsum: the same functions, so the same
+// value), the weight rows read in order: one stream the CPU's prefetchers follow, where tinyBLAS's
+// tiles interleave four rows' short streams (and tinyBLAS itself takes two activation rows or more).
+template <int KN, typename D, typename V, typename T>
+void gemv(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, float* c) {
+  at::parallel_for(0, m, 64, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      D acc = {};
+      const T* row = a + lda * i;
+      for (int64_t l = 0; l < k; l += KN) acc = madd(load<V>(row + l), load<V>(b + l), acc);
+      c[i] = hsum(acc);
+    }
+  });
+}
+
+// gemv with the vector types llamafile_sgemm's tinyBLAS takes for an F32 / BF16 weight on this CPU (its
+// own choice, sgemm.cpp: AVX-512 with or without avx512_bf16, AVX / AVX2); false where there is none
+// here or k is not whole vectors (the caller then runs tinyBLAS on the row given twice).
+inline bool gemv_float(ggml_type t, int64_t m, int64_t k, const void* a, int64_t lda, const void* b, float* c) {
+  const auto* af = static_cast<const float*>(a);
+  const auto* bf = static_cast<const float*>(b);
+  const auto* ah = static_cast<const ggml_bf16_t*>(a);
+  const auto* bh = static_cast<const ggml_bf16_t*>(b);
+#if defined(__AVX512F__)
+  if (t == GGML_TYPE_F32 && k % 16 == 0) return gemv<16, __m512, __m512>(m, k, af, lda, bf, c), true;
+#elif defined(__AVX__) || defined(__AVX2__)
+  if (t == GGML_TYPE_F32 && k % 8 == 0) return gemv<8, __m256, __m256>(m, k, af, lda, bf, c), true;
+#endif
+#if defined(__AVX512BF16__)
+  if (t == GGML_TYPE_BF16 && k % 32 == 0) return gemv<32, __m512, __m512bh>(m, k, ah, lda, bh, c), true;
+#elif defined(__AVX512F__)
+  if (t == GGML_TYPE_BF16 && k % 16 == 0) return gemv<16, __m512, __m512>(m, k, ah, lda, bh, c), true;
+#elif defined(__AVX2__)
+  if (t == GGML_TYPE_BF16 && k % 8 == 0) return gemv<8, __m256, __m256>(m, k, ah, lda, bh, c), true;
+#endif
+  (void)af, (void)bf, (void)ah, (void)bh;
+  return false;
+}
+
 }  // namespace tinyblas
