@@ -115,7 +115,8 @@ def test_a_deterministic_table_hands_a_bucket_to_a_kernel_giving_the_same_values
     and a row's values still do not depend on its bucket. A kernel with values of its own never joins."""
     clock = FakeClock()
     vec_dot = clock.candidate("vec-dot", _vec_dot, invariant=True)
-    gemm = clock.candidate("gemm", _dequant, same_as=clock.made)  # vec-dot's values, faster from 32 rows
+    # vec-dot's values, row-invariant too, faster from 32 rows
+    gemm = clock.candidate("gemm", _dequant, invariant=True, same_as=clock.made)
     choice, _ = tune(
         torch.ones(4, 8),
         torch.float32,
@@ -127,7 +128,7 @@ def test_a_deterministic_table_hands_a_bucket_to_a_kernel_giving_the_same_values
     )
     assert [p.kernel for p in choice.picks] == ["vec-dot"] * 5 + ["gemm"] * 3
     other = FakeClock()
-    pool = [other.candidate("vec-dot", _vec_dot, invariant=True), other.candidate("gemm", _dequant)]
+    pool = [other.candidate("vec-dot", _vec_dot, invariant=True), other.candidate("gemm", _dequant, invariant=True)]
     choice, _ = tune(
         torch.ones(4, 8), torch.float32, CPU, SERVING_BUCKETS, timer=other.time, pool=pool, deterministic=True
     )

@@ -51,8 +51,7 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     declared = getattr(kernel, "row_invariant", None)
     if declared is not None:
         return bool(declared)
-    g = torch.Generator(device="cpu").manual_seed(1)
-    x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
+    x = _check_rows(k, dt, device)
     with torch.inference_mode():
         full = kernel.fn(x)
         calls = [(0, rows) for rows in CHECK_ROWS] + [(i, 1) for i in range(ALONE)]
@@ -105,20 +104,19 @@ def fastest_invariant(
     raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
 
 
-def _calls(k: int, dt: torch.dtype, device: torch.device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """The rows [max(CHECK_ROWS) + SHIFT, k] :func:`same_values` compares kernels on, and its calls
-    (first row, row count): each of :data:`CHECK_ROWS` from the first row and from :data:`SHIFT`."""
-    g = torch.Generator(device="cpu").manual_seed(2)
-    x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
-    return x, [(0, rows) for rows in CHECK_ROWS] + [(SHIFT, rows) for rows in CHECK_ROWS[:8]]
+def _check_rows(k: int, dt: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The random rows [max(CHECK_ROWS) + SHIFT, k] the checks of this module call kernels on."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    return torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
 
 
 def same_values(a: Kernel, b: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
-    """Whether kernels ``a`` and ``b`` (for one weight [N, ``k``]) give the same output, bit for bit,
-    on every call of :func:`_calls`: a row-invariant ``a`` may then hand any bucket to ``b``."""
-    x, calls = _calls(k, dt, device)
+    """Whether ``b`` may serve any bucket of a row-invariant ``a`` (both for one weight [N, ``k``]):
+    ``b`` is row-invariant itself (:func:`row_invariant`) and gives ``a``'s output bit for bit on the
+    check's rows in one call, so on each of them alone and in every call the check makes too."""
+    x = _check_rows(k, dt, device)
     with torch.inference_mode():
-        return all(torch.equal(a.fn(x[f : f + r]), b.fn(x[f : f + r])) for f, r in calls)
+        return torch.equal(a.fn(x), b.fn(x)) and row_invariant(b, k, dt, device)
 
 
 def per_bucket(
