@@ -125,6 +125,7 @@ def test_a_deterministic_table_runs_vec_dot_or_tinyblas_per_bucket():
     pool = {c.name: c for c in candidates(torch.bfloat16, CPU)}
     built = {n: check(pool[n], w, torch.bfloat16, CPU) for n in ("ggml", "tinyblas")}
     built["ggml"].row_invariant = True  # declared by its candidate
+    built["tinyblas"].twin = pool["tinyblas"].twin  # as the table sets it
     times = {"ggml": {1: 1.0, 64: 9.0}, "tinyblas": {1: 2.0, 64: 3.0}}  # fake: tinyBLAS faster at 64 rows
     names = invariance.per_bucket(built, times, [1, 64], K, torch.bfloat16, CPU)
     assert names == ["ggml", "tinyblas"]

@@ -306,6 +306,7 @@ def tune(
         if (kernel := check(cand, w, dt, device)) is not None:
             if cand.invariant:  # declared row-invariant: invariance.row_invariant need not check it
                 kernel.row_invariant = True
+            kernel.twin = cand.twin
             built[cand.name] = kernel
     n, k = w.shape
     what = weight_label(w, dt)

@@ -12,9 +12,9 @@ table that runs another kernel at another bucket changes the numbers by itself. 
   :func:`row_invariant` passes —
   each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
   alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
-- runs, at each bucket, the fastest of that kernel and the kernels giving its output bit for bit on
-  the same check's calls (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
-  the same Q8_0 / Q4_0 sums on an AVX2 / AVX-512 CPU, one faster at a few rows, the other at many);
+- runs, at each bucket, the faster of that kernel and its declared twin where the twin gives its
+  values bit for bit here (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
+  the same Q8_0 / Q4_0 sums on an x86 CPU, one faster at a few rows, the other at many);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -123,12 +123,16 @@ def per_bucket(
     built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
 ) -> list[str]:
     """Each bucket's kernel (one per ``rows``) when deterministic: the fastest of the row-invariant
-    kernel every bucket could run (:func:`fastest_invariant`) and the kernels faster than it at some
-    bucket that give its values bit for bit (:func:`same_values`; checked once per weight shape, like
-    :func:`row_invariant`). Raises ``RuntimeError`` when no kernel is row-invariant."""
+    kernel every bucket could run (:func:`fastest_invariant`) and its twin (:attr:`Kernel.twin`, set
+    from :attr:`~worker.quant.kernels.Candidate.twin`: the same values by construction) where that is
+    faster at some bucket and gives its values bit for bit here (:func:`same_values`, checked once per
+    weight shape). Only declared twins: two kernels that merely agree on the checked rows (``F.linear``
+    and oneDNN's prepacked linear often do) may still part at a row count the check did not try.
+    Raises ``RuntimeError`` when no kernel is row-invariant."""
     base = fastest_invariant(built, times, rows, k, dt, device)
     ours = times.get(base, {})
-    faster = [n for n in built if n != base and any(times[n].get(r, math.inf) < ours.get(r, math.inf) for r in rows)]
+    twins = [n for n in built if n in (base, built[base].twin) or built[n].twin == base]
+    faster = [n for n in twins if n != base and any(times[n].get(r, math.inf) < ours.get(r, math.inf) for r in rows)]
     same = [base] + [n for n in sorted(faster) if same_values(built[base], built[n], k, dt, device)]
     if len(same) > 1:
         log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
