@@ -69,6 +69,7 @@ def test_float_gemm_matches_f_linear(wdt, rows):
     x = rows_of(rows).to(wdt)
     got = torch.ops.ggml.gemm(x, w.view(torch.uint8), FLOATS[wdt], N)
     assert got.dtype == wdt and tuple(got.shape) == (rows, N)
+    assert tuple(torch.ops.ggml.gemm(x[:0], w.view(torch.uint8), FLOATS[wdt], N).shape) == (0, N)
     tol = TOL_FLOAT32 if wdt == torch.float32 else 2**-8
     assert relative_error(got.float(), x.float(), w.float()) <= tol
 

@@ -296,8 +296,8 @@ def tune(
     """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
     time the eligible ones at ``rows`` and choose. Returns the choice and the eligible kernels built
     for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible. ``deterministic``:
-    one row-invariant kernel, or at some buckets a kernel giving its values bit for bit
-    (:func:`worker.quant.invariance.per_bucket`)."""
+    one row-invariant kernel, or at some buckets its declared twin where that gives its values bit
+    for bit (:func:`worker.quant.invariance.per_bucket`)."""
     pool = candidates(dt, device) if pool is None else pool
     built = {}
     for cand in pool:

@@ -84,17 +84,25 @@ std::vector<uint8_t> quantize_rows(const at::Tensor& x, const ggml_type_traits_c
   return out;
 }
 
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "ggml::linear takes x [T, K] on the CPU");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
-              "ggml::linear takes float32 or bfloat16 activations");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1);
+// The checks both products make of their arguments; the weight's type. `op` names the operator in errors.
+ggml_type checked_call(const char* op, const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, " takes x [T, K] on the CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+              " takes float32 or bfloat16 activations");
+  const int64_t k = x.size(1);
   const ggml_type t = checked(type, k);
   const size_t w_bytes = ggml_row_size(t, k);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
                   blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
-              "ggml::linear: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
+              op, ": blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
+  return t;
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
+  const ggml_type t = checked_call("ggml::linear", x_in, blocks, type, n);
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1);
+  const size_t w_bytes = ggml_row_size(t, k);
   const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
   const bool as_is = (traits->vec_dot_type == GGML_TYPE_F32 && x.scalar_type() == at::kFloat) ||
                      (traits->vec_dot_type == GGML_TYPE_BF16 && x.scalar_type() == at::kBFloat16);
@@ -145,16 +153,11 @@ bool tinyblas_type(int64_t type) {
 }
 
 at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "ggml::gemm takes x [T, K] on the CPU");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
-              "ggml::gemm takes float32 or bfloat16 activations");
   TORCH_CHECK(tinyblas_type(type), "ggml::gemm serves F32, BF16, Q8_0 and Q4_0 weights, not ggml type ", type);
+  const ggml_type t = checked_call("ggml::gemm", x_in, blocks, type, n);
   const int64_t k = x_in.size(1), rows = x_in.size(0);
-  const ggml_type t = checked(type, k);
+  if (rows == 0) return at::empty({0, n}, x_in.options());
   const size_t w_bytes = ggml_row_size(t, k);
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
-                  blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
-              "ggml::gemm: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
   const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
   const ggml_type b_type = traits->vec_dot_type;  // F32, BF16 or Q8_0
   const bool as_is = b_type == GGML_TYPE_F32 || b_type == GGML_TYPE_BF16;
