@@ -11,8 +11,9 @@
 // ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
 // activations converted as for linear (F32 weights: float32 rows; BF16: bfloat16 rows; Q8_0 / Q4_0: Q8_0
-// blocks by from_float). tinyBLAS takes two rows or more: one row of a float weight runs a matrix-vector
-// product computing each output as tinyBLAS does (tinyblas::gemv), one row of blocks goes in twice. Raises
+// blocks by from_float). Up to 8 rows of a float weight run a product computing each output as tinyBLAS
+// does with the weight rows read in order (tinyblas::few_rows); tinyBLAS takes two rows or more, so one
+// row of blocks goes in twice. Raises
 // where this CPU's tinyBLAS does not take the type or sizes (llamafile_sgemm declines: a row length not
 // whole vectors, F32 / BF16 weights whose row count is not a multiple of 4).
 //
@@ -162,10 +163,10 @@ at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, 
   const ggml_type b_type = traits->vec_dot_type;  // F32, BF16 or Q8_0
   const bool as_is = b_type == GGML_TYPE_F32 || b_type == GGML_TYPE_BF16;
   const int64_t lda = static_cast<int64_t>(w_bytes / ggml_type_size(t));
-  if (rows == 1 && as_is) {  // one row of a float weight: tinyBLAS's sums, weight rows in order
+  if (rows <= tinyblas::FEW && as_is) {  // a few rows of a float weight: tinyBLAS's sums, weight rows in order
     const at::Tensor x = x_in.to(b_type == GGML_TYPE_F32 ? at::kFloat : at::kBFloat16).contiguous();
-    at::Tensor sums = at::empty({1, n}, x_in.options().dtype(at::kFloat));
-    if (tinyblas::gemv_float(t, n, k, blocks.data_ptr<uint8_t>(), lda, x.data_ptr(), sums.data_ptr<float>())) {
+    at::Tensor sums = at::empty({rows, n}, x_in.options().dtype(at::kFloat));
+    if (tinyblas::few_rows(t, rows, n, k, blocks.data_ptr<uint8_t>(), lda, x.data_ptr(), k, sums.data_ptr<float>())) {
       return sums.to(x_in.scalar_type());
     }
   }

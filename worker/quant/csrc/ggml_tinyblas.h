@@ -93,44 +93,69 @@ inline bool gemm(int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, si
   return ok.load();
 }
 
-// One activation row b [k] against weight rows a [m, k] (lda apart) into c [m]: each output computed as
-// tinyBLAS's gemm_bloc computes it (sgemm.cpp: one accumulator D, zero to start, madd(load<V>(weight + l),
-// load<V>(activation + l), acc) for l = 0, KN, ... < k, then hsum: the same functions, so the same
-// value), the weight rows read in order: one stream the CPU's prefetchers follow, where tinyBLAS's
-// tiles interleave four rows' short streams (and tinyBLAS itself takes two activation rows or more).
-template <int KN, typename D, typename V, typename T>
-void gemv(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, float* c) {
+// R activation rows b [R, k] (ldb apart) against weight rows a [m, k] (lda apart) into c [R, ldc]: each
+// output computed as tinyBLAS's gemm_bloc computes it (sgemm.cpp: one accumulator D, zero to start,
+// madd(load<V>(weight + l), load<V>(activation + l), acc) for l = 0, KN, ... < k, then hsum: the same
+// functions, so the same value), the weight rows read in order, each vector of one used against the R
+// activation rows: one stream the CPU's prefetchers follow, where tinyBLAS's tiles interleave four
+// rows' short streams (and tinyBLAS itself takes two activation rows or more).
+template <int KN, typename D, typename V, typename T, int R>
+void rows_in_order(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, float* c, int64_t ldc) {
   at::parallel_for(0, m, 64, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      D acc = {};
+      D acc[R] = {};
       const T* row = a + lda * i;
-      for (int64_t l = 0; l < k; l += KN) acc = madd(load<V>(row + l), load<V>(b + l), acc);
-      c[i] = hsum(acc);
+      for (int64_t l = 0; l < k; l += KN) {
+        const V av = load<V>(row + l);
+        for (int j = 0; j < R; ++j) acc[j] = madd(av, load<V>(b + ldb * j + l), acc[j]);
+      }
+      for (int j = 0; j < R; ++j) c[ldc * j + i] = hsum(acc[j]);
     }
   });
 }
 
-// gemv with the vector types llamafile_sgemm's tinyBLAS takes for an F32 / BF16 weight on this CPU (its
-// own choice, sgemm.cpp: AVX-512 with or without avx512_bf16, AVX / AVX2); false where there is none
-// here or k is not whole vectors (the caller then runs tinyBLAS on the row given twice).
-inline bool gemv_float(ggml_type t, int64_t m, int64_t k, const void* a, int64_t lda, const void* b, float* c) {
-  const auto* af = static_cast<const float*>(a);
-  const auto* bf = static_cast<const float*>(b);
-  const auto* ah = static_cast<const ggml_bf16_t*>(a);
-  const auto* bh = static_cast<const ggml_bf16_t*>(b);
+constexpr int64_t FEW = 8;  // activation rows up to which the weight rows are read in order
+// ... while those rows take at most this many bytes: they are read again for every weight row and must
+// stay in the L1 data cache (32 KiB and more on the x86 cores we serve on) beside the weight's stream
+constexpr int64_t FEW_BYTES = 24 * 1024;
+
+template <int KN, typename D, typename V, typename T>
+bool few(int64_t rows, int64_t m, int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c) {
+  const auto* at = static_cast<const T*>(a);
+  const auto* bt = static_cast<const T*>(b);
+  if (k % KN != 0 || m % 4 != 0) return false;  // what tinyBLAS takes: whole vectors, whole 4-row tiles
+  if (rows > 1 && rows * k * static_cast<int64_t>(sizeof(T)) > FEW_BYTES) return false;
+  switch (rows) {
+    case 1: return rows_in_order<KN, D, V, T, 1>(m, k, at, lda, bt, ldb, c, m), true;
+    case 2: return rows_in_order<KN, D, V, T, 2>(m, k, at, lda, bt, ldb, c, m), true;
+    case 3: return rows_in_order<KN, D, V, T, 3>(m, k, at, lda, bt, ldb, c, m), true;
+    case 4: return rows_in_order<KN, D, V, T, 4>(m, k, at, lda, bt, ldb, c, m), true;
+    case 5: return rows_in_order<KN, D, V, T, 5>(m, k, at, lda, bt, ldb, c, m), true;
+    case 6: return rows_in_order<KN, D, V, T, 6>(m, k, at, lda, bt, ldb, c, m), true;
+    case 7: return rows_in_order<KN, D, V, T, 7>(m, k, at, lda, bt, ldb, c, m), true;
+    case 8: return rows_in_order<KN, D, V, T, 8>(m, k, at, lda, bt, ldb, c, m), true;
+    default: return false;
+  }
+}
+
+// rows_in_order for up to FEW rows of an F32 / BF16 weight [m, k] into c [rows, m], with the vector types
+// llamafile_sgemm's tinyBLAS takes for it on this CPU (its own choice, sgemm.cpp: AVX-512 with or
+// without avx512_bf16, AVX / AVX2); false where there is none here, k is not whole vectors, or rows is
+// more than FEW or (beyond one) than FEW_BYTES hold (the caller then runs tinyBLAS).
+inline bool few_rows(ggml_type t, int64_t rows, int64_t m, int64_t k, const void* a, int64_t lda, const void* b,
+                     int64_t ldb, float* c) {
 #if defined(__AVX512F__)
-  if (t == GGML_TYPE_F32 && k % 16 == 0) return gemv<16, __m512, __m512>(m, k, af, lda, bf, c), true;
+  if (t == GGML_TYPE_F32) return few<16, __m512, __m512, float>(rows, m, k, a, lda, b, ldb, c);
 #elif defined(__AVX__) || defined(__AVX2__)
-  if (t == GGML_TYPE_F32 && k % 8 == 0) return gemv<8, __m256, __m256>(m, k, af, lda, bf, c), true;
+  if (t == GGML_TYPE_F32) return few<8, __m256, __m256, float>(rows, m, k, a, lda, b, ldb, c);
 #endif
 #if defined(__AVX512BF16__)
-  if (t == GGML_TYPE_BF16 && k % 32 == 0) return gemv<32, __m512, __m512bh>(m, k, ah, lda, bh, c), true;
+  if (t == GGML_TYPE_BF16) return few<32, __m512, __m512bh, ggml_bf16_t>(rows, m, k, a, lda, b, ldb, c);
 #elif defined(__AVX512F__)
-  if (t == GGML_TYPE_BF16 && k % 16 == 0) return gemv<16, __m512, __m512>(m, k, ah, lda, bh, c), true;
+  if (t == GGML_TYPE_BF16) return few<16, __m512, __m512, ggml_bf16_t>(rows, m, k, a, lda, b, ldb, c);
 #elif defined(__AVX2__)
-  if (t == GGML_TYPE_BF16 && k % 8 == 0) return gemv<8, __m256, __m256>(m, k, ah, lda, bh, c), true;
+  if (t == GGML_TYPE_BF16) return few<8, __m256, __m256, ggml_bf16_t>(rows, m, k, a, lda, b, ldb, c);
 #endif
-  (void)af, (void)bf, (void)ah, (void)bh;
   return false;
 }
 
