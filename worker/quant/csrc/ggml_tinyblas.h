@@ -13,8 +13,9 @@
 // Threads: the float kernel hands out tiles through params->threadpool (ggml_threadpool_chunk_set/add,
 // ggml_barrier). ggml's thread pool must not run beside torch's OpenMP, so those three calls are
 // redirected here to a counter of the calling thread's own (Chunks) and each torch thread runs
-// llamafile_sgemm as thread 0 of 1 over its own slice of the weight rows (tile: rows per unit of a
-// slice, the kernel's largest row tile, so every slice takes the kernel's tiles whole).
+// llamafile_sgemm as thread 0 of 1 over its own slice of the weight rows, TILE rows per call (the
+// kernel's largest row tile, so every call takes its tiles whole). A few activation rows of a float
+// weight take few_rows instead: the same sums, the weight rows read in order.
 #pragma once
 
 #include <ATen/Parallel.h>
