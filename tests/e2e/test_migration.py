@@ -281,8 +281,11 @@ def test_both_replicas_report_the_same_kernel_table(mig):
     ]
     assert len(tables) == 2 and tables[0], tables
     assert tables[0] == tables[1]
+    # deterministic: one kernel per weight, or ggml's vec_dot and llamafile's tinyBLAS, which compute the
+    # same Q8_0 / Q4_0 values (checked bit for bit at start: worker.quant.invariance.per_bucket)
     for *_, picks in tables[0]:
-        assert len({kernel for _, kernel in picks}) == 1, picks  # deterministic: one kernel per weight
+        kinds = {kernel for _, kernel in picks}
+        assert len(kinds) == 1 or kinds == {"ggml", "tinyblas"}, picks
 
 
 @pytest.fixture(scope="module")

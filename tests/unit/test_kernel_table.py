@@ -30,18 +30,27 @@ class FakeClock:
 
     def __init__(self):
         self.now = 0.0
+        self.made = 0
 
     def time(self) -> float:
         return self.now
 
-    def candidate(self, name: str, cost, invariant: bool = False) -> Candidate:
-        w, held = torch.ones(4, 8), torch.zeros(1)
+    def candidate(
+        self, name: str, cost, invariant: bool = False, same_as: int | None = None, twin: str | None = None
+    ) -> Candidate:
+        """A kernel of ``cost(rows)`` seconds per call; its values differ from every other candidate's
+        (each scales the product by its own factor, well within the tolerance) unless ``same_as``
+        names the index of the one it reproduces bit for bit."""
+        self.made += 1
+        scale = 1 + (self.made if same_as is None else same_as) * 2.0**-20
+        w, held = torch.ones(4, 8) * scale, torch.zeros(1)
 
         def fn(x):
             self.now += cost(x.shape[0])
             return F.linear(x, w)
 
-        return Candidate(name, 1e-4, lambda *_: True, lambda *_: Kernel(name, fn, (held,)), invariant=invariant)
+        build = lambda *_: Kernel(name, fn, (held,))  # noqa: E731
+        return Candidate(name, 1e-4, lambda *_: True, build, invariant=invariant, twin=twin)
 
 
 def test_the_table_takes_ggml_where_it_measures_fastest_and_marks_invariance():
@@ -102,6 +111,32 @@ def test_the_deterministic_table_weighs_each_bucket_by_ratio():
     assert sum(_rowwise(r) / r for r in SERVING_BUCKETS) < sum(_dequant(r) / r for r in SERVING_BUCKETS)
     picks = _deterministic_pick(FakeClock(), {"dequant": _dequant, "rowwise": _rowwise})
     assert picks == ["dequant"] * len(SERVING_BUCKETS)
+
+
+def test_a_deterministic_table_hands_a_bucket_to_a_twin_giving_the_same_values_bit_for_bit():
+    """ggml's vec_dot and llamafile's tinyBLAS compute the same Q8_0 sums (declared twins): each bucket
+    runs the faster, and a row's values still do not depend on its bucket. A kernel giving the same
+    values but not declared a twin, or a twin whose values differ here, never joins."""
+
+    def pick(twin: str | None, same: bool) -> list[str]:
+        clock = FakeClock()
+        vec_dot = clock.candidate("vec-dot", _vec_dot, invariant=True)
+        # faster from 32 rows, row-invariant too; vec-dot's values where ``same``
+        gemm = clock.candidate("gemm", _dequant, invariant=True, same_as=clock.made if same else None, twin=twin)
+        choice, _ = tune(
+            torch.ones(4, 8),
+            torch.float32,
+            CPU,
+            SERVING_BUCKETS,
+            timer=clock.time,
+            pool=[vec_dot, gemm],
+            deterministic=True,
+        )
+        return [p.kernel for p in choice.picks]
+
+    assert pick("vec-dot", same=True) == ["vec-dot"] * 5 + ["gemm"] * 3
+    assert pick(None, same=True) == ["vec-dot"] * len(SERVING_BUCKETS)
+    assert pick("vec-dot", same=False) == ["vec-dot"] * len(SERVING_BUCKETS)
 
 
 def test_bucket_cost_is_the_log_of_the_product_and_a_pruned_bucket_is_never_picked():

@@ -296,7 +296,8 @@ def tune(
     """Check every candidate (``pool``, default :func:`~worker.quant.kernels.candidates`) on ``w``,
     time the eligible ones at ``rows`` and choose. Returns the choice and the eligible kernels built
     for ``w`` (by name). Raises ``RuntimeError`` when no candidate is eligible. ``deterministic``:
-    only row-invariant kernels, one for every bucket (:mod:`worker.quant.invariance`)."""
+    one row-invariant kernel, or at some buckets its declared twin where that gives its values bit
+    for bit (:func:`worker.quant.invariance.per_bucket`)."""
     pool = candidates(dt, device) if pool is None else pool
     built = {}
     for cand in pool:
@@ -305,6 +306,7 @@ def tune(
         if (kernel := check(cand, w, dt, device)) is not None:
             if cand.invariant:  # declared row-invariant: invariance.row_invariant need not check it
                 kernel.row_invariant = True
+            kernel.twin = cand.twin
             built[cand.name] = kernel
     n, k = w.shape
     what = weight_label(w, dt)
@@ -312,9 +314,11 @@ def tune(
         raise RuntimeError(f"no kernel can multiply by a {what} weight {n}x{k} on {device.type} here")
     kernels = list(built.values())
     times = measure(kernels, k, rows, dt, device, timer) if len(kernels) > 1 else {kernels[0].name: {}}
-    if len(kernels) == 1 or deterministic:
-        name = invariance.fastest_invariant(built, times, rows, k, dt, device) if deterministic else kernels[0].name
-        picks = [Pick(r, name, times[name].get(r, float("nan"))) for r in rows]
+    if deterministic:
+        names = invariance.per_bucket(built, times, rows, k, dt, device)
+        picks = [Pick(r, name, times[name].get(r, float("nan"))) for r, name in zip(rows, names, strict=True)]
+    elif len(kernels) == 1:
+        picks = [Pick(r, kernels[0].name, float("nan")) for r in rows]
     else:
         one_copy = isinstance(w, QuantizedWeight) and not allow_copies
         picks = choose(kernels, times, rows, MAX_ADDED_QUANTIZED if one_copy else None)

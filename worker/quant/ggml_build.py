@@ -91,7 +91,8 @@ def build_operator(src: Path, libs: Path, dest: Path) -> Path:
     built = cpp_extension.load(
         name=ggml_kernel.NAME,
         sources=[str(ggml_kernel.SOURCE)],
-        extra_include_paths=[str(src / "include")],
+        # ggml-cpu's own headers and llamafile/sgemm.cpp, which ggml_tinyblas.h compiles in
+        extra_include_paths=[str(src / "include"), str(src / "src"), str(src / "src" / "ggml-cpu")],
         extra_cflags=list(ggml_kernel.CFLAGS),
         # -fopenmp links libgomp.so.1, the OpenMP runtime torch has already loaded: one thread pool
         extra_ldflags=[str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"), "-fopenmp", "-lpthread"],

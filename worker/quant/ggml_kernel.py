@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 # internal to ggml, so the version is pinned and the operator tested against it.
 LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
-HEADERS = [SOURCE.with_name("ggml_float_tiles.h")]  # included by SOURCE: part of the build's key
+# included by SOURCE: part of the build's key (llamafile's sgemm.cpp, which ggml_tinyblas.h includes, comes
+# with the pinned ggml version, part of ggml_dir's key)
+HEADERS = [SOURCE.with_name("ggml_float_tiles.h"), SOURCE.with_name("ggml_tinyblas.h")]
 NAME = "ggml_ops"
 # the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
-# template) compiles to a serial loop, and the operator would run on one thread whatever torch's count
-CFLAGS = ("-O3", "-fopenmp")
+# template) compiles to a serial loop, and the operator would run on one thread whatever torch's count;
+# -march=native: llamafile's sgemm.cpp (compiled in, ggml_tinyblas.h) picks its kernels by the compiler's
+# target macros, as ggml's own build for this CPU (GGML_NATIVE) does
+CFLAGS = ("-O3", "-fopenmp", "-march=native")
 SWITCH = "LLAMADEPLOY_GGML_KERNELS"  # "off": torch's kernels only
 
 # ggml_type numbers (ggml.h) -> (name, values per block, bytes per block)
@@ -119,6 +123,10 @@ def _register_fakes() -> None:
     """Shapes without computing, for ``torch.compile`` / meta tensors."""
 
     @torch.library.register_fake("ggml::linear")
+    def _(x, blocks, type, n):
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("ggml::gemm")
     def _(x, blocks, type, n):
         return x.new_empty((x.shape[0], n))
 
@@ -205,6 +213,49 @@ def float_builder(kernel_class):
         fn = lambda x: linear(x, raw, t, n)  # noqa: E731
         native = (torch.float32, fn) if dt == torch.bfloat16 else None
         return kernel_class("ggml-float", fn, (weight,), native=native)
+
+    return build
+
+
+# ggml types llamafile's tinyBLAS multiplies (ggml::gemm): Q8_0 and Q4_0 blocks against Q8_0 activations
+TINYBLAS_TYPES = (8, 2)
+TINYBLAS_K = 32  # a row length tinyBLAS takes whole on every CPU (its widest float vector: BF16's 32 values)
+TINYBLAS_M = 4  # float weights: output rows in tiles of 4 (sgemm.cpp's tinyBLAS::matmul)
+
+
+def accepts_tinyblas(w, dt: torch.dtype, device: torch.device) -> bool:
+    """What ``ggml::gemm`` takes (llamafile's sgemm.cpp, ``llamafile_sgemm``): Q8_0 / Q4_0 blocks, or a
+    float weight [N, K] with K a multiple of :data:`TINYBLAS_K` and N of :data:`TINYBLAS_M` (multiplied
+    in ``dt``, float32 or bfloat16), on a CPU. A CPU whose tinyBLAS takes less (an AVX2 build's BF16
+    without avx512_bf16 computes in float32 vectors) makes the operator raise, and the candidate is then
+    not eligible (:func:`worker.quant.kernels.check`)."""
+    if device.type != "cpu" or dt not in (torch.float32, torch.bfloat16):
+        return False
+    if isinstance(w, torch.Tensor):
+        n, k = w.shape
+        return k % TINYBLAS_K == 0 and n % TINYBLAS_M == 0
+    return getattr(w, "blocks", None) is not None and w.ggml_type in TINYBLAS_TYPES
+
+
+def tinyblas_builder(kernel_class):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: llamafile's tinyBLAS (``ggml::gemm``)
+    over a weight's ggml blocks (activations as Q8_0 blocks) or over a float weight cast to ``dt``
+    (F32's FMA tiles, BF16's ``avx512_bf16`` dot products: what llama.cpp runs for a float GGUF's
+    prompt). Each output keeps its own accumulator in k order whatever tile the row count selects, but
+    it is not declared row-invariant: a deterministic table checks it per shape. A bfloat16 weight's
+    ``native`` form takes float32 rows and returns the float32 sums (an LM head's logits)."""
+
+    def build(w, dt: torch.dtype):
+        gemm, n, k = torch.ops.ggml.gemm, w.shape[0], w.shape[1]
+        if isinstance(w, torch.Tensor):
+            weight = w.detach().to(dt).contiguous()  # [N, K]
+            raw, t = weight.view(torch.uint8), FLOAT_TYPE_OF[dt]  # raw: [N, K * bytes]
+            fn = lambda x: gemm(x, raw, t, n)  # noqa: E731
+            native = (torch.float32, fn) if dt == torch.bfloat16 else None
+            return kernel_class("tinyblas", fn, (weight,), native=native)
+        blocks, t = w.blocks.contiguous(), w.ggml_type
+        gather = lambda ids: dequantize(blocks.index_select(0, ids), t, k)  # noqa: E731
+        return kernel_class("tinyblas", lambda x: gemm(x, blocks, t, n), (blocks,), gather=gather)
 
     return build
 

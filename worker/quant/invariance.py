@@ -12,6 +12,9 @@ table that runs another kernel at another bucket changes the numbers by itself. 
   :func:`row_invariant` passes —
   each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
   alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
+- runs, at each bucket, the faster of that kernel and its declared twin where the twin gives its
+  values bit for bit here (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
+  the same Q8_0 / Q4_0 sums on an x86 CPU, one faster at a few rows, the other at many);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
@@ -48,8 +51,7 @@ def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device)
     declared = getattr(kernel, "row_invariant", None)
     if declared is not None:
         return bool(declared)
-    g = torch.Generator(device="cpu").manual_seed(1)
-    x = torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
+    x = _check_rows(k, dt, device)
     with torch.inference_mode():
         full = kernel.fn(x)
         calls = [(0, rows) for rows in CHECK_ROWS] + [(i, 1) for i in range(ALONE)]
@@ -100,6 +102,41 @@ def fastest_invariant(
         if row_invariant(built[name], k, dt, device):
             return name
     raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
+
+
+def _check_rows(k: int, dt: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The random rows [max(CHECK_ROWS) + SHIFT, k] the checks of this module call kernels on."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    return torch.randn(max(CHECK_ROWS) + SHIFT, k, generator=g).to(device=device, dtype=dt)
+
+
+def same_values(a: Kernel, b: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
+    """Whether ``b`` may serve any bucket of a row-invariant ``a`` (both for one weight [N, ``k``]):
+    ``b`` is row-invariant itself (:func:`row_invariant`) and gives ``a``'s output bit for bit on the
+    check's rows in one call, so on each of them alone and in every call the check makes too."""
+    x = _check_rows(k, dt, device)
+    with torch.inference_mode():
+        return torch.equal(a.fn(x), b.fn(x)) and row_invariant(b, k, dt, device)
+
+
+def per_bucket(
+    built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
+) -> list[str]:
+    """Each bucket's kernel (one per ``rows``) when deterministic: the fastest of the row-invariant
+    kernel every bucket could run (:func:`fastest_invariant`) and its twin (:attr:`Kernel.twin`, set
+    from :attr:`~worker.quant.kernels.Candidate.twin`: the same values by construction) where that is
+    faster at some bucket and gives its values bit for bit here (:func:`same_values`, checked once per
+    weight shape). Only declared twins: two kernels that merely agree on the checked rows (``F.linear``
+    and oneDNN's prepacked linear often do) may still part at a row count the check did not try.
+    Raises ``RuntimeError`` when no kernel is row-invariant."""
+    base = fastest_invariant(built, times, rows, k, dt, device)
+    ours = times.get(base, {})
+    twins = [n for n in built if n in (base, built[base].twin) or built[n].twin == base]
+    faster = [n for n in twins if n != base and any(times[n].get(r, math.inf) < ours.get(r, math.inf) for r in rows)]
+    same = [base] + [n for n in sorted(faster) if same_values(built[base], built[n], k, dt, device)]
+    if len(same) > 1:
+        log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
+    return [min(same, key=lambda n: (times.get(n, {}).get(r, math.inf), n != base)) for r in rows]
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:

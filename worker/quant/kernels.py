@@ -58,13 +58,15 @@ class Kernel:
     kernel re-laid the weight out, maps ``ids [T]`` to those rows of the weight [T, K] float32 read
     from its own tensors (a tied embedding table then shares them instead of holding a second copy);
     ``native``, where ``fn`` casts ``x`` to a dtype of its own and its output back, is that dtype and
-    the kernel without the two casts (input and output in that dtype: what ``fn`` computes between them)."""
+    the kernel without the two casts (input and output in that dtype: what ``fn`` computes between them);
+    ``twin``, the kernel whose values it computes by construction (:attr:`Candidate.twin`)."""
 
     name: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     held: tuple[torch.Tensor, ...]
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None
     native: tuple[torch.dtype, Callable[[torch.Tensor], torch.Tensor]] | None = None
+    twin: str | None = None  # its candidate's twin (Candidate.twin), set when the table builds it
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,10 @@ class Candidate:
     change with its batch; False where that is not known (BLAS and oneDNN choose blockings by shape).
     ``wide_logits``: in a bfloat16 / float16 model its kernel's ``native`` form returns the float32
     sums before they are rounded to the compute dtype (what an LM head's logits want: see
-    :func:`head_pool`)."""
+    :func:`head_pool`). ``twin``: the candidate whose values this one computes bit for bit by
+    construction (the same products summed in the same order: llamafile's tinyBLAS and ggml's
+    ``vec_dot`` on Q8_0 / Q4_0 blocks on x86), so a deterministic table may run either at any bucket
+    once it has checked that here (:func:`worker.quant.invariance.per_bucket`)."""
 
     name: str
     tolerance: float
@@ -87,6 +92,7 @@ class Candidate:
     copy: bool = False
     invariant: bool = False
     wide_logits: bool = False
+    twin: str | None = None
 
 
 def _is_float(w: Weight) -> bool:
@@ -309,7 +315,9 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
     (row-count invariant) and the blocks dequantized per call for ``F.linear``; for a float weight,
     ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
-    bit where they run; not declared invariant, so a deterministic table checks it like BLAS)."""
+    bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
+    llamafile's tinyBLAS (ggml's prompt-processing GEMM) for float, Q8_0 and Q4_0 weights, likewise
+    checked per shape."""
     tol = ggml_kernel.tolerance
     return [
         Candidate(
@@ -325,6 +333,20 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel),
             invariant=True,
+        ),
+        Candidate(
+            f"tinyblas-{_short(dt)}",
+            _tol(dt),
+            lambda w, d, dev: ggml_kernel.accepts_float(w, d, dev) and ggml_kernel.accepts_tinyblas(w, d, dev),
+            ggml_kernel.tinyblas_builder(Kernel),
+            wide_logits=dt == torch.bfloat16,
+        ),
+        Candidate(
+            "tinyblas",
+            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            lambda w, d, dev: not _is_float(w) and ggml_kernel.accepts_tinyblas(w, d, dev),
+            ggml_kernel.tinyblas_builder(Kernel),
+            twin="ggml",
         ),
         Candidate(
             f"ggml-dequant-{_short(dt)}",

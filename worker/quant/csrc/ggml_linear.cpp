@@ -8,6 +8,15 @@
 // weight row with one activation row, so a row's result does not depend on how many rows share the call
 // (F32 and BF16 weights at several rows: the same sums in tiles, ggml_float_tiles.h).
 //
+// ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
+// the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
+// activations converted as for linear (F32 weights: float32 rows; BF16: bfloat16 rows; Q8_0 / Q4_0: Q8_0
+// blocks by from_float). Up to 8 rows of a float weight run a product computing each output as tinyBLAS
+// does with the weight rows read in order (tinyblas::few_rows); tinyBLAS takes two rows or more, so one
+// row of blocks goes in twice. Raises
+// where this CPU's tinyBLAS does not take the type or sizes (llamafile_sgemm declines: a row length not
+// whole vectors, F32 / BF16 weights whose row count is not a multiple of 4).
+//
 // ggml::quantize(w [N, K] float32, type) -> blocks [N, row_bytes] uint8 (ggml_quantize_chunk, no imatrix).
 // ggml::dequantize(blocks [R, row_bytes] uint8, type, k) -> [R, k] float32 (the type's to_float).
 // ggml::threads() -> how many of torch's threads this library's at::parallel_for loops run on.
@@ -23,6 +32,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "ggml_float_tiles.h"  // F32 / BF16 weights at several rows: ggml's vec_dot, tiled
+#include "ggml_tinyblas.h"      // llamafile's sgemm, for ggml::gemm
 
 namespace {
 
@@ -75,17 +85,25 @@ std::vector<uint8_t> quantize_rows(const at::Tensor& x, const ggml_type_traits_c
   return out;
 }
 
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
-  TORCH_CHECK(x_in.dim() == 2 && x_in.device().is_cpu(), "ggml::linear takes x [T, K] on the CPU");
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
-              "ggml::linear takes float32 or bfloat16 activations");
-  const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1);
+// The checks both products make of their arguments; the weight's type. `op` names the operator in errors.
+ggml_type checked_call(const char* op, const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), op, " takes x [T, K] on the CPU");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, op,
+              " takes float32 or bfloat16 activations");
+  const int64_t k = x.size(1);
   const ggml_type t = checked(type, k);
   const size_t w_bytes = ggml_row_size(t, k);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous() && blocks.dim() == 2 &&
                   blocks.size(0) == n && blocks.size(1) == static_cast<int64_t>(w_bytes),
-              "ggml::linear: blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
+              op, ": blocks must be uint8 [", n, ", ", w_bytes, "] for ", ggml_type_name(t), " rows of ", k);
+  return t;
+}
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
+  const ggml_type t = checked_call("ggml::linear", x_in, blocks, type, n);
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1);
+  const size_t w_bytes = ggml_row_size(t, k);
   const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
   const bool as_is = (traits->vec_dot_type == GGML_TYPE_F32 && x.scalar_type() == at::kFloat) ||
                      (traits->vec_dot_type == GGML_TYPE_BF16 && x.scalar_type() == at::kBFloat16);
@@ -129,6 +147,44 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type
     }
   });
   return out;
+}
+
+bool tinyblas_type(int64_t type) {
+  return type == GGML_TYPE_F32 || type == GGML_TYPE_BF16 || type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0;
+}
+
+at::Tensor gemm(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
+  TORCH_CHECK(tinyblas_type(type), "ggml::gemm serves F32, BF16, Q8_0 and Q4_0 weights, not ggml type ", type);
+  const ggml_type t = checked_call("ggml::gemm", x_in, blocks, type, n);
+  const int64_t k = x_in.size(1), rows = x_in.size(0);
+  if (rows == 0) return at::empty({0, n}, x_in.options());
+  const size_t w_bytes = ggml_row_size(t, k);
+  const ggml_type_traits_cpu* traits = ggml_get_type_traits_cpu(t);
+  const ggml_type b_type = traits->vec_dot_type;  // F32, BF16 or Q8_0
+  const bool as_is = b_type == GGML_TYPE_F32 || b_type == GGML_TYPE_BF16;
+  const int64_t lda = static_cast<int64_t>(w_bytes / ggml_type_size(t));
+  if (rows <= tinyblas::FEW && as_is) {  // a few rows of a float weight: tinyBLAS's sums, weight rows in order
+    const at::Tensor x = x_in.to(b_type == GGML_TYPE_F32 ? at::kFloat : at::kBFloat16).contiguous();
+    at::Tensor sums = at::empty({rows, n}, x_in.options().dtype(at::kFloat));
+    if (tinyblas::few_rows(t, rows, n, k, blocks.data_ptr<uint8_t>(), lda, x.data_ptr(), k, sums.data_ptr<float>())) {
+      return sums.to(x_in.scalar_type());
+    }
+  }
+  // tinyBLAS takes two activation rows or more: one row goes in twice (each output is its own sum)
+  at::Tensor x = rows == 1 ? x_in.expand({2, k}).contiguous() : x_in.contiguous();
+  if (b_type == GGML_TYPE_F32) x = x.to(at::kFloat);
+  if (b_type == GGML_TYPE_BF16) x = x.to(at::kBFloat16);
+  const std::vector<uint8_t> converted = as_is ? std::vector<uint8_t>() : quantize_rows(x, traits);
+  const void* act = as_is ? x.data_ptr() : static_cast<const void*>(converted.data());
+  const int64_t per = ggml_blck_size(t);  // k and the leading dimensions in elements of each type
+  const int64_t ldb = static_cast<int64_t>(ggml_row_size(b_type, k) / ggml_type_size(b_type));
+  at::Tensor sums = at::empty({x.size(0), n}, x_in.options().dtype(at::kFloat));
+  TORCH_CHECK(tinyblas::gemm(n, x.size(0), k / per, blocks.data_ptr<uint8_t>(), lda, w_bytes, t, act, ldb, b_type,
+                             sums.data_ptr<float>(), n),
+              "ggml::gemm: llamafile's tinyBLAS does not take ", ggml_type_name(t), " weights [", n, ", ", k,
+              "] on this CPU");
+  if (rows == 1) sums = sums.narrow(0, 0, 1);
+  return sums.to(x_in.scalar_type());
 }
 
 at::Tensor quantize(const at::Tensor& w_in, int64_t type) {
@@ -188,6 +244,7 @@ struct Init {
 
 TORCH_LIBRARY(ggml, m) {
   m.def("linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
+  m.def("gemm(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("quantize(Tensor w, int type) -> Tensor");
   m.def("dequantize(Tensor blocks, int type, int k) -> Tensor");
   m.def("threads() -> int", &threads);
@@ -195,6 +252,7 @@ TORCH_LIBRARY(ggml, m) {
 
 TORCH_LIBRARY_IMPL(ggml, CPU, m) {
   m.impl("linear", &linear);
+  m.impl("gemm", &gemm);
   m.impl("quantize", &quantize);
   m.impl("dequantize", &dequantize);
 }
