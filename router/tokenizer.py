@@ -12,9 +12,10 @@ resolves one of them differently fails there."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from worker.contract.tasks import read_json
 
 # (config.json's model_type, tokenizer_config.json's tokenizer_class) -> the transformers class
 # AutoTokenizer returns for such a folder (transformers 5: the declared class, since neither model
@@ -25,24 +26,16 @@ DIRECT: dict[tuple[str, str], str] = {
 }
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def direct_class(path: str | Path) -> str | None:
     """The name of the transformers class to load ``path``'s tokenizer with directly, or None when
     only ``AutoTokenizer`` can say (no ``tokenizer.json``, remote code, a pair not in :data:`DIRECT`)."""
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file():
         return None
-    declared = _json(folder / "tokenizer_config.json")
+    declared = read_json(folder / "tokenizer_config.json")
     if "auto_map" in declared:
         return None
-    model_type = _json(folder / "config.json").get("model_type")
+    model_type = read_json(folder / "config.json").get("model_type")
     return DIRECT.get((model_type, declared.get("tokenizer_class")))
 
 
