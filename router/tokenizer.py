@@ -2,9 +2,9 @@
 for the folder (the worker loads it through ``AutoTokenizer``, and both must give the same ids).
 
 ``AutoTokenizer`` reads the model's config through ``transformers.configuration_utils``, which
-imports torch: about 3 s of CPU and 270 MB in a process that never computes a tensor (the router
-and its standby; xgrammar imports torch later, on the first structured-output request). For the
-folders in :data:`DIRECT` the class ``AutoTokenizer`` would pick is known from two small JSON files,
+imports torch: seconds of CPU and hundreds of MB in a process that never computes a tensor (the
+router and its standby; xgrammar imports torch later, on the first structured-output request).
+For the folders in :data:`DIRECT` the class ``AutoTokenizer`` would pick is known from two small JSON files,
 so the router loads that class itself and torch stays out; any other folder goes through
 ``AutoTokenizer``. ``tests/unit/test_router_tokenizer.py`` checks each entry against
 ``AutoTokenizer`` (same class, same ids, same chat template), so a transformers release that

@@ -5,8 +5,8 @@ formula) and its ``dynamic_rope_update`` (dynamic NTK and LongRoPE at the table'
 
 Why not ``LlamaRotaryEmbedding`` itself: it lives in ``transformers.models.llama.modeling_llama``,
 whose import brings transformers' model utilities and ``torch._dynamo`` into a worker that uses
-none of them (about 1 s of CPU at every worker start); ``modeling_rope_utils`` is already loaded
-with the model's config. ``tests/unit/test_rope.py`` checks the tables against
+none of them (CPU time at every worker start; tests/README.md has the measurement);
+``modeling_rope_utils`` is already loaded with the model's config. ``tests/unit/test_rope.py`` checks the tables against
 ``LlamaRotaryEmbedding`` for every RoPE type, so a transformers release that computes one
 differently fails there."""
 
