@@ -21,6 +21,7 @@ from router.served import served_model
 from router.settings import RouterSettings
 from router.state import Api, ServedModel
 from router.supervisor_events import EventSender
+from router.tokenizer import load_tokenizer
 from router.workers import WorkerPool
 from worker.contract import keys
 from worker.contract.heap import freeze_startup_heap
@@ -76,12 +77,10 @@ async def wait_for_takeover() -> int | None:
 def load_models(cfg: RouterSettings, model_paths: list[str]) -> dict[str, ServedModel]:
     """Every served model with its tokenizer, by served name (``model_paths[k]`` is model ``k``'s
     folder; the one-model form: ``cfg.model`` and one path)."""
-    from transformers import AutoTokenizer
-
     configs = cfg.models or [cfg.model]
     if len(configs) != len(model_paths):
         raise SystemExit(f"{len(configs)} model(s) in the settings but {len(model_paths)} --model-path")
-    served = [served_model(c, p, AutoTokenizer.from_pretrained(p)) for c, p in zip(configs, model_paths, strict=True)]
+    served = [served_model(c, p, load_tokenizer(p)) for c, p in zip(configs, model_paths, strict=True)]
     return {m.name: m for m in served}
 
 

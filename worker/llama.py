@@ -37,6 +37,7 @@ from worker.contract.shapes import attention_dims
 from worker.contract.tp_rules import shard_range
 from worker.quant.gguf import fused_linear
 from worker.quant.linear import Single
+from worker.rope import rope_tables
 
 log = logging.getLogger(__name__)
 
@@ -244,17 +245,6 @@ def _with_native(fn):
 
 def _plain_embedding(table: torch.Tensor):
     return lambda ids: F.embedding(ids, table).float()
-
-
-def rope_tables(config, positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [positions, head_dim] (float32) from transformers' own ``LlamaRotaryEmbedding``, so every
-    RoPE variant it knows (default, Llama 3 scaling, linear, dynamic NTK at load length) is computed its way."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    rope = LlamaRotaryEmbedding(config).to(device)
-    pos = torch.arange(positions, device=device)[None, :]
-    cos, sin = rope(torch.empty(0, dtype=torch.float32, device=device), pos)
-    return cos[0].float(), sin[0].float()
 
 
 def load_weights(
