@@ -63,7 +63,7 @@ class Engine:
         self.last_step_at = time.monotonic()
         self.oom_events = 0
         self._last_trim = 0.0
-        self._last_shape = (0, 0, 0)  # the last step's decodes, prefill chunks and their tokens
+        self._last_shape = (0, 0, 0, 0.0, 0.0, 0.0)  # decodes, prefill chunks, their tokens; its phases' seconds
 
     # ---- requests in ------------------------------------------------------------------
 
@@ -140,6 +140,7 @@ class Engine:
         """One iteration: schedule, one forward pass, sample, finish what ended. Returns the step's
         messages: a ``Tokens`` per sampled sequence, a ``Failed`` per request that failed."""
         out: list[Msg] = []
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         for seq in plan.expired:
             self._forget(seq)
@@ -149,7 +150,7 @@ class Engine:
             )
         if plan.empty:
             return out
-        self._last_shape = (len(plan.decode), len(plan.prefill), sum(e - s for _, s, e in plan.prefill))
+        t1 = time.perf_counter()
         try:
             logits = self.runner.run(plan)
         except torch.OutOfMemoryError as exc:
@@ -158,20 +159,25 @@ class Engine:
             return out + self._on_oom(plan, exc)
         self.steps += 1
         self.last_step_at = time.monotonic()
+        t2 = time.perf_counter()
         ready = self.scheduler.finish_step(plan)
         try:
             out += self._sample(ready, logits)
         except torch.OutOfMemoryError as exc:
             self.scheduler.redo_last_token(ready)
             out += self._on_oom(StepPlan(decode=ready), exc)
+        tokens = sum(e - s for _, s, e in plan.prefill)
+        self._last_shape = (len(plan.decode), len(plan.prefill), tokens, t1 - t0, t2 - t1, time.perf_counter() - t2)
         return out
 
     def last_step(self) -> str:
-        """The last step's batch: its decodes, prefill chunks and their tokens, and what is left."""
-        decodes, chunks, tokens = self._last_shape
+        """The last step's batch (its decodes, prefill chunks and their tokens), the wall time of its
+        three phases, and what is left."""
+        decodes, chunks, tokens, plan_s, forward_s, sample_s = self._last_shape
         s = self.scheduler
         return (
-            f"step {self.steps}: {decodes} decodes, {chunks} prefill chunks of {tokens} tokens; "
+            f"step {self.steps}: {decodes} decodes, {chunks} prefill chunks of {tokens} tokens "
+            f"(schedule {1e3 * plan_s:.0f} ms, forward {1e3 * forward_s:.0f} ms, sample {1e3 * sample_s:.0f} ms); "
             f"{len(s.running)} running, {len(s.waiting)} waiting"
         )
 
