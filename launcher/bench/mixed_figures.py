@@ -48,6 +48,7 @@ def doc_figures(answers: list[DocAnswer], per_doc: int, start: float, end: float
         "failed": sum(1 for a in answers if a.error),
         "documents_per_min": 60 * done / (end - start) if end > start else None,
         "parsed_share": sum(a.parsed for a in answers) / len(answers) if answers else None,
+        "errors_seen": sorted({a.error for a in answers if a.error})[:3],  # what the failures were
     }
 
 

@@ -151,7 +151,7 @@ def test_bench_mixed_suite_measures_every_figure_here_and_for_a_compare_url(depl
     assert [r["base_url"] for r in runs] == [deployment.base_url] * 2
     for run in runs:
         assert run["chat_alone"]["requests"] == 2 and run["chat_alone"]["ttft_p95_s"] > 0
-        assert run["documents"]["answers"] == 2 and run["documents"]["failed"] == 0
+        assert run["documents"]["answers"] == 2 and run["documents"]["failed"] == 0, run["documents"]
         assert run["documents"]["documents_per_min"] > 0 and run["documents"]["parsed_share"] is not None
     assert "chat TTFT p95, beside the documents" in proc.stdout and "documents per minute" in proc.stdout
 
