@@ -200,12 +200,16 @@ class GrammarChecker:
 
     async def check(self, spec: Grammar, param: str) -> float:
         """Compile ``spec`` (or find it cached); returns the compile milliseconds (0 when cached).
-        Raises a 400 :class:`ApiError` naming ``param`` when it does not compile in time."""
+        Raises a 400 :class:`ApiError` naming ``param`` when it does not compile in time. The first
+        call builds the compiler first (:meth:`ready`: importing xgrammar, and with it torch, and
+        walking the vocabulary), outside the timeout: that one-time cost is the router's, not the
+        grammar's, and on a loaded box it alone can outlast the timeout."""
         key = (spec.kind, spec.strict, spec.source)
         with self._lock:
             if key in self._ok:
                 self._ok.move_to_end(key)
                 return 0.0
+        await self.ready()
         loop = asyncio.get_running_loop()
         try:
             ms = await asyncio.wait_for(loop.run_in_executor(self._pool, self._compile, spec), self.timeout_s)
