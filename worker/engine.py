@@ -149,6 +149,7 @@ class Engine:
                 failed(seq.request_id, 503, f"waited longer than {wait:g}s for KV cache memory; retry later", 5.0)
             )
         if plan.empty:
+            self._last_shape = (0, 0, 0, time.perf_counter() - t0, 0.0, 0.0)
             return out
         t1 = time.perf_counter()
         try:
