@@ -179,6 +179,10 @@ class GrammarChecker:
                 self._compiler = xgr.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
             return self._compiler
 
+    def build(self) -> None:
+        """Build the tokenizer's xgrammar view now, on the calling thread (once: later calls return at once)."""
+        self._ensure()
+
     async def ready(self) -> None:
         """Build the tokenizer's xgrammar view (once; it walks the whole vocabulary) on the pool, off the event loop."""
         if self._compiler is None:

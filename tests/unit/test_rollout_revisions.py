@@ -82,3 +82,22 @@ def test_a_renamed_model_is_served_under_both_names_while_replicas_of_both_serve
     with pytest.raises(ApiError) as err:
         api.for_request("old", "/v1/chat/completions")
     assert err.value.status == 404
+
+
+def test_a_changed_section_keeps_its_models_grammar_compiler():
+    """A live apply that changes a model's section serves a new ServedModel over the same
+    tokenizer: it keeps the compiler built at start, so no structured request after an apply
+    pays to build it again."""
+    from router.rollout import serve_models
+    from router.settings import RouterSettings
+    from router.state import Api
+    from worker.contract.settings import ModelConfig
+
+    tokenizer = object()
+    api = Api(RouterSettings(model=ModelConfig(served_name="m")), pool=None)
+    api.default_model.tokenizer = tokenizer
+    checker = object()
+    api.default_model.grammar_checker = checker  # as router.main.warm_grammar_checkers leaves it
+    serve_models(api, [ModelConfig(served_name="m", max_model_len=1024)])
+    served = api.models["m"]
+    assert served.config.max_model_len == 1024 and served.grammar_checker is checker

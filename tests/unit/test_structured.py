@@ -377,3 +377,53 @@ def test_tool_call_choice_and_completion_logprobs_shapes():
         {"a": -0.25},
         {" b": -0.25},
     ]
+
+
+def test_the_router_builds_each_text_models_compiler_at_start_and_freezes_it(tokenizer):
+    """At start the router builds the grammar compiler of each text model (not of an embedding
+    model), so that no request pays it while a worker computes beside the router; what it allocated
+    is frozen out of the collector's full collections with the rest of start-up."""
+    import gc
+
+    from router.main import warm_grammar_checkers
+    from router.state import ServedModel
+    from worker.contract.settings import ModelConfig
+
+    chat = ServedModel(ModelConfig(name="chat"), tokenizer=tokenizer)
+    embed = ServedModel(ModelConfig(name="embed", task="embed"), tokenizer=tokenizer)
+    frozen, callbacks = gc.get_freeze_count(), list(gc.callbacks)
+    try:
+        asyncio.run(warm_grammar_checkers({"chat": chat, "embed": embed}))
+        assert chat.grammar_checker._compiler is not None
+        assert "grammar_checker" not in embed.__dict__  # never built: an embedding model has no grammars
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.callbacks[:] = callbacks  # the slow-collection log belongs to a server process, not pytest's
+
+
+def test_a_standby_router_builds_its_compiler_on_a_thread_that_yields_the_cpu():
+    """A standby router loads while the workers serve: the thread that builds its compiler runs at
+    a lower priority (nice), and the router's own threads keep theirs."""
+    import gc
+    import os
+    import threading
+    from types import SimpleNamespace
+
+    from router.main import STANDBY_NICE, warm_grammar_checkers
+
+    seen = {}
+
+    class Checker:
+        def build(self):
+            seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    model = SimpleNamespace(task="generate", grammar_checker=Checker())
+    callbacks = list(gc.callbacks)
+    try:
+        asyncio.run(warm_grammar_checkers({"m": model}, STANDBY_NICE))
+    finally:
+        gc.unfreeze()
+        gc.callbacks[:] = callbacks
+    assert seen["nice"] == min(base + STANDBY_NICE, 19) and os.getpriority(os.PRIO_PROCESS, 0) == base

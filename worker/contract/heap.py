@@ -49,8 +49,9 @@ class CollectionWatch:
 
 def freeze_startup_heap() -> int:
     """Collect now (garbage frozen would never be freed), then freeze every object still tracked;
-    call once, when start-up is done and before serving; from then on slow collections are logged
-    (:class:`CollectionWatch`). Returns how many objects are frozen."""
+    call when start-up is done and before serving, and again after start-up work that finishes
+    later (the router's grammar compiler); from then on slow collections are logged
+    (:class:`CollectionWatch`, added once). Returns how many objects are frozen."""
     gc.collect()
     gc.freeze()
     if not any(isinstance(cb, CollectionWatch) for cb in gc.callbacks):
