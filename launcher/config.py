@@ -33,8 +33,9 @@ class SupervisorConfig(DrainSettings):
     restart_window_s: float = Field(300.0, gt=0, description="the window max_restarts counts crashes in")
     router_standby: bool = Field(
         True,
-        description="keep a loaded standby router that takes over at once when the router dies (costs one "
-        "router's memory; off: a restart loads from scratch, some seconds)",
+        description="keep a loaded standby router that takes over at once when the router dies (it loads "
+        "at the first second without a request in flight, or after 10 minutes; costs one router's memory; "
+        "off: a restart loads from scratch, some seconds)",
     )
 
 

@@ -159,7 +159,7 @@ def serve_models(api: Api, sections: list[ModelConfig]) -> None:
     served = [kept.get(m.config.model_dump_json(), m) for m in fresh]
     for m, base in zip(served, bases, strict=True):
         if m is not base and m.tokenizer is base.tokenizer and "grammar_checker" in base.__dict__:
-            # the same tokenizer's compiler (built at start: router.main.warm_grammar_checkers) and its grammars
+            # the same tokenizer's compiler (built at start: router.serve.warm_grammar_checkers) and its grammars
             m.grammar_checker = base.grammar_checker
     api.models = {m.name: m for m in served}
 

@@ -1,5 +1,5 @@
 """A served model as the router holds it (:class:`router.state.ServedModel`), from its ``model``
-section and its folder: read at start (:mod:`router.main`) and again when ``apply`` changes the
+section and its folder: read at start (:mod:`router.serve`) and again when ``apply`` changes the
 section (:mod:`router.rollout`), so both resolve the task and an embedding model's spec alike."""
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Api:
     """What the handlers share for the router's life: settings, worker pool and the served models.
 
     ``models``: every served model by name, in deploy.yaml's order (the router's start loads them
-    with their tokenizers, :func:`router.main.load_models`); none given: ``cfg.model`` without a tokenizer (a
+    with their tokenizers, :func:`router.serve.load_models`); none given: ``cfg.model`` without a tokenizer (a
     router under test that never tokenizes). Its writers: the app factory (``metrics``,
     ``batches``, at start) and a live apply (``cfg``, ``models``: :mod:`router.rollout`); a request
     reads it through its :class:`RequestView` (:meth:`for_request`) and never writes it."""

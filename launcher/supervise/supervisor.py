@@ -43,6 +43,7 @@ from launcher.supervise.events import EventInbox
 from launcher.supervise.launch import WorkerLaunch
 from launcher.supervise.revisions import Revisions
 from launcher.supervise.slots import MAX_BACKOFF_S, Child, Slot, judge_crash  # noqa: F401 (judge_crash: the tests' import)
+from launcher.supervise.standby import QuietGate
 from router.admin_protocol import (
     ApplyRequested,
     Event,
@@ -137,6 +138,7 @@ class Supervisor:
         self.standby: subprocess.Popen | None = None  # a loaded router waiting to take over
         self.standby_enabled = False  # set once serving: a standby must not slow the workers' start
         self._standby_at = 0.0  # when a standby may be started (after one died)
+        self._standby_gate = QuietGate()  # and then at a quiet moment (launcher/supervise/standby.py)
         self.admin = AdminClient(cfg.router.admin_url, cfg.router.admin_token)
         self.events = self._open_events()  # the router's events (a test replaces it)
         self._events: list[Event] = []  # received while pausing, handled by the next poll_once
@@ -246,7 +248,9 @@ class Supervisor:
 
     def keep_standby(self) -> None:
         """With ``supervisor.router_standby``, keep one standby router loaded beside the serving one
-        (so a restart takes a moment, not the seconds of importing and loading the tokenizer)."""
+        (so a restart takes a moment, not the seconds of importing and loading the tokenizer). It
+        loads at a quiet moment (:class:`~launcher.supervise.standby.QuietGate`): its load would
+        stall the steps of the workers it shares the cores with."""
         if not (self.standby_enabled and self.cfg.supervisor.router_standby and self.router_answering):
             return
         now = self.clock()
@@ -258,9 +262,23 @@ class Supervisor:
                 MAX_BACKOFF_S,
             )
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
-        if self.standby is None and now >= self._standby_at:
+        if (
+            self.standby is None
+            and now >= self._standby_at
+            and self._standby_gate.open(now, self._requests_in_flight())
+        ):
+            overdue = self._standby_gate.overdue(now)
+            self._standby_gate.done()
             self.standby = self._spawn(self._router_args(standby=True), self.child_env, stdin_pipe=True)
-            log.info("standby router started (pid %d)", self.standby.pid)
+            log.info("standby router started (pid %d)%s", self.standby.pid, ", under load" if overdue else "")
+
+    def _requests_in_flight(self) -> bool | None:
+        """Whether any worker has a request in flight or in its engine, by the router's table (None
+        when it cannot be read)."""
+        table = self.read_table()
+        if table is None:
+            return None
+        return any(w.in_flight or w.running or w.waiting for w in table.values())
 
     def start_worker(self, wid: int) -> None:
         slot = self.slots[wid]

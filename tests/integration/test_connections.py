@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from launcher.config import parse_config
 from router.connections import keep_alive_seconds
-from router.main import start_servers, stop_servers
+from router.serve import start_servers, stop_servers
 from router.state import Api
 from router.workers import WorkerPool
 from tests.helpers.deployment import free_port, wait_for_async

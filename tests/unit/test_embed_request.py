@@ -192,7 +192,7 @@ def test_quantized_weights_for_embeddings_are_refused(tmp_path, quantization):
 
 
 def test_the_router_resolves_task_auto_and_reads_the_spec(tmp_path):
-    from router.main import served_model
+    from router.serve import served_model
 
     folder = st_folder(tmp_path / "st", {"pooling_mode": "mean"})
     embed = served_model(ModelConfig(name="e"), str(folder), tokenizer=None)

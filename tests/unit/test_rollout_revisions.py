@@ -97,7 +97,7 @@ def test_a_changed_section_keeps_its_models_grammar_compiler():
     api = Api(RouterSettings(model=ModelConfig(served_name="m")), pool=None)
     api.default_model.tokenizer = tokenizer
     checker = object()
-    api.default_model.grammar_checker = checker  # as router.main.warm_grammar_checkers leaves it
+    api.default_model.grammar_checker = checker  # as router.serve.warm_grammar_checkers leaves it
     serve_models(api, [ModelConfig(served_name="m", max_model_len=1024)])
     served = api.models["m"]
     assert served.config.max_model_len == 1024 and served.grammar_checker is checker

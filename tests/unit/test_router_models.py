@@ -122,7 +122,7 @@ def test_each_worker_is_judged_by_its_own_models_heartbeat_and_stall_timeouts():
     cfg = RouterSettings.model_validate_json(cfg.model_dump_json())  # what the router reads from router.json
     assert (cfg.workers_for("b").heartbeat_timeout_s, cfg.workers_for("a").heartbeat_timeout_s) == (100, 10)
     pool = pool_of({0: "a", 1: "b"})
-    pool.model_timeouts = cfg.model_timeouts()  # as router.main builds its pool
+    pool.model_timeouts = cfg.model_timeouts()  # as router.serve builds its pool
     assert pool.timeouts("b") == (100, 300) and pool.timeouts("a") == (10, 30)
     seen = {w: pool.workers[w].last_seen for w in (0, 1)}
     pool.check_workers(max(seen.values()) + 50)  # silent 50 s: past a's 10 s, within b's 100 s

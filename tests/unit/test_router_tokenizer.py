@@ -72,7 +72,7 @@ def test_the_router_loads_its_tokenizer_without_importing_torch():
     code = (
         "import sys; from router.tokenizer import load_tokenizer; "
         f"t = load_tokenizer({str(path)!r}); t.apply_chat_template([{{'role': 'user', 'content': 'hi'}}], "
-        "tokenize=False); import router.main; print('torch' in sys.modules)"
+        "tokenize=False); import router.serve; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"

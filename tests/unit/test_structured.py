@@ -385,7 +385,7 @@ def test_the_router_builds_each_text_models_compiler_at_start_and_freezes_it(tok
     is frozen out of the collector's full collections with the rest of start-up."""
     import gc
 
-    from router.main import warm_grammar_checkers
+    from router.serve import warm_grammar_checkers
     from router.state import ServedModel
     from worker.contract.settings import ModelConfig
 
@@ -402,28 +402,29 @@ def test_the_router_builds_each_text_models_compiler_at_start_and_freezes_it(tok
         gc.callbacks[:] = callbacks  # the slow-collection log belongs to a server process, not pytest's
 
 
-def test_a_standby_router_builds_its_compiler_on_a_thread_that_yields_the_cpu():
-    """A standby router loads while the workers serve: the thread that builds its compiler runs at
-    a lower priority (nice), and the router's own threads keep theirs."""
-    import gc
+def test_a_standby_router_loads_on_a_thread_that_yields_the_cpu_and_serves_from_one_that_did_not():
+    """A standby router loads (imports, tokenizers, compilers) while the workers serve: that work
+    runs on a thread at a lower priority (nice), its result and errors reach the caller, and the
+    caller's thread, which serves after the takeover, and the threads it starts keep theirs."""
     import os
     import threading
-    from types import SimpleNamespace
 
-    from router.main import STANDBY_NICE, warm_grammar_checkers
+    from router.main import STANDBY_NICE, on_lowered_thread
 
-    seen = {}
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    class Checker:
-        def build(self):
-            seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    base = priority()
+    assert on_lowered_thread(priority, STANDBY_NICE) == min(base + STANDBY_NICE, 19)
+    assert priority() == base
+    later = []
+    thread = threading.Thread(target=lambda: later.append(priority()))
+    thread.start()
+    thread.join()
+    assert later == [base]
 
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    model = SimpleNamespace(task="generate", grammar_checker=Checker())
-    callbacks = list(gc.callbacks)
-    try:
-        asyncio.run(warm_grammar_checkers({"m": model}, STANDBY_NICE))
-    finally:
-        gc.unfreeze()
-        gc.callbacks[:] = callbacks
-    assert seen["nice"] == min(base + STANDBY_NICE, 19) and os.getpriority(os.PRIO_PROCESS, 0) == base
+    def fails():
+        raise ValueError("no tokenizer here")
+
+    with pytest.raises(ValueError, match="no tokenizer here"):
+        on_lowered_thread(fails, STANDBY_NICE)

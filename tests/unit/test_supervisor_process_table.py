@@ -14,6 +14,7 @@ import signal
 import msgspec
 import pytest
 
+from launcher.supervise.slots import MAX_BACKOFF_S
 from router import admin_protocol
 from router.admin_protocol import Exited, Started, WorkerState, WorkerTable
 from tests.helpers.supervisor_harness import Harness, PoolAdmin, started
@@ -180,11 +181,38 @@ def test_a_standby_router_is_kept_once_serving_and_takes_over_when_the_router_di
     assert sup.standby is None  # not while the workers load
     sup.standby_enabled = True  # what run() does once serving
     sup.tick()
+    assert sup.standby is None  # not before a quiet second: its load would stall the workers' steps
+    sup.tick(1.0)
     standby = sup.standby
     assert standby.args[-1] == "--standby" and standby.stdin.written == ""
     sup.router.exit(-signal.SIGKILL)
     sup.tick()
     sup.tick(1.1)
     assert sup.router is standby and standby.stdin.written == "go 1\n" and standby.stdin.closed
-    sup.tick()  # it answers: told about the workers, and a new standby loads
+    sup.tick()  # it answers: told about the workers
+    sup.tick(1.0)  # and after a quiet second a new standby loads
     assert sup.row(0).pid == sup.proc_of(0).pid and sup.standby not in (None, standby)
+
+
+def test_a_standby_router_waits_for_a_second_without_requests_or_loads_under_load_at_last(tmp_path):
+    sup = started(tmp_path)
+    sup.standby_enabled = True
+    pool = sup.admin.pool
+    first = pool.ledger.register(pool.workers[0], "r1")  # a request in flight on worker 0
+    for _ in range(5):
+        sup.tick(1.0)
+    assert sup.standby is None
+    pool.ledger.finish(first, ok=True)
+    sup.tick(0.5)  # the first poll that sees no request in flight
+    sup.tick(0.9)
+    assert sup.standby is None  # quiet for 0.9 s
+    sup.tick(0.1)
+    assert sup.standby is not None
+    sup.standby.exit(1)  # it dies: the next one is due after the backoff, under load this time
+    pool.ledger.register(pool.workers[1], "r2")
+    sup.tick()
+    sup.tick(MAX_BACKOFF_S)  # the backoff passed: due from now
+    sup.tick(599.0)
+    assert sup.standby is None
+    sup.tick(1.0)
+    assert sup.standby is not None and sup.standby.poll() is None  # the wait ran out: it loads anyway
