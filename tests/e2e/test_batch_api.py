@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.helpers.deployment import MODEL, Deployment, assert_openai_error, cli, wait_for
+from tests.helpers.deployment import MODEL, STANDBY, Deployment, assert_openai_error, cli, wait_for
 from tests.helpers.keyed import ENV_KEYS
 
 FINISHED = ("completed", "failed", "expired", "cancelled")
@@ -193,6 +193,7 @@ def durable(tmp_path_factory):
         {
             "workers": {"replicas": 1},
             "router": {"batch": {"max_file_bytes": MAX_FILE_BYTES, "max_lines": 20, "running": 1}},
+            **STANDBY,  # its router is killed: the standby takes over
         },
     )
     try:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers.deployment import (
     MODEL,
+    STANDBY,
     Deployment,
     alive,
     all_ready_and_idle,
@@ -61,7 +62,8 @@ def sup(tmp_path_factory):
     # Failover without migration (what a stream that cannot migrate gets); tests/e2e/test_migration.py
     # covers migration.
     d = Deployment(
-        tmp_path_factory.mktemp("supervision"), {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}}
+        tmp_path_factory.mktemp("supervision"),
+        {"workers": {"heartbeat_timeout_s": 5}, "router": {"max_migrations": 0}, **STANDBY},
     )
     d.start()
     yield d

@@ -63,6 +63,9 @@ def deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
+STANDBY = {"supervisor": {"router_standby": True}}  # a test deployment's config part for a module that kills its router
+
+
 class Deployment:
     """One deployment in a temp folder. ``start()`` blocks until every worker is ready."""
 
@@ -84,7 +87,8 @@ class Deployment:
                 "state_dir": str(self.tmp / "state"),
             },
             "workers": {"devices": "cpu", "replicas": 2, "heartbeat_s": 0.5, "heartbeat_timeout_s": 10},
-            "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30},
+            # no standby router unless a module kills its router (STANDBY): each standby loads for seconds of CPU
+            "supervisor": {"restart_backoff_s": 0.5, "shutdown_grace_s": 30, "router_standby": False},
         }
         self.config = deep_merge(base, config or {})
         if "models" in self.config:  # several models: the base model keys are each entry's defaults

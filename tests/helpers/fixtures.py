@@ -8,7 +8,7 @@ import pytest
 from openai import OpenAI
 
 from tests.helpers.browser import Browser, chromium_paths
-from tests.helpers.deployment import MODEL, Deployment, free_port
+from tests.helpers.deployment import MODEL, STANDBY, Deployment, free_port
 from tests.helpers.keyed import SecuredDeployment
 
 MODEL_DIR = Path.home() / ".cache/llamadeploy/models" / MODEL  # the embedded default, once converted
@@ -42,6 +42,7 @@ def curve_busy(tmp_path_factory) -> Deployment:
             "workers": {"replicas": 1, "max_num_seqs": 8, "max_waiting": 8, "max_queue_wait_s": 300},
             "router": {"zmq_address": address, "request_timeout_s": 300},
             "logging": {"level": "debug"},
+            **STANDBY,  # test_zmq_curve kills its router: the standby takes over
         },
     )
     d.zmq_address = address
