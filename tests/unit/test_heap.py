@@ -31,7 +31,7 @@ def test_the_freeze_collects_garbage_first_and_keeps_later_garbage_collectable(u
     del dead
     frozen = freeze_startup_heap()
     assert dead_ref() is None  # collected, not frozen for ever
-    assert frozen == gc.get_freeze_count() > 0
+    assert 0 < gc.get_freeze_count() <= frozen  # frozen objects may die since (another thread's), none join
     assert not any(o is alive for o in gc.get_objects())  # frozen: no generation holds it any more
     later = _Node()
     later_ref = weakref.ref(later)
