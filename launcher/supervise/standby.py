@@ -1,9 +1,9 @@
 """When the supervisor may load a standby router: at a quiet moment.
 
 A standby router's load (imports, tokenizers, grammar compilers: seconds of CPU) slows the workers
-whose cores it shares far beyond its share of the CPU, at any nice value: the torch workers' OpenMP
-teams wait on each other at every parallel region, and a member that waits for a core stalls the
-whole step (docs/benchmarks/results.md, "A standby router's load"). So the standby waits for
+whose cores it shares far beyond its share of the CPU, at any nice value (measured, and why not yet
+known: docs/benchmarks/results.md, "A standby router's load" and "A busy loop beside one client").
+So the standby waits for
 :data:`QUIET_S` without a request in flight on any worker, or, on a deployment that never pauses,
 :data:`LONGEST_WAIT_S`, and then loads anyway (once: a few slow seconds against every failover
 loading from scratch).
@@ -16,10 +16,10 @@ LONGEST_WAIT_S = 600.0  # a standby due this long loads under load
 
 
 class QuietGate:
-    """Says when a due standby may load. ``due(now)`` starts the wait (seconds on the supervisor's
-    clock), :meth:`open` is asked on every poll with whether any request is in flight (None: the
-    router's table could not be read, taken as busy), :meth:`done` ends the wait once it loads.
-    The only writer of its own state."""
+    """Says when a due standby may load. :meth:`open` is asked on every poll (``now``: seconds on
+    the supervisor's clock) with whether any request is in flight (None: the router's table could
+    not be read, taken as busy); its first call starts the wait, :meth:`done` ends it once the
+    standby loads. The only writer of its own state."""
 
     def __init__(self, quiet_s: float = QUIET_S, longest_wait_s: float = LONGEST_WAIT_S) -> None:
         self.quiet_s, self.longest_wait_s = quiet_s, longest_wait_s
