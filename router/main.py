@@ -66,32 +66,27 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # first: a launcher killed from here on takes this process with it
     args = RouterArgs.from_argv(argv)
     if not args.standby:
-        import uvloop  # here, not at the top: a standby imports it on its lowered thread
+        from router import serve  # here, not at the top: a standby imports it on its lowered thread
 
-        from router import serve
-
-        cfg = serve.read_settings(args.config)
-        uvloop.run(serve.run_router(cfg, args))
+        serve.serve(serve.read_settings(args.config), args)
         return
 
     def load():
-        import uvloop  # on this thread: the imports are most of a router's start
-
-        from router import serve
+        from router import serve  # on this thread: the imports are most of a router's start
 
         cfg = serve.read_settings(args.config)
         models = serve.load_models(cfg, list(args.model_paths))
         serve.build_grammar_checkers(models)
-        return uvloop, serve, cfg, models
+        return serve, cfg, models
 
-    uvloop, serve, cfg, models = on_lowered_thread(load, STANDBY_NICE)
+    serve, cfg, models = on_lowered_thread(load, STANDBY_NICE)
     log.info("standby router loaded; waiting to take over")
     restarts = wait_for_takeover()
     if restarts is None:
         log.info("standby router not needed; exiting")
         return
     log.info("standby router taking over (restart %d)", restarts)
-    uvloop.run(serve.run_router(cfg, args, models, restarts))
+    serve.serve(cfg, args, models, restarts)
 
 
 if __name__ == "__main__":

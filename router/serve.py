@@ -11,6 +11,7 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import uvloop
 from aiohttp import web
 
 from router.app import CONNECTIONS, create_admin_app, create_app
@@ -171,3 +172,10 @@ async def watch_event_loop(tick_s: float = 0.1) -> None:
         watch.begin()
         await asyncio.sleep(tick_s)
         watch.end()
+
+
+def serve(
+    cfg: RouterSettings, args: RouterArgs, models: dict[str, ServedModel] | None = None, restarts: int | None = None
+) -> None:
+    """:func:`run_router` on uvloop's event loop, until SIGTERM (the arguments as there)."""
+    uvloop.run(run_router(cfg, args, models, restarts))

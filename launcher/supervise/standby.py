@@ -38,10 +38,6 @@ class QuietGate:
         quiet = self._quiet_since is not None and now - self._quiet_since >= self.quiet_s
         return quiet or now - self._due_since >= self.longest_wait_s
 
-    def overdue(self, now: float) -> bool:
-        """The wait ran out (the standby loads under load)."""
-        return self._due_since is not None and now - self._due_since >= self.longest_wait_s
-
     def done(self) -> None:
         """The standby loads: the next one waits afresh."""
         self._due_since = self._quiet_since = None

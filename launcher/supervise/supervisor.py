@@ -262,15 +262,13 @@ class Supervisor:
                 MAX_BACKOFF_S,
             )
             self.standby, self._standby_at = None, now + MAX_BACKOFF_S
-        if (
-            self.standby is None
-            and now >= self._standby_at
-            and self._standby_gate.open(now, self._requests_in_flight())
-        ):
-            overdue = self._standby_gate.overdue(now)
+        if self.standby is not None or now < self._standby_at:
+            return
+        busy = self._requests_in_flight()
+        if self._standby_gate.open(now, busy):
             self._standby_gate.done()
             self.standby = self._spawn(self._router_args(standby=True), self.child_env, stdin_pipe=True)
-            log.info("standby router started (pid %d)%s", self.standby.pid, ", under load" if overdue else "")
+            log.info("standby router started (pid %d)%s", self.standby.pid, "" if busy is False else ", under load")
 
     def _requests_in_flight(self) -> bool | None:
         """Whether any worker has a request in flight or in its engine, by the router's table (None

@@ -45,7 +45,6 @@ def two(tmp_path_factory):
         ],
         "workers": {"replicas": 1, "max_prefill_tokens": 256},
         "router": {"request_timeout_s": 300},
-        "supervisor": {"router_standby": False},
     }
     d = Deployment(tmp_path_factory.mktemp("two-models"), config)
     try:

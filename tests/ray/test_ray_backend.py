@@ -57,7 +57,6 @@ def deployment(cluster, nodes, tmp_path_factory):
                 "placement_timeout_s": 30,
             },
             "workers": {"devices": "auto", "replicas": 3, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S},
-            "supervisor": {"router_standby": False},
         },
         env={GPUS_ON_CPU_ENV: "1", "RAY_ADDRESS": ""},
     )
