@@ -133,6 +133,12 @@ LOAD_METRICS = {
         "eager_decode_steps",
         "Decode-only steps the capture could not serve, run eagerly (capture off, more rows than its buckets)",
     ),
+    "compute_threads": (
+        "gauge",
+        "worker_compute_threads",
+        "Threads a CPU worker's steps compute on now: fewer than its cores while others compute there (0: a GPU)",
+    ),
+    "thread_changes": ("counter", "compute_thread_changes", "Changes of a CPU worker's compute threads"),
     "kv_blocks_free": ("gauge", "kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)"),
 }
 

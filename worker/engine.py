@@ -25,6 +25,7 @@ import torch
 
 from worker.contract.protocol import EngineLoad, Generate, Msg
 from worker.core import failed
+from worker.cpu_share import ThreadGovernor
 from worker.request import RequestStatus
 from worker.runner import ModelRunner
 from worker.sampling import MAX_TOP_LOGPROBS, SamplingError, sample_batch_ex
@@ -49,6 +50,7 @@ class Engine:
         device: torch.device,
         vocab_size: int,
         eos_ids: set[int],
+        governor: ThreadGovernor | None = None,
     ):
         self.runner = runner
         self.tokenizer = tokenizer
@@ -57,6 +59,7 @@ class Engine:
         self.device = device
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
+        self.governor = governor  # a CPU worker's compute threads (worker.cpu_share); None: fixed
         self.by_id: dict[str, Sequence] = {}
         self.served = 0
         self.steps = 0
@@ -133,8 +136,11 @@ class Engine:
         return list(self.by_id)
 
     def idle(self) -> None:
-        """The loop's turn hook: the runner's tensor-parallel keep-alive."""
+        """The loop's turn hook: the runner's tensor-parallel keep-alive; the thread governor's
+        observation of the turn (stepping while there is work)."""
         self.runner.idle()
+        if self.governor is not None:
+            self.governor.observe(self.has_work)
 
     def step(self) -> list[Msg]:
         """One iteration: schedule, one forward pass, sample, finish what ended. Returns the step's
@@ -282,6 +288,8 @@ class Engine:
             kv_blocks_total=b.num_blocks,
             kv_blocks_free=b.num_free,
             preemptions=s.preemptions,
+            compute_threads=self.governor.threads if self.governor else 0,
+            thread_changes=self.governor.changes if self.governor else 0,
             **self.runner.step_counts(),
         )
 

@@ -33,6 +33,7 @@ from worker.contract.load_plan import LoadPlan
 from worker.contract.protocol import Generate, SamplingParams
 from worker.contract.settings import WorkerSettings
 from worker.contract.units import GiB
+from worker.cpu_share import governor_for
 from worker.engine import Engine
 from worker.quant import autotune
 from worker.runner import ModelRunner
@@ -125,6 +126,7 @@ def build_engine(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: 
         device,
         config.vocab_size,
         model_mod.eos_ids(plan.model_path, config, tokenizer),
+        governor_for(torch.get_num_threads(), w.adapt_threads, shard.on_gpu, group is not None),
     )
     grammar.configure(tokenizer, config.vocab_size, engine.eos_ids)  # compiles on its own thread, cached
     if w.max_prefill_tokens == "auto" and not shard.on_gpu:

@@ -13,6 +13,7 @@ from worker import model as model_mod
 from worker.attention import KVCache
 from worker.blocks import BlockManager
 from worker.contract.protocol import Failed, Generate, SamplingParams, Tokens
+from worker.cpu_share import ThreadGovernor
 from worker.engine import Engine
 from worker.runner import ModelRunner
 from worker.scheduler import PrefillShares, Scheduler
@@ -41,6 +42,7 @@ class Run:
         max_waiting: int = 64,
         shares: PrefillShares | None = None,
         cost: StepCost | None = None,
+        governor: ThreadGovernor | None = None,
     ):
         model, tok, config, eos = loaded
         self.events: list = []
@@ -58,6 +60,7 @@ class Run:
             CPU,
             config.vocab_size,
             eos,
+            governor,
         )
         self.max_blocks_used = 0
 
@@ -86,6 +89,7 @@ class Run:
         for _ in range(n):
             if self.engine.has_work:
                 self.events += self.engine.step()
+                self.engine.idle()  # the serving loop's turn hook, as worker.main.serve calls it
                 blocks = self.scheduler.blocks
                 self.max_blocks_used = max(self.max_blocks_used, blocks.num_blocks - blocks.num_free)
 

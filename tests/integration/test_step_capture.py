@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from launcher.bench.dtype_match import PROMPTS
 from tests.helpers.engine_run import Run, chat_ids
 from worker.contract.protocol import Tokens
+from worker.cpu_share import WINDOW_S, Readings, ThreadGovernor
 from worker.llama import rms_norm_cpu
 from worker.step import capture, fused
 
@@ -135,6 +136,54 @@ def test_a_batch_invariant_model_is_captured_with_the_eager_steps_values(loaded,
         assert logprobs(run, 3) == logprobs(eager, 3) and all(logprobs(run, 3))
     finally:
         model.invariant = False
+
+
+class Contended:
+    """Readings for a thread governor that close a window at every loop turn and say, in turn, that
+    the cores are taken and that they are free: the count moves between one and two threads every
+    few steps. ``applied`` records each count set."""
+
+    def __init__(self):
+        self.now, self.turns, self.applied = 0.0, 0, []
+        self.waiting = self.idle = 0.0
+
+    def clock(self) -> float:
+        self.now += WINDOW_S
+        return self.now
+
+    def read(self) -> Readings:
+        self.turns += 1
+        if self.turns % 3 == 0:  # a window in which the engine's thread waited to run all the time
+            self.waiting += WINDOW_S
+        else:  # two idle cores: two such windows give the threads back
+            self.idle += 2 * WINDOW_S
+        return Readings(threads={1: (0.0, self.waiting)}, idle_s=self.idle)
+
+    def set_threads(self, n: int) -> None:
+        self.applied.append(n)
+        torch.set_num_threads(n)
+
+
+def test_a_change_of_compute_threads_mid_stream_changes_no_logprob(loaded, prompts, ops):
+    """The thread governor (worker/cpu_share.py) moves a CPU worker's steps between one and two
+    threads at any step; with ``workers.deterministic`` every value is computed by one thread in one
+    order, so the tokens and logprobs are those of a run on two threads throughout."""
+    model = loaded[0]
+    model.invariant = True
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        fixed = captured(loaded)
+        want = answers(fixed, prompts[:3], max_tokens=12, logprobs=2)
+        box = Contended()
+        governed = captured(loaded, governor=ThreadGovernor(2, box.read, box.set_threads, clock=box.clock))
+        assert answers(governed, prompts[:3], max_tokens=12, logprobs=2) == want
+        assert logprobs(governed, 3) == logprobs(fixed, 3)
+        assert box.applied.count(1) >= 3 and box.applied.count(2) >= 3, box.applied
+        assert governed.engine.stats().thread_changes == len(box.applied)
+    finally:
+        model.invariant = False
+        torch.set_num_threads(before)
 
 
 def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):

@@ -110,6 +110,8 @@ class EngineLoad(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     preemptions: int = 0
     captured_steps: int = 0  # engine steps run by the captured decode step (worker.step)
     eager_decode_steps: int = 0  # decode-only steps it could not serve, run eagerly (capture off, too many rows)
+    compute_threads: int = 0  # threads a CPU worker's steps compute on now (worker.cpu_share); 0: not governed
+    thread_changes: int = 0  # how often that count changed (the cores were taken by others, or given back)
 
 
 class Heartbeat(Msg):

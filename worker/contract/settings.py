@@ -128,6 +128,11 @@ class WorkersConfig(Section):
         "identical text); false: the fastest kernel per batch size and SDPA's prefill attention (faster prefill), "
         "a migrated stream then continues validly but not identically",
     )
+    adapt_threads: bool = Field(
+        True,
+        description="CPU workers: compute on fewer threads while other processes take their cores (the threads' "
+        "run-queue wait says so), all of them again once the cores are free; false: always one thread per core",
+    )
     gpu_memory_utilization: float = Field(
         0.9,
         gt=0,
