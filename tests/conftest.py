@@ -20,8 +20,6 @@ RELEASE = pytest.StashKey[dict[str, set[str]]]()  # test id -> the session fixtu
 TUNING = pytest.StashKey[str]()  # the tuning folder this process made (and removes)
 
 
-
-
 def pytest_configure(config):
     """The workers' start-up timings (kernel tables, step costs: ``worker.start_cache``) go to a
     folder of this run's, shared by its pytest-xdist workers (they inherit the variable): the suite's
