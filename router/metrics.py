@@ -136,7 +136,8 @@ LOAD_METRICS = {
     "compute_threads": (
         "gauge",
         "worker_compute_threads",
-        "Threads a CPU worker's steps compute on now: fewer than its cores while others compute there (0: a GPU)",
+        "Threads a CPU worker's steps compute on now: fewer than its cores while others compute there "
+        "(0: not governed: a GPU, one core, workers.adapt_threads off)",
     ),
     "thread_changes": ("counter", "compute_thread_changes", "Changes of a CPU worker's compute threads"),
     "kv_blocks_free": ("gauge", "kv_cache_free_blocks", "KV-cache blocks no sequence holds (cached prefixes included)"),
