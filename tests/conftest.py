@@ -19,6 +19,10 @@ pytest_plugins = ["tests.helpers.fixtures"]  # shared fixtures: deployment, clie
 RELEASE = pytest.StashKey[dict[str, set[str]]]()  # test id -> the session fixtures stopped after it
 TUNING = pytest.StashKey[str]()  # the tuning folder this process made (and removes)
 
+# Two pytest-xdist workers keep two deployments computing on two cores: OpenMP threads that spin
+# between a step's parallel regions (the default) fight over them; passive ones sleep (tests/README.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_configure(config):
     """The workers' start-up timings (kernel tables, step costs: ``worker.start_cache``) go to a
