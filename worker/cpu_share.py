@@ -8,15 +8,13 @@ the worker's threads get fewer cores than their number: a descheduled thread hol
 for a scheduler slice while the others spin away the share it needed. Linux's autogroup scheduling
 makes this the usual case, not a corner: every session weighs as one, so a single busy process
 started from a shell takes a whole core of two from a worker whose own session (the supervisor
-starts each worker in one) runs two threads, whatever its nice value. Measured on a 2-core AMD EPYC
-Zen 4, one client streaming, beside one such busy loop: the worker on two threads fell from 110.7
-to 4.0 tok/s, llama.cpp's ``llama-server`` (its own thread pool spins too) from 106.9 to 5.7; the
-same worker on one thread served 82.1 tok/s beside the loop and 87.1 alone (results.md,
-"2026-12-04 (afternoon)").
+starts each worker in one) runs two threads, whatever its nice value. The measurements, ours on
+two threads and on one and llama.cpp's ``llama-server`` (whose thread pool spins too) beside such a
+loop, are in docs/benchmarks/results.md, "2026-12-04 (afternoon)".
 
 So :class:`ThreadGovernor` watches the cause, not the symptom: over windows of steady stepping it
-reads how long its compute threads (the engine's and torch's OpenMP team) were runnable but not running — the kernel's run-queue wait,
-``/proc/self/task/*/schedstat`` (the kernel's sched-stats.rst, second field) — and how long the
+reads how long its compute threads (the engine's and torch's OpenMP team) were runnable but not
+running — the kernel's run-queue wait, ``/proc/self/task/*/schedstat`` (the kernel's sched-stats.rst, second field) — and how long the
 worker's cores sat idle (``/proc/stat``). Waiting to run for more than :data:`WAIT_SHARE` of a
 thread's time (summed over threads) means the cores are taken: the steps go to fewer threads, one
 per core the wait says is missing. The threads come back when the cores have sat idle for

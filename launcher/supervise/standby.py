@@ -1,12 +1,13 @@
 """When the supervisor may load a standby router: at a quiet moment.
 
 A standby router's load (imports, tokenizers, grammar compilers: seconds of CPU) slows the workers
-whose cores it shares far beyond its share of the CPU, at any nice value (measured, and why not yet
-known: docs/benchmarks/results.md, "A standby router's load" and "A busy loop beside one client").
-So the standby waits for
-:data:`QUIET_S` without a request in flight on any worker, or, on a deployment that never pauses,
-:data:`LONGEST_WAIT_S`, and then loads anyway (once: a few slow seconds against every failover
-loading from scratch).
+whose cores it shares far beyond its share of the CPU, at any nice value: a standby runs in a
+session of its own, and under Linux's autogroup scheduling a session weighs as one whatever the nice
+values inside it, so the workers' spinning OpenMP teams get fewer cores than threads
+(docs/benchmarks/results.md, "A standby router's load" and "2026-12-04 (afternoon)";
+:mod:`worker.cpu_share`). So the standby waits for :data:`QUIET_S` without a request in flight on
+any worker, or, on a deployment that never pauses, :data:`LONGEST_WAIT_S`, and then loads anyway
+(once: a few slow seconds against every failover loading from scratch).
 """
 
 from __future__ import annotations
