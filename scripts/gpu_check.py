@@ -7,9 +7,11 @@ model folder, the copy-bandwidth probe and the engine bench. Standard library + 
     python scripts/gpu_check.py near-budget URL ADMIN MODEL   # requests that together overrun the KV budget
     python scripts/gpu_check.py hog                           # hold (almost) all free memory of cuda:0 until killed
     python scripts/gpu_check.py oom URL ADMIN MODEL LOG       # a batch while the hog holds the memory
-    python scripts/gpu_check.py make-model DIR                # Llama-3-8B config + a 128256-token tokenizer, no weights
+    python scripts/gpu_check.py make-model DIR [--shape S]    # Llama-3-8B (or SmolLM2-135M) config + tokenizer, no weights
     python scripts/gpu_check.py bandwidth                     # device-to-device copy GB/s
     python scripts/gpu_check.py bench URL MODEL DIR           # concurrency 1/8/32/64 against the bandwidth floor
+        [--admin URL --label L --record FILE]                 #   the floor from the weights the worker holds; keep the rows
+    python scripts/gpu_check.py bench-summary FILE            # the recorded variants in one table, greedy agreement
 
 Every command prints what it measured and exits 1 when its condition does not hold.
 """
@@ -54,6 +56,20 @@ LLAMA3_8B = {
     "eos_token_id": 1,
     "torch_dtype": "bfloat16",
 }
+
+# SmolLM2-135M-Instruct's shape (the embedded default's GGUF metadata), for a host without the model wheel.
+SMOLLM2_135M = {
+    **LLAMA3_8B,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "rope_theta": 100000.0,
+    "tie_word_embeddings": True,
+}
+SHAPES = {"llama3-8b": LLAMA3_8B, "smollm2-135m": SMOLLM2_135M}
 
 
 # ---- HTTP: one streamed completion ---------------------------------------------------------
@@ -257,8 +273,9 @@ def pick_util(deploy: str, seqs: float = 1.5) -> float:
 
 
 def near_budget(url: str, admin: str, model: str, max_model_len: int) -> bool:
-    """Three requests of ~0.6 × max_model_len tokens each at once, on a worker whose KV budget
-    is ~1.5 sequences: admission must hold one back, and all three end 200 with no worker lost."""
+    """Requests of ~0.6 × max_model_len tokens each at once, two more than the worker's KV budget
+    (planned at ~1.5 sequences; the worker measures its own) holds together: admission must hold
+    some back, and all end 200 with no worker lost."""
     w = workers(admin)[0]
     budget = w["kv_budget_tokens"]
     print(f"  worker KV budget {budget} tokens = {budget / max_model_len:.2f} × max_model_len {max_model_len}")
@@ -267,6 +284,8 @@ def near_budget(url: str, admin: str, model: str, max_model_len: int) -> bool:
         return False
     before = incarnations(admin)
     prompt_len, new = int(0.5 * max_model_len), int(0.1 * max_model_len)
+    n = budget // (prompt_len + new) + 2
+    print(f"  {n} requests of {prompt_len} + {new} tokens: {n * (prompt_len + new) / budget:.2f} × the budget")
     rng = random.Random(1)
 
     def call(i: int) -> Result:
@@ -284,7 +303,7 @@ def near_budget(url: str, admin: str, model: str, max_model_len: int) -> bool:
             },
         )
 
-    results = all_at_once([lambda i=i: call(i) for i in range(3)])
+    results = all_at_once([lambda i=i: call(i) for i in range(n)])
     ok = incarnations(admin) == before
     for i, r in enumerate(results):
         ok &= r.status == 200 and not r.error and r.tokens == new
@@ -367,18 +386,19 @@ def oom(url: str, admin: str, model: str, log: str, hog_seconds: float = 20.0) -
 # ---- the engine bench on a random-weight Llama-3-8B shape -----------------------------------
 
 
-def make_model(folder: Path) -> int:
-    """Write a Llama-3-8B ``config.json`` and a word-level tokenizer covering its 128,256 ids
-    (``<s> </s> <unk> t3`` … ``t128255``) into ``folder``; no weights (``model.random_init: true`` builds them).
-    Returns the bf16 weight bytes."""
+def make_model(folder: Path, shape: str = "llama3-8b") -> int:
+    """Write the ``config.json`` of :data:`SHAPES` ``[shape]`` (Llama-3-8B by default) and a word-level
+    tokenizer covering its ids (``<s> </s> <unk> t3`` … ``t128255`` for Llama-3-8B) into ``folder``; no
+    weights (``model.random_init: true`` builds them). Returns the bf16 weight bytes."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from worker.contract.shapes import from_hf_config
 
+    config = SHAPES[shape]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(LLAMA3_8B, indent=1))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     specials = ["<s>", "</s>", "<unk>"]  # ids 0-2; not "t0".."t2", which would match inside "t128255"
-    vocab = {**{t: i for i, t in enumerate(specials)}, **{f"t{i}": i for i in range(3, LLAMA3_8B["vocab_size"])}}
+    vocab = {**{t: i for i, t in enumerate(specials)}, **{f"t{i}": i for i in range(3, config["vocab_size"])}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(folder / "tokenizer.json"))
@@ -389,12 +409,12 @@ def make_model(folder: Path) -> int:
                 "bos_token": "<s>",
                 "eos_token": "</s>",
                 "unk_token": "<unk>",
-                "model_max_length": LLAMA3_8B["max_position_embeddings"],
+                "model_max_length": config["max_position_embeddings"],
                 "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
             }
         )
     )
-    return 2 * from_hf_config(LLAMA3_8B).params
+    return 2 * from_hf_config(config).params
 
 
 def bandwidth(device: str = "cuda", mib: int = 2048, repeats: int = 10) -> float:
@@ -477,9 +497,26 @@ def bench(
     return rows
 
 
-def print_bench(rows: list[dict], weights_bytes: int, bw: float) -> None:
+def probe(url: str, model: str, n: int = 8, tokens: int = 32) -> list[str]:
+    """``n`` greedy completions of fixed random token-id prompts, one at a time (each a batch of one),
+    for comparing variants' tokens: a captured and an eager step should agree."""
+    rng = random.Random(11)
+    texts = []
+    for _ in range(n):
+        body = {
+            "model": model,
+            "prompt": [rng.randrange(3, 32000) for _ in range(32)],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        texts.append(stream(url, "/completions", body).text)
+    return texts
+
+
+def print_bench(rows: list[dict], weights_bytes: int, bw: float, label: str = "bf16") -> None:
     print(
-        f"weights {weights_bytes / GiB:.2f} GiB (bf16), copy bandwidth {bw / 1e9:.0f} GB/s, "
+        f"{label}: weights {weights_bytes / GiB:.2f} GiB, copy bandwidth {bw / 1e9:.0f} GB/s, "
         f"floor {1e3 * weights_bytes / bw:.2f} ms per decode step"
     )
     print(f"{'conc':>5} {'ok':>4} {'fail':>4} {'tok/s':>9} {'TTFT p50 ms':>12} {'ms/step':>8} {'× floor':>8}")
@@ -506,12 +543,26 @@ def dry_run() -> bool:
         assert len(tok) == LLAMA3_8B["vocab_size"], len(tok)
         assert tok.decode(tok("t5 t128255")["input_ids"]) == "t5 t128255"
     assert weights == 2 * 8_030_261_248, weights  # Llama-3-8B's published parameter count
+    with tempfile.TemporaryDirectory() as tmp:
+        small = make_model(Path(tmp), "smollm2-135m")
+        assert len(AutoTokenizer.from_pretrained(tmp)) == SMOLLM2_135M["vocab_size"]
+    assert small == 2 * 134_515_008, small  # SmolLM2-135M's parameter count (tied embeddings)
     bw = bandwidth("cpu", mib=64, repeats=3)
     assert bw > 0 and math.isfinite(bw)
     with StubServer() as url:
         rows = bench(url, "m", weights, [1, 3], bw, prompt_tokens=4, output_tokens=5)
         assert [r["ok"] for r in rows] == [2, 6] and all(r["step_ms"] for r in rows), rows
         assert concurrent_stub(url)
+        with tempfile.TemporaryDirectory() as tmp:
+            record = Path(tmp) / "runs.json"
+            for label in ("bf16", "bf16-eager"):
+                ns = argparse.Namespace(
+                    url=url, model="m", folder=None, levels="1", admin=None, label=label, record=record
+                )
+                ns.folder = Path(tmp)
+                make_model(ns.folder, "smollm2-135m")
+                assert run_bench(ns)
+            assert bench_summary(record)
     plan = grab_plan(3 * GiB + 5 * 2**20)
     assert sum(plan) <= 3 * GiB + 5 * 2**20 - 8 * 2**20 and plan[:3] == [GiB] * 2 + [GiB // 2]
     assert 0 < pick_util(str(Path(__file__).resolve().parents[1] / "deploy.yaml")) <= 1
@@ -571,21 +622,60 @@ def parser() -> argparse.ArgumentParser:
         bench_p.add_argument(arg)
     bench_p.add_argument("folder", type=Path)
     bench_p.add_argument("--levels", default="1,8,32,64")
+    bench_p.add_argument("--admin", default=None, help="the admin URL: the floor from the weights the worker holds")
+    bench_p.add_argument("--label", default="bf16")
+    bench_p.add_argument("--record", type=Path, default=None, help="append the rows and a greedy probe to this JSON")
+    sub.add_parser("bench-summary").add_argument("record", type=Path)
     sub.add_parser("pick-util").add_argument("deploy")
     sub.add_parser("hog")
-    sub.add_parser("make-model").add_argument("folder", type=Path)
+    make_p = sub.add_parser("make-model")
+    make_p.add_argument("folder", type=Path)
+    make_p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     sub.add_parser("bandwidth")
     return ap
 
 
 def run_bench(a: argparse.Namespace) -> bool:
+    """One variant's bench; its floor is the weight bytes its worker reports holding (``--admin``),
+    else the bf16 bytes of the folder's shape. ``--record`` appends the rows and a :func:`probe`."""
+    import torch
+
     from worker.contract.shapes import read_json_shape
 
-    bw = bandwidth()
-    weights = 2 * read_json_shape(a.folder / "config.json").params
+    bw = bandwidth() if torch.cuda.is_available() else bandwidth("cpu", mib=64, repeats=3)  # the dry run's
+    held = workers(a.admin)[0].get("weight_bytes", 0) if a.admin else 0
+    weights = held or 2 * read_json_shape(a.folder / "config.json").params
     rows = bench(a.url, a.model, weights, [int(x) for x in a.levels.split(",")], bw)
-    print_bench(rows, weights, bw)
+    print_bench(rows, weights, bw, a.label)
+    if a.record:
+        runs = json.loads(a.record.read_text()) if a.record.exists() else []
+        runs.append({"label": a.label, "weights": weights, "bw": bw, "rows": rows, "probe": probe(a.url, a.model)})
+        a.record.write_text(json.dumps(runs))
     return all(r["failed"] == 0 for r in rows)
+
+
+def bench_summary(record: Path) -> bool:
+    """Every recorded variant's rows in one table, and how much of each variant's greedy
+    :func:`probe` text agrees with the first variant's (the captured bf16 step)."""
+    runs = json.loads(record.read_text())
+    print(f"{'variant':>12} {'weights GiB':>11} {'conc':>5} {'tok/s':>9} {'ms/step':>8} {'floor ms':>8} {'× floor':>8}")
+    for run in runs:
+        for r in run["rows"]:
+            step = f"{r['step_ms']:>8.2f}" if r["step_ms"] else f"{'-':>8}"
+            ratio = f"{r['step_over_floor']:>8.2f}" if r["step_over_floor"] else f"{'-':>8}"
+            print(
+                f"{run['label']:>12} {run['weights'] / GiB:>11.2f} {r['concurrency']:>5} {r['tok_s']:>9.1f} "
+                f"{step} {r['floor_ms']:>8.2f} {ratio}"
+            )
+    first = runs[0]
+    for run in runs[1:]:
+        rates = [match_rate(x, y) for x, y in zip(first["probe"], run["probe"], strict=True)]
+        same = sum(r == 1.0 for r in rates)
+        print(
+            f"greedy probe, {run['label']} vs {first['label']}: {same}/{len(rates)} prompts identical, "
+            f"mean agreement {statistics.mean(rates):.2f}"
+        )
+    return all(r["failed"] == 0 for run in runs for r in run["rows"])
 
 
 COMMANDS = {
@@ -595,9 +685,10 @@ COMMANDS = {
     "near-budget": lambda a: near_budget(a.url, a.admin, a.model, a.max_model_len),
     "hog": lambda a: hog() or True,
     "oom": lambda a: oom(a.url, a.admin, a.model, a.log),
-    "make-model": lambda a: print(make_model(a.folder)) or True,
+    "make-model": lambda a: print(make_model(a.folder, a.shape)) or True,
     "bandwidth": lambda a: print(f"{bandwidth() / 1e9:.1f}") or True,
     "bench": run_bench,
+    "bench-summary": lambda a: bench_summary(a.record),
 }
 
 

@@ -159,16 +159,18 @@ def kv_budget_after_warmup(
     max_model_len: int,
     block_tokens: int = 1,
     cuda=None,
+    activation_peak: dict[int, int] | None = None,
 ) -> KvBudget:
     """The worker's KV budget, measured: :func:`measure_gpus` then :func:`worker.contract.budget.kv_budget`.
 
     Call after :func:`reset_peaks` and the warm-up forward at ``max_prefill_tokens``, before
     allocating the KV cache; then allocate ``budget.gpus[i].bytes`` on ``cuda:i`` once
-    (``budget.tokens`` tokens, a multiple of ``block_tokens``). Raises :class:`KvTooSmall`.
+    (``budget.tokens`` tokens, a multiple of ``block_tokens``). ``activation_peak``: bytes per
+    cuda index kept out beside the weights, in place of the allocator's peak (:func:`transient_peaks`
+    plus the CUDA graphs' pool). Raises :class:`KvTooSmall`.
     """
-    budget = kv_budget(
-        measure_gpus(fractions, cuda=cuda), kv_bytes_per_token, utilization, share, block_tokens=block_tokens
-    )
+    facts = measure_gpus(fractions, activation_peak, cuda=cuda)
+    budget = kv_budget(facts, kv_bytes_per_token, utilization, share, block_tokens=block_tokens)
     log.info("KV budget: %s", budget.describe())
     if message := too_small(budget, max_model_len, utilization, share):
         raise KvTooSmall(message)
@@ -200,6 +202,19 @@ def measure_gpus(
         peak = (activation_peak or {}).get(dev, max(0, int(cuda.max_memory_allocated(dev)) - held))
         facts.append(GpuFacts(int(total), int(free), held, peak, frac, resident=True))
     return facts
+
+
+def transient_peaks(cuda=None) -> dict[int, int]:
+    """Per visible cuda index, the allocator's peak since :func:`reset_peaks` above what it holds
+    now (``max_memory_allocated − memory_allocated``): the warm-up forward's activations."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    return {
+        dev: max(0, int(cuda.max_memory_allocated(dev)) - int(cuda.memory_allocated(dev)))
+        for dev in range(cuda.device_count())
+    }
 
 
 def reset_peaks(cuda=None) -> None:

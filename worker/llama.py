@@ -277,13 +277,16 @@ def random_weights(
 ) -> dict[str, torch.Tensor]:
     """Random weights with transformers' names and Llama's shapes, for benchmarks without a checkpoint
     (``model.random_init``): normal(0, 0.02) matrices, unit norms. With ``world`` > 1, rank
-    ``rank``'s shards of the same weights (each drawn whole, then cut)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    ``rank``'s shards of the same weights (each drawn whole, then cut). Drawn on ``device`` when it is
+    a GPU (an 8B model's 8 billion draws take minutes on one CPU thread), else on the CPU: the same
+    seed gives the same weights on every GPU of one kind, not the CPU's."""
+    drawn_on = device if device.type == "cuda" else torch.device("cpu")
+    g = torch.Generator(device=drawn_on).manual_seed(seed)
     heads, kv_heads, d = attention_dims(config)
     hid, inter = config.hidden_size, config.intermediate_size
 
     def mat(name: str, *shape: int) -> tuple[str, torch.Tensor]:
-        t = torch.randn(*shape, generator=g) * 0.02  # drawn whole on every rank: the same weights
+        t = torch.randn(*shape, generator=g, device=drawn_on) * 0.02  # drawn whole on every rank: the same weights
         if (where := shard_range(name, shape, rank, world)) is not None:
             t = t.narrow(where[0], where[1], where[2] - where[1]).contiguous()
         return name, t.to(device=device, dtype=dtype)

@@ -85,9 +85,20 @@ def load_shard(cfg: WorkerSettings, plan: LoadPlan, group=None, kernel_table: Pa
             group.barrier()  # every rank loaded: the collective forward below starts together
         worker_gpus.reset_peaks()
         measure_prefill_peak(model, devices, min(idle, plan.max_model_len), BLOCK_SIZE, dtype, device, world)
+        peaks = worker_gpus.transient_peaks()
+        graphs = measure_graph_pool(model, devices, cfg, plan, group)
+        if graphs:
+            peaks[devices[0].index] = peaks.get(devices[0].index, 0) + graphs
+            log.info("CUDA graphs' pool: %.2f GiB kept out of the KV budget", graphs / GiB)
         fractions = {d.index: devices.count(d) / len(devices) for d in set(devices)}
         budget = worker_gpus.kv_budget_after_warmup(
-            per_token, fractions, w.gpu_memory_utilization, plan.share, plan.max_model_len, block_tokens=BLOCK_SIZE
+            per_token,
+            fractions,
+            w.gpu_memory_utilization,
+            plan.share,
+            plan.max_model_len,
+            block_tokens=BLOCK_SIZE,
+            activation_peak=peaks,
         )
         num_blocks = budget.tokens // BLOCK_SIZE
     else:
@@ -172,6 +183,19 @@ def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, de
     ModelRunner(model, scratch, device).run(StepPlan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
     del scratch
     torch.cuda.empty_cache()
+
+
+def measure_graph_pool(model, devices, cfg: WorkerSettings, plan: LoadPlan, group=None) -> int:
+    """Bytes the CUDA graphs of :func:`worker.step.capture.build` will hold, measured over a
+    one-block scratch cache (:func:`worker.step.capture.graph_pool_bytes`; 0 where none is captured).
+    Held at once with a prefill's activations, so the KV budget leaves out both."""
+    layers, kv_heads, head_dim = model_mod.kv_shape(model.config, plan.world)
+    scratch = KVCache(layers, 1, BLOCK_SIZE, kv_heads, head_dim, model_mod.DTYPES[plan.dtype], devices)
+    w = cfg.workers
+    need = capture.graph_pool_bytes(model, scratch, w.max_num_seqs, w.enforce_eager, group, cfg.model.max_model_len)
+    del scratch
+    torch.cuda.empty_cache()
+    return need
 
 
 STEP_RATIO = 3.0  # a step that prefills beside decodes may take this many decode steps of its rows (the stall target)

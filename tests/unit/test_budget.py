@@ -173,3 +173,29 @@ def test_kv_budget_after_warmup_sizes_each_gpu_or_refuses_ready():
     tight = FakeCuda([fake_gpu(free=9 * GiB)])  # 80 GiB card, someone else holds most of it
     with pytest.raises(KvTooSmall, match="less than one max_model_len=4096"):
         kv_budget_after_warmup(LLAMA2_7B_KV, {0: 1.0}, 0.9, 1.0, 4096, cuda=tight)
+
+
+def test_the_cuda_graphs_pool_comes_off_the_kv_budget_beside_the_prefill_peak():
+    from worker.gpus import kv_budget_after_warmup, transient_peaks
+
+    cuda = FakeCuda([fake_gpu()])
+    peaks = transient_peaks(cuda)
+    assert peaks == {0: 2 * GiB}  # peak 16 − allocated 14
+    alone = kv_budget_after_warmup(LLAMA2_7B_KV, {0: 1.0}, 0.9, 1.0, 4096, cuda=cuda, activation_peak=peaks)
+    pool = 3 * GiB  # the graphs keep their pool while a prefill's activations come and go: both come off
+    both = kv_budget_after_warmup(
+        LLAMA2_7B_KV, {0: 1.0}, 0.9, 1.0, 4096, cuda=cuda, activation_peak={0: 2 * GiB + pool}
+    )
+    assert alone.tokens - both.tokens == pool // LLAMA2_7B_KV
+
+
+def test_no_graphs_pool_is_measured_where_none_is_captured():
+    from types import SimpleNamespace
+
+    import torch
+
+    from worker.step.capture import graph_pool_bytes
+
+    cpu_cache = SimpleNamespace(layers=[torch.empty(1)], block_size=16)
+    assert graph_pool_bytes(object(), cpu_cache, 8, False, None, 1024) == 0  # CPU: the fused step, no graphs
+    assert graph_pool_bytes(object(), cpu_cache, 8, True, None, 1024) == 0  # enforce_eager

@@ -98,6 +98,22 @@ def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None, max_
     return StepCapture(step, sizes, cache.block_size)
 
 
+def graph_pool_bytes(model, scratch, max_num_seqs: int, enforce_eager: bool, group=None, max_model_len: int = 0) -> int:
+    """Bytes :func:`build` will need on the GPU for CUDA graphs beyond the KV cache
+    (:func:`worker.step.graphs.pool_bytes`), measured over ``scratch`` (a one-block cache on the
+    model's devices) before the cache is sized; 0 where :func:`build` will capture none (CPU,
+    ``enforce_eager``, a model the step cannot serve)."""
+    from worker.step.decode import unsupported
+
+    if enforce_eager or max_model_len < 1 or scratch.layers[0].device.type != "cuda":
+        return 0
+    if unsupported(model, scratch, group) is not None:
+        return 0
+    from worker.step.graphs import pool_bytes
+
+    return pool_bytes(model, scratch, step_plan.buckets(max_num_seqs), -(-max_model_len // scratch.block_size))
+
+
 def _fused(model, cache, sizes: list[int]):
     """``(FusedDecode, None)``, or ``(None, why not)``."""
     from worker.step import fused as fused_ops

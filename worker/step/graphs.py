@@ -84,6 +84,31 @@ def static_forward(model, cache, packed: torch.Tensor, b: int) -> torch.Tensor:
     return m.head(x)
 
 
+# The graphs' pool over one eager run's peak: capture allocates in a pool of its own, where a block
+# freed inside one graph serves only later allocations of the graphs, and a quantized kernel's
+# buffers round up (1.25 fell short for int4 on an H200: docs/benchmarks/results.md, GPU section).
+POOL_MARGIN = 2.0
+
+
+def pool_bytes(model, scratch, sizes: list[int], width: int) -> int:
+    """Bytes the graphs of ``sizes`` will hold in their pool: the transient peak of one
+    :func:`static_forward` of the largest bucket over ``scratch`` (a cache of one block on the
+    model's GPU: the tables all point at block 0, the width is the graphs'), times
+    :data:`POOL_MARGIN`, plus every other bucket's logits (each graph keeps its own output). The
+    KV budget leaves this out, so capturing after the cache is allocated does not run out of memory
+    (vLLM likewise leaves room for its graphs when sizing the cache)."""
+    b, device = max(sizes), scratch.layers[0].device
+    packed = torch.tensor(packed_inputs(pad_rows([([0], 0, 0)], b), width, scratch.block_size), device=device)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    held = torch.cuda.memory_allocated(device)
+    logits = static_forward(model, scratch, packed, b)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - held
+    per_row = logits.shape[-1] * logits.element_size()
+    return int(peak * POOL_MARGIN) + (sum(sizes) - b) * per_row
+
+
 class GraphDecode:
     """CUDA graphs of :func:`static_forward` for each bucket of ``sizes``, over ``cache`` (on one
     GPU); ``width``: blocks per table (``max_model_len`` / block size, rounded up). Same ``forward``
@@ -111,6 +136,8 @@ class GraphDecode:
                 for _ in range(3):
                     static_forward(self.model, self.cache, self.inputs[b], b)
             torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the side stream's cached blocks: the graph's pool cannot reuse them
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.outputs[b] = static_forward(self.model, self.cache, self.inputs[b], b)
