@@ -206,3 +206,28 @@ def test_every_model_of_several_is_checked_on_its_own_placed_device_grouped_by_m
     assert by["'gone': dtype"].detail.startswith("auto → bfloat16")  # its A100
     assert by["'gone': model"].status == "fail" and by["memory plan"].status == "skip"
     assert measured == [("smollm2-135m-instruct", "cpu", "float32")]  # the GPU model: CUDA does not run here
+
+
+def test_a_random_init_folder_needs_no_weights_but_a_plain_one_does(tmp_path):
+    import json
+
+    from launcher.plan.doctor import model_check
+    from worker.contract.settings import ModelConfig
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    plain, _ = model_check(ModelConfig(name=str(tmp_path)))
+    assert plain.status == "fail" and "lacks weights" in plain.detail
+    drawn, shape = model_check(ModelConfig(name=str(tmp_path), random_init=True))
+    assert drawn.status == "ok" and "random weights (model.random_init)" in drawn.detail and shape is not None
