@@ -13,7 +13,8 @@
 # peers' -t, default nproc), PORT (ours' router port, default 8000; admin PORT+1; peers PORT+400),
 # LLAMADEPLOY (default: `python -m launcher.cli` of the venv that runs this), BENCH_ARGS (extra `bench` options),
 # QUICK=1 (tiny settings: proves the script works; its figures mean nothing).
-# Peers run as `llama-server -m FILE -np 8 -t THREADS -c 16384`: 8 slots of 2048 tokens, the document's 1.5k fits.
+# Peers run as `setsid llama-server -m FILE -np 8 -t THREADS -c 16384`: 8 slots of 2048 tokens, the document's 1.5k
+# fits; each server (ours' workers too) in a session of its own, apart from the bench client's.
 # Ours is stopped by its process id (SIGINT, then waited for); nothing is stopped by name.
 set -u
 OUT=${1:?usage: bench_peers.sh OUTDIR [q41|int8|bf16|f32 ...]}; shift
@@ -41,7 +42,9 @@ wait_up() { # URL PID SECONDS: 0 once URL answers 200, 1 if the process ended or
 
 peer() { # NAME SERVER FILE PORT: one peer server, its bench, stopped
   local name=$1 port=$4 pid
-  "$2" -m "$3" -c 16384 -np 8 -t "$THREADS" --host 127.0.0.1 --port "$port" >"$OUT/$name.log" 2>&1 &
+  # a session of its own, as `llamadeploy up` starts its workers (and a user's shell or systemd starts a server): with
+  # autogroup scheduling a session is one scheduling entity, so the bench client must not share the server's
+  setsid "$2" -m "$3" -c 16384 -np 8 -t "$THREADS" --host 127.0.0.1 --port "$port" >"$OUT/$name.log" 2>&1 &
   pid=$!
   if wait_up "http://127.0.0.1:$port/health" "$pid" 180; then
     log "$name: bench (load average $(loadavg))"

@@ -278,8 +278,8 @@ def random_weights(
     """Random weights with transformers' names and Llama's shapes, for benchmarks without a checkpoint
     (``model.random_init``): normal(0, 0.02) matrices, unit norms. With ``world`` > 1, rank
     ``rank``'s shards of the same weights (each drawn whole, then cut). Drawn on ``device`` when it is
-    a GPU (an 8B model's 8 billion draws take minutes on one CPU thread), else on the CPU: the same
-    seed gives the same weights on every GPU of one kind, not the CPU's."""
+    a GPU (no draw on the CPU and copy over of every weight), else on the CPU: the same seed gives
+    the same weights on every GPU of one kind, not the CPU's."""
     drawn_on = device if device.type == "cuda" else torch.device("cpu")
     g = torch.Generator(device=drawn_on).manual_seed(seed)
     heads, kv_heads, d = attention_dims(config)
