@@ -176,3 +176,20 @@ def test_a_kernel_that_depends_on_the_row_count_is_dropped():
     declared = Kernel("declared", fn, (weight,))
     declared.row_invariant = True  # invariant by construction: not checked
     assert invariance.row_invariant(declared, 64, torch.float32, CPU) is True
+
+
+def test_a_quantized_weight_falls_back_on_rowwise_without_a_float_copy():
+    g = torch.Generator().manual_seed(7)
+    w = quantize_int8(torch.randn(48, 64, generator=g) * 0.05, 64)
+    pool = invariance.candidates(torch.float32, CPU)
+    _, built = tune(w, torch.float32, CPU, [1, 2, 4], pool=pool, deterministic=True)
+    assert set(built) == {"rowwise-dequant"}  # rowwise-copy holds a float copy: left out (quantization is for memory)
+    kernel = built["rowwise-dequant"]
+    assert not any(t.is_floating_point() and t.shape == (48, 64) for t in kernel.held)  # no float weight held
+    copy = next(c for c in pool if c.name == "rowwise-copy").build(w, torch.float32)
+    x = torch.randn(9, 64, generator=g)
+    with torch.inference_mode():
+        assert torch.equal(kernel.fn(x), copy.fn(x))  # the same values as the copy would give
+        assert torch.equal(kernel.fn(x[:3]), kernel.fn(x)[:3])
+    allowed, _ = tune(w, torch.float32, CPU, [1, 2, 4], allow_copies=True, pool=pool, deterministic=True)
+    assert set(allowed.eligible) == {"rowwise-dequant", "rowwise-copy"}

@@ -16,7 +16,8 @@ table that runs another kernel at another bucket changes the numbers by itself. 
   values bit for bit here (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
   the same Q8_0 / Q4_0 sums on an x86 CPU, one faster at a few rows, the other at many);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
-  same shape per row, in one batched call: invariant by construction, slow beyond a few rows) and,
+  same shape per row, in one batched call: invariant by construction, slow beyond a few rows; for a
+  quantized weight over its float form made per call, ``rowwise-dequant``, so no float copy is held) and,
   for a float weight wider than :data:`SPLIT_K`, ``onednn-split`` (oneDNN's prepacked linear over
   column chunks of :data:`SPLIT_K`, the products summed in float32 in chunk order; checked like any
   other).
@@ -140,10 +141,17 @@ def per_bucket(
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
-    """The kernels added to the pool when deterministic: ``rowwise`` (any weight, invariant by
-    construction) and, on CPU, ``onednn-split`` (float weights wider than :data:`SPLIT_K`)."""
+    """The kernels added to the pool when deterministic, each invariant by construction:
+    ``rowwise`` for a float weight; for a quantized one ``rowwise-dequant`` (its float form made per
+    call, none held) and ``rowwise-copy`` (a float copy held: a :attr:`Candidate.copy`, left out
+    unless copies are allowed, since quantization is for memory); and, on CPU, ``onednn-split``
+    (float weights wider than :data:`SPLIT_K`, checked)."""
     tol = 1e-4 if dt == torch.float32 else 2e-2
-    out = [Candidate("rowwise", tol, lambda w, d, dev: True, _rowwise)]
+    out = [
+        Candidate("rowwise", tol, lambda w, d, dev: isinstance(w, torch.Tensor), _rowwise),
+        Candidate("rowwise-dequant", tol, _quantized, _rowwise_dequant),
+        Candidate("rowwise-copy", tol, _quantized, _rowwise, copy=True),
+    ]
     if device.type == "cpu":
         out.append(Candidate("onednn-split", tol, _wide_float, _onednn_split))
     return out
@@ -163,6 +171,23 @@ def _rowwise(w: Weight, dt: torch.dtype) -> Kernel:
         return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
 
     kernel = Kernel("rowwise", fn, (weight,))
+    kernel.row_invariant = True
+    return kernel
+
+
+def _quantized(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
+    return not isinstance(w, torch.Tensor)
+
+
+def _rowwise_dequant(w: Weight, dt: torch.dtype) -> Kernel:
+    """:func:`_rowwise` over the weight dequantized at each call: the same values, and only the
+    quantized tensors held (a transient float weight per call, one at a time)."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        wt = w.dequantize(dt).t()
+        return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
+
+    kernel = Kernel("rowwise-dequant", fn, tuple(t for t in (w.q, w.scale, w.offset) if t is not None))
     kernel.row_invariant = True
     return kernel
 
