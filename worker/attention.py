@@ -288,7 +288,16 @@ def attend_invariant(q: torch.Tensor, kv: torch.Tensor, batch: AttentionBatch, s
     row whatever else the step holds and however its keys were written."""
     if batch.rows is None:
         batch.rows = row_contexts(batch, kv.device)
-    slots, valid = batch.rows
+    return attend_rows(q, kv, *batch.rows, scale)
+
+
+def attend_rows(
+    q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """:func:`attend_invariant`'s arithmetic over given key slots [T, L] and their validity [T, L]
+    (``L`` a multiple of :data:`SPLIT`; invalid slots read slot 0 and are masked): a row's output
+    does not change with ``L`` beyond its own length, since whole masked splits add exact zeros.
+    The captured CUDA step calls it at its tables' full width, the eager step at the step's longest."""
     T, H, D = q.shape
     KVH = kv.shape[2]
     G, width = H // KVH, slots.shape[1]

@@ -204,3 +204,39 @@ def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
     got = graphs.static_forward(runner.model, run.cache, packed, 4)
     torch.testing.assert_close(got[:2], eager, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(got[2], got[0])  # a padded row repeats row 0
+
+
+def test_a_batch_invariant_cuda_graph_forward_gives_the_eager_steps_bits(loaded, prompts, monkeypatch):
+    """``workers.deterministic`` where no compiled attention operator runs (a GPU): the eager step
+    attends with ``attention.attend_invariant`` and the graphs' forward with the same arithmetic at
+    its tables' full width, so a decode row's logits are the same bits captured or not (on an H200
+    they differed while the graphs ran SDPA: docs/benchmarks/results.md). Run on CPU with the
+    compiled operators switched off, as they are on a GPU; two rows in a bucket of two, over
+    tables 128 blocks wide (the eager step's context: 3 blocks), so only the attention's width
+    differs (padded rows meet the row-count-invariant kernels of a deterministic table:
+    tests/unit/test_batch_invariance.py)."""
+    from worker import attention
+    from worker.step import graphs
+
+    monkeypatch.setattr(attention, "_OPS", [None])
+    model = loaded[0]
+    model.invariant = True
+    try:
+        run = Run(loaded)
+        runner, (a, b) = run.engine.runner, prompts[:2]
+        ta, tb = list(range(0, 8)), list(range(10, 18))
+        ids, pos = torch.tensor(a + b), torch.tensor([*range(len(a)), *range(len(b))])
+        runner.forward(ids, pos, [], [(ta, 0, len(a)), (tb, 0, len(b))], torch.tensor([len(a) - 1]))
+        eager = runner.forward(
+            torch.tensor([42, 7]),
+            torch.tensor([len(a), len(b)]),
+            [(ta, len(a) + 1), (tb, len(b) + 1)],
+            [],
+            torch.arange(2),
+        )
+        rows = [(ta, len(a), 42), (tb, len(b), 7)]
+        packed = torch.tensor(graphs.packed_inputs(rows, 128, run.cache.block_size))
+        got = graphs.static_forward(runner.model, run.cache, packed, 2)
+    finally:
+        model.invariant = False
+    assert torch.equal(got, eager)

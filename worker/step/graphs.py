@@ -7,9 +7,11 @@ its inputs into them (one host-to-device copy of one packed tensor) and replays;
 copies of row 0 (:func:`pad_rows`), so the padding writes row 0's key and value to row 0's slot
 again, never a slot another sequence owns. The captured forward (:func:`static_forward`) attends
 over each row's whole table width with a mask from its length (gpt-fast's layout: the gathered
-context is [B, W·block, …] whatever the lengths), so one graph serves every length. The graphs are
-captured largest bucket first into one memory pool (vLLM's order: the smaller ones reuse its
-blocks), after the KV cache is allocated. :func:`static_forward` runs on any device, so its
+context is [B, W·block, …] whatever the lengths), so one graph serves every length; for a
+batch-invariant model (``workers.deterministic``) with the eager step's arithmetic
+(:func:`worker.attention.attend_rows`), so a row's logits do not depend on whether its step was
+captured. The graphs are captured largest bucket first into one memory pool (vLLM's order: the
+smaller ones reuse its blocks), after the KV cache is allocated. :func:`static_forward` runs on any device, so its
 numbers are tested on CPU against the eager forward pass (``tests/integration/test_step_capture.py``).
 """
 
@@ -21,6 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from worker.attention import SPLIT, attend_rows
 from worker.step import plan as step_plan
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ def static_forward(model, cache, packed: torch.Tensor, b: int) -> torch.Tensor:
     ctx = (tables[:, :, None] * bs + torch.arange(bs, device=packed.device)).view(b, -1)  # [b, L] slots
     mask = (torch.arange(ctx.shape[1], device=packed.device)[None, :] < lens[:, None])[:, None, None, :]
     cos, sin = m.cos[positions].to(dt)[:, None, :], m.sin_signed[positions].to(dt)[:, None, :]
+    rows = _invariant_rows(ctx, mask[:, 0, 0]) if m.invariant else None
     x = m.embed(ids)
     for layer, kv in zip(m.layers, cache.layers, strict=True):
         qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.attn_norm, m.eps).to(dt))
@@ -72,16 +76,27 @@ def static_forward(model, cache, packed: torch.Tensor, b: int) -> torch.Tensor:
         qk = qkv[:, : (H + KVH) * D].view(b, H + KVH, D)
         qk = qk * cos + qk.roll(D // 2, -1) * sin
         kv.index_copy_(0, slots, torch.stack((qk[:, H:], qkv[:, (H + KVH) * D :].view(b, KVH, D)), 1))
-        c = kv.index_select(0, ctx.reshape(-1)).view(b, -1, 2, KVH, D)
-        keys, values = c[:, :, 0].transpose(1, 2), c[:, :, 1].transpose(1, 2)  # [b, KVH, L, D]
-        q = qk[:, :H].reshape(b, KVH, H // KVH, D)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=m.scale)
+        if rows is not None:  # the eager step's batch-invariant arithmetic (worker.attention), at full width
+            o = attend_rows(qk[:, :H], kv, *rows, m.scale)
+        else:
+            c = kv.index_select(0, ctx.reshape(-1)).view(b, -1, 2, KVH, D)
+            keys, values = c[:, :, 0].transpose(1, 2), c[:, :, 1].transpose(1, 2)  # [b, KVH, L, D]
+            q = qk[:, :H].reshape(b, KVH, H // KVH, D)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=m.scale)
         x = x + layer.o(o.reshape(b, H * D)).float()
         if layer.o_bias is not None:
             x = x + layer.o_bias
         gate, up = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.mlp_norm, m.eps).to(dt)).chunk(2, -1)
         x = x + layer.down(F.silu(gate) * up).float()
     return m.head(x)
+
+
+def _invariant_rows(ctx: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Key slots and validity [b, L'] for :func:`worker.attention.attend_rows`: ``ctx`` [b, L] padded to
+    whole splits, invalid slots set to slot 0 (as :func:`worker.attention.row_contexts` lays them out)."""
+    pad = -ctx.shape[1] % SPLIT
+    ctx, valid = F.pad(ctx, (0, pad)), F.pad(valid, (0, pad))
+    return ctx.masked_fill(~valid, 0), valid
 
 
 # The graphs' pool over one eager run's peak: capture allocates in a pool of its own, where a block
