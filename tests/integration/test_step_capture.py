@@ -186,11 +186,9 @@ def test_a_change_of_compute_threads_mid_stream_changes_no_logprob(loaded, promp
         torch.set_num_threads(before)
 
 
-def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
-    """The forward the CUDA graphs capture (static shapes: whole-width tables, padded rows), run
-    eagerly on CPU: the same logits as the eager step for the real rows."""
-    from worker.step import graphs
-
+def two_decode_rows(loaded, prompts) -> tuple[Run, list, torch.Tensor]:
+    """Two prompts prefilled into blocks 0-7 and 10-17, then one eager decode step of both:
+    ``(run, the rows as the graphs take them, the eager step's logits [2, V])``."""
     run = Run(loaded)
     runner, (a, b) = run.engine.runner, prompts[:2]
     ta, tb = list(range(0, 8)), list(range(10, 18))
@@ -199,9 +197,17 @@ def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
     eager = runner.forward(
         torch.tensor([42, 7]), torch.tensor([len(a), len(b)]), [(ta, len(a) + 1), (tb, len(b) + 1)], [], torch.arange(2)
     )
-    rows = [(ta, len(a), 42), (tb, len(b), 7)]
+    return run, [(ta, len(a), 42), (tb, len(b), 7)], eager
+
+
+def test_cuda_graph_forward_matches_the_eager_step_on_cpu(loaded, prompts):
+    """The forward the CUDA graphs capture (static shapes: whole-width tables, padded rows), run
+    eagerly on CPU: the same logits as the eager step for the real rows."""
+    from worker.step import graphs
+
+    run, rows, eager = two_decode_rows(loaded, prompts)
     packed = torch.tensor(graphs.packed_inputs(graphs.pad_rows(rows, 4), 128, run.cache.block_size))
-    got = graphs.static_forward(runner.model, run.cache, packed, 4)
+    got = graphs.static_forward(run.engine.runner.model, run.cache, packed, 4)
     torch.testing.assert_close(got[:2], eager, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(got[2], got[0])  # a padded row repeats row 0
 
@@ -222,21 +228,9 @@ def test_a_batch_invariant_cuda_graph_forward_gives_the_eager_steps_bits(loaded,
     model = loaded[0]
     model.invariant = True
     try:
-        run = Run(loaded)
-        runner, (a, b) = run.engine.runner, prompts[:2]
-        ta, tb = list(range(0, 8)), list(range(10, 18))
-        ids, pos = torch.tensor(a + b), torch.tensor([*range(len(a)), *range(len(b))])
-        runner.forward(ids, pos, [], [(ta, 0, len(a)), (tb, 0, len(b))], torch.tensor([len(a) - 1]))
-        eager = runner.forward(
-            torch.tensor([42, 7]),
-            torch.tensor([len(a), len(b)]),
-            [(ta, len(a) + 1), (tb, len(b) + 1)],
-            [],
-            torch.arange(2),
-        )
-        rows = [(ta, len(a), 42), (tb, len(b), 7)]
+        run, rows, eager = two_decode_rows(loaded, prompts)
         packed = torch.tensor(graphs.packed_inputs(rows, 128, run.cache.block_size))
-        got = graphs.static_forward(runner.model, run.cache, packed, 2)
+        got = graphs.static_forward(model, run.cache, packed, 2)
     finally:
         model.invariant = False
     assert torch.equal(got, eager)
