@@ -266,3 +266,20 @@ def test_tensor_parallel_ranks_measure_their_own_table(tmp_path):
 
     tp = WorkerSettings.model_validate({"workers": {"deterministic": True, "tensor_parallel_size": 2}})
     assert kernel_table(tp, "/models/a") is None
+
+
+def test_the_weights_on_a_rowwise_fallback_are_counted_for_the_gpu_warning():
+    from worker.quant.autotune import Choice, Pick
+    from worker.quant.linear import row_by_row
+
+    def choice(*kernels: str) -> Choice:
+        return Choice(64, 64, "bfloat16", [Pick(r, k, 1e-4) for r, k in zip((1, 8), kernels, strict=True)], {}, [])
+
+    fast = [(choice("plain-bf16", "plain-bf16"), 64), (choice("int4pack-cuda", "int4pack-cuda"), 32)]
+    assert row_by_row(fast) is None
+    assert row_by_row(
+        [*fast, (choice("rowwise", "rowwise"), 32), (choice("rowwise-dequant", "rowwise-dequant"), 1)]
+    ) == (
+        33,
+        129,
+    )

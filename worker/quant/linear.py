@@ -74,6 +74,15 @@ class Single(Dispatch):
         return self.natives[0]
 
 
+def row_by_row(table: list) -> tuple[int, int] | None:
+    """``(weights that run a rowwise fallback, all weights)`` of a kernel table's ``(choice, count)``
+    rows (:meth:`Linears.table`), or None when none does: on a GPU the fallback is there because no
+    faster kernel passed the row-invariance check (:mod:`worker.quant.invariance`), and its step time
+    grows with the rows."""
+    slow = sum(count for choice, count in table if any(p.kernel.startswith("rowwise") for p in choice.picks))
+    return (slow, sum(count for _, count in table)) if slow else None
+
+
 class Linears:
     """Builds each linear layer's callable. ``quantization``: ``int8`` / ``int4`` quantize a float
     weight passed to :meth:`__call__` (:mod:`worker.contract.quant_rules`), and store the embedding table
@@ -308,3 +317,10 @@ class Linears:
             )
             log.info("kernels for %dx%d %s (%d weights): %s", choice.n, choice.k, choice.weight, count, picks)
         log.info("weights hold %.1f MiB; kernel choice measured in %.1fs", self.weight_bytes / 2**20, self.seconds)
+        if self.device.type == "cuda" and (slow := row_by_row(list(self.table()))):
+            log.warning(
+                "%d of %d weights run a row-by-row kernel: no faster kernel here gives a row the same bits at every "
+                "row count, so a step's time grows with its rows; workers.deterministic: false runs the fastest "
+                "kernels (a sequence's tokens may then depend on its batch)",
+                *slow,
+            )
