@@ -554,13 +554,12 @@ def dry_run() -> bool:
         assert [r["ok"] for r in rows] == [2, 6] and all(r["step_ms"] for r in rows), rows
         assert concurrent_stub(url)
         with tempfile.TemporaryDirectory() as tmp:
-            record = Path(tmp) / "runs.json"
+            folder, record = Path(tmp), Path(tmp) / "runs.json"
+            make_model(folder, "smollm2-135m")
             for label in ("bf16", "bf16-eager"):
                 ns = argparse.Namespace(
-                    url=url, model="m", folder=None, levels="1", admin=None, label=label, record=record
+                    url=url, model="m", folder=folder, levels="1", admin=None, label=label, record=record
                 )
-                ns.folder = Path(tmp)
-                make_model(ns.folder, "smollm2-135m")
                 assert run_bench(ns)
             assert bench_summary(record)
     plan = grab_plan(3 * GiB + 5 * 2**20)

@@ -186,21 +186,20 @@ def measure_gpus(
     Call it after loading and warm-up, before allocating the KV cache: it empties torch's cache
     so the warm-up's transient blocks count as free, then reads ``weights`` =
     ``memory_allocated`` (what stays: weights and buffers) and device-wide free memory
-    (``mem_get_info``). ``activation_peak`` overrides the peak read from
-    ``max_memory_allocated − memory_allocated`` (valid after ``reset_peak_memory_stats()`` and a
-    ``max_prefill_tokens`` forward). ``cuda`` is ``torch.cuda`` (a stand-in in tests).
+    (``mem_get_info``). ``activation_peak`` overrides, per cuda index, the peak read by
+    :func:`transient_peaks` (valid after ``reset_peak_memory_stats()`` and a ``max_prefill_tokens``
+    forward). ``cuda`` is ``torch.cuda`` (a stand-in in tests).
     """
     if cuda is None:
         import torch
 
         cuda = torch.cuda
     cuda.empty_cache()
+    peaks = {**transient_peaks(cuda), **(activation_peak or {})}
     facts = []
     for dev, frac in sorted(fractions.items()):
         free, total = cuda.mem_get_info(dev)
-        held = int(cuda.memory_allocated(dev))
-        peak = (activation_peak or {}).get(dev, max(0, int(cuda.max_memory_allocated(dev)) - held))
-        facts.append(GpuFacts(int(total), int(free), held, peak, frac, resident=True))
+        facts.append(GpuFacts(int(total), int(free), int(cuda.memory_allocated(dev)), peaks[dev], frac, resident=True))
     return facts
 
 

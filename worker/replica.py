@@ -173,13 +173,19 @@ class _Scratch:
         return [0] * (end - start)
 
 
+def scratch_cache(model, blocks: int, block_size: int, dtype, devices, world: int = 1) -> KVCache:
+    """A KV cache of ``blocks`` blocks for this rank's share of ``model``'s layers on ``devices``, for a
+    measuring pass before the real cache is sized (the caller drops it)."""
+    layers, kv_heads, head_dim = model_mod.kv_shape(model.config, world)
+    return KVCache(layers, blocks, block_size, kv_heads, head_dim, dtype, devices)
+
+
 def measure_prefill_peak(model, devices, tokens: int, block_size: int, dtype, device, world: int = 1) -> None:
     """One forward pass of ``tokens`` prompt tokens over a scratch cache, so the allocator's peak
     (read by ``worker.gpus.kv_budget_after_warmup``) includes the largest step's activations
     (nano-vllm's ``warmup_model`` before ``allocate_kv_cache``). The scratch cache is freed.
     With ``world`` tensor-parallel ranks every rank runs it at once (its sums are collective)."""
-    layers, kv_heads, head_dim = model_mod.kv_shape(model.config, world)
-    scratch = KVCache(layers, -(-tokens // block_size), block_size, kv_heads, head_dim, dtype, devices)
+    scratch = scratch_cache(model, -(-tokens // block_size), block_size, dtype, devices, world)
     ModelRunner(model, scratch, device).run(StepPlan(prefill=[(_Scratch(tokens, 0, 0, block_size), 0, tokens)]))
     del scratch
     torch.cuda.empty_cache()
@@ -189,8 +195,7 @@ def measure_graph_pool(model, devices, cfg: WorkerSettings, plan: LoadPlan, grou
     """Bytes the CUDA graphs of :func:`worker.step.capture.build` will hold, measured over a
     one-block scratch cache (:func:`worker.step.capture.graph_pool_bytes`; 0 where none is captured).
     Held at once with a prefill's activations, so the KV budget leaves out both."""
-    layers, kv_heads, head_dim = model_mod.kv_shape(model.config, plan.world)
-    scratch = KVCache(layers, 1, BLOCK_SIZE, kv_heads, head_dim, model_mod.DTYPES[plan.dtype], devices)
+    scratch = scratch_cache(model, 1, BLOCK_SIZE, model_mod.DTYPES[plan.dtype], devices, plan.world)
     w = cfg.workers
     need = capture.graph_pool_bytes(model, scratch, w.max_num_seqs, w.enforce_eager, group, cfg.model.max_model_len)
     del scratch

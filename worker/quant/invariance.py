@@ -162,17 +162,19 @@ def _float(w: Weight, dt: torch.dtype) -> torch.Tensor:
 
 
 def _rowwise(w: Weight, dt: torch.dtype) -> Kernel:
-    """Each row its own [1, K] x [K, N] product, one batched call (``bmm`` over the weight expanded,
-    not copied): the same shape for every row, so the same sum."""
+    """:func:`_per_row` over the weight's float form, held."""
     weight = _float(w, dt)
     wt = weight.t()
-
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
-
-    kernel = Kernel("rowwise", fn, (weight,))
+    kernel = Kernel("rowwise", lambda x: _per_row(x, wt), (weight,))
     kernel.row_invariant = True
     return kernel
+
+
+def _per_row(x: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, K] times ``wt`` [K, N] (a weight transposed) as T products of one row each, in one
+    batched call (``bmm`` over the weight expanded, not copied): the same shape for every row, so
+    the same sum."""
+    return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
 
 
 def _quantized(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
@@ -182,12 +184,8 @@ def _quantized(w: Weight, dt: torch.dtype, device: torch.device) -> bool:
 def _rowwise_dequant(w: Weight, dt: torch.dtype) -> Kernel:
     """:func:`_rowwise` over the weight dequantized at each call: the same values, and only the
     quantized tensors held (a transient float weight per call, one at a time)."""
-
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        wt = w.dequantize(dt).t()
-        return torch.bmm(x.unsqueeze(1), wt.expand(x.shape[0], -1, -1)).squeeze(1)
-
-    kernel = Kernel("rowwise-dequant", fn, tuple(t for t in (w.q, w.scale, w.offset) if t is not None))
+    held = tuple(t for t in (w.q, w.scale, w.offset) if t is not None)
+    kernel = Kernel("rowwise-dequant", lambda x: _per_row(x, w.dequantize(dt).t()), held)
     kernel.row_invariant = True
     return kernel
 

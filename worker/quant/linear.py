@@ -310,14 +310,15 @@ class Linears:
 
     def log_table(self) -> None:
         """One INFO line per weight shape: its format, how many weights, each bucket's kernel and time."""
-        for choice, count in self.table():
+        table = list(self.table())
+        for choice, count in table:
             picks = ", ".join(
                 f"≤{p.rows}: {p.kernel}" + ("" if p.seconds != p.seconds else f" {p.seconds * 1e3:.3g} ms")
                 for p in choice.picks
             )
             log.info("kernels for %dx%d %s (%d weights): %s", choice.n, choice.k, choice.weight, count, picks)
         log.info("weights hold %.1f MiB; kernel choice measured in %.1fs", self.weight_bytes / 2**20, self.seconds)
-        if self.device.type == "cuda" and (slow := row_by_row(list(self.table()))):
+        if self.device.type == "cuda" and (slow := row_by_row(table)):
             log.warning(
                 "%d of %d weights run a row-by-row kernel: no faster kernel here gives a row the same bits at every "
                 "row count, so a step's time grows with its rows; workers.deterministic: false runs the fastest "

@@ -84,10 +84,8 @@ def build(model, cache, max_num_seqs: int, enforce_eager: bool, group=None, max_
     tokens' tables, for ``model`` over ``cache`` unless ``enforce_eager``, the model cannot use it,
     or it cannot be built (each said in one log line), with every bucket of
     :func:`worker.step.plan.buckets` resolved (CPU) or captured (CUDA) now."""
-    from worker.step.decode import unsupported
-
     sizes = step_plan.buckets(max_num_seqs)
-    off = "workers.enforce_eager is set" if enforce_eager else unsupported(model, cache, group)
+    off = _why_eager(model, cache, enforce_eager, group)
     step = None
     if off is None and cache.layers[0].device.type == "cuda":
         step, off = _graphs(model, cache, sizes, max_model_len)
@@ -103,15 +101,20 @@ def graph_pool_bytes(model, scratch, max_num_seqs: int, enforce_eager: bool, gro
     (:func:`worker.step.graphs.pool_bytes`), measured over ``scratch`` (a one-block cache on the
     model's devices) before the cache is sized; 0 where :func:`build` will capture none (CPU,
     ``enforce_eager``, a model the step cannot serve)."""
-    from worker.step.decode import unsupported
-
-    if enforce_eager or max_model_len < 1 or scratch.layers[0].device.type != "cuda":
+    if max_model_len < 1 or scratch.layers[0].device.type != "cuda":
         return 0
-    if unsupported(model, scratch, group) is not None:
+    if _why_eager(model, scratch, enforce_eager, group) is not None:
         return 0
     from worker.step.graphs import pool_bytes
 
     return pool_bytes(model, scratch, step_plan.buckets(max_num_seqs), -(-max_model_len // scratch.block_size))
+
+
+def _why_eager(model, cache, enforce_eager: bool, group=None) -> str | None:
+    """Why no step is captured for ``model`` over ``cache`` whatever the device (None: one can be)."""
+    from worker.step.decode import unsupported
+
+    return "workers.enforce_eager is set" if enforce_eager else unsupported(model, cache, group)
 
 
 def _fused(model, cache, sizes: list[int]):

@@ -51,6 +51,12 @@ def packed_inputs(rows: list[tuple[list[int], int, int]], width: int, block_size
     return flat
 
 
+def scratch_inputs(b: int, width: int, block_size: int, device: torch.device) -> torch.Tensor:
+    """:func:`packed_inputs` of ``b`` rows of token 0 at position 0 in block 0, on ``device``: what a
+    capture, or the measuring of its pool, runs before any sequence holds a block."""
+    return torch.tensor(packed_inputs(pad_rows([([0], 0, 0)], b), width, block_size), device=device)
+
+
 def unpack(t: torch.Tensor, b: int) -> tuple[torch.Tensor, ...]:
     """Views of :func:`packed_inputs`' tensor for ``b`` rows: ids, positions, slots, lens, tables."""
     return t[:b], t[b : 2 * b], t[2 * b : 3 * b], t[3 * b : 4 * b], t[4 * b :].view(b, -1)
@@ -113,7 +119,7 @@ def pool_bytes(model, scratch, sizes: list[int], width: int) -> int:
     KV budget leaves this out, so capturing after the cache is allocated does not run out of memory
     (vLLM likewise leaves room for its graphs when sizing the cache)."""
     b, device = max(sizes), scratch.layers[0].device
-    packed = torch.tensor(packed_inputs(pad_rows([([0], 0, 0)], b), width, scratch.block_size), device=device)
+    packed = scratch_inputs(b, width, scratch.block_size, device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     held = torch.cuda.memory_allocated(device)
@@ -143,8 +149,7 @@ class GraphDecode:
         which writes slot 0: at start-up no sequence holds a block yet."""
         start, pool = time.monotonic(), None
         for b in sorted(self.sizes, reverse=True):
-            rows = pad_rows([([0], 0, 0)], b)
-            self.inputs[b] = torch.tensor(packed_inputs(rows, self.width, self.block_size), device=self.device)
+            self.inputs[b] = scratch_inputs(b, self.width, self.block_size, self.device)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
