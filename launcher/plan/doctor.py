@@ -418,13 +418,12 @@ def model_check(model: ModelConfig) -> tuple[Check, object]:
         return Check("model", "ok", about + "; converted to safetensors on the first `up`"), shape
     weights = sorted(p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
     tokenizer = [p for p in ("tokenizer.json", "tokenizer.model") if (folder / p).is_file()]
-    if model.random_init and tokenizer:  # the worker draws the weights; a benchmark's folder holds none
-        return Check("model", "ok", f"{about}; random weights (model.random_init), {tokenizer[0]}"), shape
-    if not weights or not tokenizer:
-        missing = ", ".join(
-            w for w, have in (("weights (*.safetensors)", weights), ("tokenizer", tokenizer)) if not have
-        )
+    # with model.random_init the worker draws the weights: a benchmark's folder holds none
+    needed = (("weights (*.safetensors)", weights or model.random_init), ("tokenizer", tokenizer))
+    if missing := ", ".join(w for w, have in needed if not have):
         return Check("model", "fail", f"{about}; {folder} lacks {missing}", "download the complete checkpoint"), shape
+    if model.random_init:
+        return Check("model", "ok", f"{about}; random weights (model.random_init), {tokenizer[0]}"), shape
     return Check("model", "ok", f"{about}; {len(weights)} weight file(s), {tokenizer[0]}"), shape
 
 

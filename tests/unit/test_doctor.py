@@ -231,3 +231,6 @@ def test_a_random_init_folder_needs_no_weights_but_a_plain_one_does(tmp_path):
     assert plain.status == "fail" and "lacks weights" in plain.detail
     drawn, shape = model_check(ModelConfig(name=str(tmp_path), random_init=True))
     assert drawn.status == "ok" and "random weights (model.random_init)" in drawn.detail and shape is not None
+    (tmp_path / "tokenizer.json").unlink()
+    untokenized, _ = model_check(ModelConfig(name=str(tmp_path), random_init=True))
+    assert untokenized.status == "fail" and untokenized.detail.endswith("lacks tokenizer"), untokenized.detail
