@@ -36,14 +36,21 @@ class FakeClock:
         return self.now
 
     def candidate(
-        self, name: str, cost, invariant: bool = False, same_as: int | None = None, twin: str | None = None
+        self,
+        name: str,
+        cost,
+        invariant: bool = False,
+        same_as: int | None = None,
+        twin: str | None = None,
+        held: torch.Tensor | None = None,
     ) -> Candidate:
         """A kernel of ``cost(rows)`` seconds per call; its values differ from every other candidate's
         (each scales the product by its own factor, well within the tolerance) unless ``same_as``
-        names the index of the one it reproduces bit for bit."""
+        names the index of the one it reproduces bit for bit. It holds ``held`` (default: a tensor
+        of its own: another layout of the weight)."""
         self.made += 1
         scale = 1 + (self.made if same_as is None else same_as) * 2.0**-20
-        w, held = torch.ones(4, 8) * scale, torch.zeros(1)
+        w, held = torch.ones(4, 8) * scale, torch.zeros(1) if held is None else held
 
         def fn(x):
             self.now += cost(x.shape[0])
@@ -114,15 +121,24 @@ def test_the_deterministic_table_weighs_each_bucket_by_ratio():
 
 
 def test_a_deterministic_table_hands_a_bucket_to_a_twin_giving_the_same_values_bit_for_bit():
-    """ggml's vec_dot and llamafile's tinyBLAS compute the same Q8_0 sums (declared twins): each bucket
-    runs the faster, and a row's values still do not depend on its bucket. A kernel giving the same
-    values but not declared a twin, or a twin whose values differ here, never joins."""
+    """ggml's vec_dot and llamafile's tinyBLAS compute the same Q8_0 sums over the same blocks (declared
+    twins): each bucket runs the faster, and a row's values still do not depend on its bucket. A
+    kernel giving the same values but not declared a twin, a twin whose values differ here, or a twin
+    holding another layout of the weight (its bytes twice) never joins."""
+    blocks = torch.zeros(1)
 
-    def pick(twin: str | None, same: bool) -> list[str]:
+    def pick(twin: str | None, same: bool, shared: bool = True) -> list[str]:
         clock = FakeClock()
-        vec_dot = clock.candidate("vec-dot", _vec_dot, invariant=True)
+        vec_dot = clock.candidate("vec-dot", _vec_dot, invariant=True, held=blocks)
         # faster from 32 rows, row-invariant too; vec-dot's values where ``same``
-        gemm = clock.candidate("gemm", _dequant, invariant=True, same_as=clock.made if same else None, twin=twin)
+        gemm = clock.candidate(
+            "gemm",
+            _dequant,
+            invariant=True,
+            same_as=clock.made if same else None,
+            twin=twin,
+            held=blocks if shared else None,
+        )
         choice, _ = tune(
             torch.ones(4, 8),
             torch.float32,
@@ -137,6 +153,31 @@ def test_a_deterministic_table_hands_a_bucket_to_a_twin_giving_the_same_values_b
     assert pick("vec-dot", same=True) == ["vec-dot"] * 5 + ["gemm"] * 3
     assert pick(None, same=True) == ["vec-dot"] * len(SERVING_BUCKETS)
     assert pick("vec-dot", same=False) == ["vec-dot"] * len(SERVING_BUCKETS)
+    assert pick("vec-dot", same=True, shared=False) == ["vec-dot"] * len(SERVING_BUCKETS)
+
+
+def test_a_deterministic_table_takes_the_family_whose_buckets_cost_least():
+    """A twin holding its own layout (ggml4 beside vec_dot and tinyBLAS) runs alone, and is chosen when
+    its times over every bucket cost less than the best mix of the others."""
+    blocks = torch.zeros(1)
+
+    def pick(packed_cost) -> list[str]:
+        clock = FakeClock()
+        pool = [
+            clock.candidate("vec-dot", _vec_dot, invariant=True, held=blocks),
+            clock.candidate("gemm", _dequant, invariant=True, same_as=1, twin="vec-dot", held=blocks),
+            clock.candidate("packed", packed_cost, invariant=True, same_as=1, twin="vec-dot"),
+        ]
+        choice, _ = tune(
+            torch.ones(4, 8), torch.float32, CPU, SERVING_BUCKETS, timer=clock.time, pool=pool, deterministic=True
+        )
+        assert choice.invariant or {p.kernel for p in choice.picks} == {"vec-dot", "gemm"}
+        return [p.kernel for p in choice.picks]
+
+    # faster than vec-dot at every bucket and than the mix overall: alone everywhere
+    assert pick(lambda r: 0.8 * _vec_dot(r) if r <= 8 else 0.9 * _dequant(r)) == ["packed"] * len(SERVING_BUCKETS)
+    # faster at one row only: the mix of vec-dot and gemm costs less
+    assert pick(lambda r: 0.9 * _vec_dot(r) if r == 1 else 2 * _vec_dot(r)) == ["vec-dot"] * 5 + ["gemm"] * 3
 
 
 def test_bucket_cost_is_the_log_of_the_product_and_a_pruned_bucket_is_never_picked():
@@ -147,7 +188,7 @@ def test_bucket_cost_is_the_log_of_the_product_and_a_pruned_bucket_is_never_pick
     built["a"].row_invariant = False  # the fastest, not row-invariant: skipped
     built["b"].row_invariant = built["c"].row_invariant = True
     times = {"a": {1: 0.01, 8: 0.08}, "b": {1: 0.1}, "c": {1: 0.4, 8: 0.4}}
-    assert invariance.fastest_invariant(built, times, [1, 8], 8, torch.float32, CPU) == "c"
+    assert invariance.per_bucket(built, times, [1, 8], 8, torch.float32, CPU) == ["c", "c"]
 
 
 def test_cpu_timing_runs_one_thread_and_restores_the_count():

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from tests.helpers.ggml_weights import quantized
 from worker.quant import ggml_kernel, invariance
-from worker.quant.format import QuantizedWeight
-from worker.quant.gguf_blocks import GROUP, unpack
 from worker.quant.kernels import TOL_BF16_SUM, TOL_FLOAT32, Kernel, candidates, check
 
 pytestmark = pytest.mark.skipif(
@@ -94,15 +93,7 @@ def test_rows_do_not_depend_on_what_shares_the_call(what):
 
 
 def _quantized(type_name: str):
-    """A weight as ``type_name`` blocks held as a deployment's ``quantization: int8`` holds them (both
-    the blocks and their unpacked values, :meth:`worker.quant.linear.Linears._ggml_blocks`)."""
-    w = weight()
-    blocks = ggml_kernel.quantize(w, type_name)
-    qtype = T[type_name]
-    bits, q, scale, offset = unpack(qtype, blocks.numpy(), *w.shape)
-    offset = None if offset is None else torch.from_numpy(offset)
-    as_t = torch.from_numpy
-    return QuantizedWeight(bits, as_t(q), as_t(scale), offset, GROUP, type_name, blocks, int(qtype))
+    return quantized(weight(), type_name)
 
 
 @pytest.mark.skipif(not X86, reason="the equality is of the x86 (AVX2 / AVX-512) kernels")

@@ -52,7 +52,7 @@ import torch
 
 from worker.quant import invariance
 from worker.quant.format import QuantizedWeight
-from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, storage_key
 
 log = logging.getLogger(__name__)
 
@@ -214,19 +214,6 @@ def cache_evictor(weight_bytes: int = 0) -> Callable[[], None] | None:
     return evict
 
 
-def _storages(kernel: Kernel) -> set[int]:
-    return {storage_key(t) for t in kernel.held}
-
-
-def storage_key(t: torch.Tensor) -> int:
-    """One key per storage (a plain weight and a view of it count once); opaque tensors (oneDNN's
-    packed layout) have no accessible storage and count as themselves."""
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return id(t)
-
-
 def choose(
     kernels: list[Kernel], times: dict[str, dict[int, float]], rows: list[int], max_added: float | None = None
 ) -> list[Pick]:
@@ -241,12 +228,12 @@ def choose(
     wins = {name: sum(f == name for f in fastest.values()) for name in by_name}
     total = {name: sum(times[name].get(r, float("inf")) for r in rows) for name in by_name}
     primary = max(by_name, key=lambda name: (wins[name], -total[name]))  # ties: the least time over all buckets
-    held = _storages(by_name[primary])
+    held = by_name[primary].storages()
     chosen = {}
     for r in rows:
         best = fastest[r]
         base = times[primary].get(r)
-        extra = not _storages(by_name[best]) <= held
+        extra = not by_name[best].storages() <= held
         if extra and base is not None and times[best][r] > (1 - MIN_GAIN) * base:
             best = primary
         chosen[r] = best
@@ -264,7 +251,7 @@ def _pays(
     :data:`MIN_GAIN` of the primary's time over the whole table (``base``) per copy of the
     primary's bytes it adds: a full second copy must save 10% of the table's time, a bfloat16 copy
     of the scales (a hundredth of the bytes) a thousandth."""
-    held = _storages(primary)
+    held = primary.storages()
     added = sum(_nbytes(t) for t in _distinct(form.held) if storage_key(t) not in held)
     if not added:
         return True

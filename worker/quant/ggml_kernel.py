@@ -38,7 +38,7 @@ LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
 # included by SOURCE: part of the build's key (llamafile's sgemm.cpp, which ggml_tinyblas.h includes, comes
 # with the pinned ggml version, part of ggml_dir's key)
-HEADERS = [SOURCE.with_name("ggml_float_tiles.h"), SOURCE.with_name("ggml_tinyblas.h")]
+HEADERS = [SOURCE.with_name(h) for h in ("ggml_float_tiles.h", "ggml_quant_rows.h", "ggml_tinyblas.h")]
 NAME = "ggml_ops"
 # the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
 # template) compiles to a serial loop, and the operator would run on one thread whatever torch's count;
@@ -126,6 +126,10 @@ def _register_fakes() -> None:
     def _(x, blocks, type, n):
         return x.new_empty((x.shape[0], n))
 
+    @torch.library.register_fake("ggml::linear4")
+    def _(x, packed, type, n):
+        return x.new_empty((x.shape[0], n))
+
     @torch.library.register_fake("ggml::gemm")
     def _(x, blocks, type, n):
         return x.new_empty((x.shape[0], n))
@@ -188,6 +192,63 @@ def builder(kernel_class, dequantized: bool = False):
         else:
             fn = lambda x: linear(x, blocks, t, n)  # noqa: E731
         return kernel_class("ggml", fn, (blocks,), gather=lambda ids: dequantize(blocks.index_select(0, ids), t, k))
+
+    return build
+
+
+# ggml types ggml::linear4 multiplies over weights packed in groups of PACK rows (pack4)
+PACKED_TYPES = (8, 2, 3)  # Q8_0, Q4_0, Q4_1
+PACK = 4  # weight rows per group (ggml_quant_rows.h: ROWS)
+
+
+def pack4(blocks: torch.Tensor, ggml_type: int, n: int) -> torch.Tensor:
+    """Rows of blocks [N, row_bytes] in groups of :data:`PACK` rows, each group's blocks interleaved
+    (the group's first blocks of its four rows, then their second blocks, ...), as ``ggml::linear4``
+    reads them: the same bytes, [N, row_bytes]. N must be a multiple of :data:`PACK`."""
+    size = TYPES[ggml_type][2]
+    per_row = blocks.shape[1] // size
+    return blocks.view(n // PACK, PACK, per_row, size).transpose(1, 2).contiguous().view(n, per_row * size)
+
+
+def unpacked_rows(packed: torch.Tensor, ggml_type: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` [T] of a :func:`pack4` layout as plain blocks [T, row_bytes]."""
+    n, rb = packed.shape
+    size = TYPES[ggml_type][2]
+    groups = packed.view(n // PACK, rb // size, PACK, size)
+    return groups[ids // PACK, :, ids % PACK].reshape(len(ids), rb)
+
+
+def packed_supported() -> bool:
+    """Whether ``ggml::linear4`` runs on this build (compiled for AVX2 with FMA and F16C, ggml's x86 form
+    of the dot products it reproduces). Needs :func:`load`."""
+    if "packed" not in _state:
+        try:
+            blocks = quantize(torch.zeros(PACK, 32), "Q8_0")
+            torch.ops.ggml.linear4(torch.zeros(1, 32), blocks, TYPE_OF["Q8_0"], PACK)
+            _state["packed"] = True
+        except RuntimeError:
+            _state["packed"] = False
+    return _state["packed"]
+
+
+def accepts_packed(w, dt: torch.dtype, device: torch.device) -> bool:
+    """What ``ggml::linear4`` takes: Q8_0, Q4_0 or Q4_1 blocks of a whole number of :data:`PACK`-row
+    groups, where this build runs it (:func:`packed_supported`)."""
+    return accepts(w, dt, device) and w.ggml_type in PACKED_TYPES and w.shape[0] % PACK == 0 and packed_supported()
+
+
+def packed_builder(kernel_class):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: ggml's ``vec_dot`` sums, bit for
+    bit, four weight rows at a time over the blocks re-laid out by :func:`pack4` (``ggml::linear4``,
+    ``worker/quant/csrc/ggml_quant_rows.h``). Holds the packed blocks only (a tied embedding reads its
+    rows from them)."""
+
+    def build(w, dt: torch.dtype):
+        t, (n, k) = w.ggml_type, w.shape
+        packed = pack4(w.blocks.contiguous(), t, n)
+        linear4 = torch.ops.ggml.linear4
+        gather = lambda ids: dequantize(unpacked_rows(packed, t, ids), t, k)  # noqa: E731
+        return kernel_class("ggml4", lambda x: linear4(x, packed, t, n), (packed,), gather=gather)
 
     return build
 

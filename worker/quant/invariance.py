@@ -7,14 +7,16 @@ change with the input width on one CPU: it is checked per shape, never assumed),
 table that runs another kernel at another bucket changes the numbers by itself. With
 ``deterministic`` the table (:func:`worker.quant.autotune.tune`):
 
-- runs one kernel for every bucket (:func:`fastest_invariant`): the one with the least product of
-  its times over the buckets (:func:`bucket_cost`: a bucket's traffic weighs by ratio) that
-  :func:`row_invariant` passes —
+- runs one row-invariant kernel, or at some buckets a declared twin of it (:func:`per_bucket`),
+  the family with the least product of its times over the buckets (:func:`bucket_cost`: a bucket's
+  traffic weighs by ratio); a kernel is row-invariant where :func:`row_invariant` passes —
   each row of a call of ``r`` rows, for every ``r`` of :data:`CHECK_ROWS`, equals that row computed
   alone, bit for bit (a kernel that declares ``row_invariant`` is not checked);
-- runs, at each bucket, the faster of that kernel and its declared twin where the twin gives its
-  values bit for bit here (:func:`per_bucket`: ggml's ``vec_dot`` and llamafile's tinyBLAS compute
-  the same Q8_0 / Q4_0 sums on an x86 CPU, one faster at a few rows, the other at many);
+- runs, at each bucket, the fastest of that kernel and its declared twins that hold the same
+  tensors and give its values bit for bit here (:func:`per_bucket`: ggml's ``vec_dot`` and
+  llamafile's tinyBLAS compute the same Q8_0 / Q4_0 sums on an x86 CPU over the same blocks, one
+  faster at a few rows, the other at many; ``ggml4``, the same sums over its own layout of the
+  blocks, runs alone);
 - can always fall back on :func:`candidates`' ``rowwise`` kernel (one matrix-vector product of the
   same shape per row, in one batched call: invariant by construction, slow beyond a few rows; for a
   quantized weight over its float form made per call, ``rowwise-dequant``, so no float copy is held) and,
@@ -92,19 +94,6 @@ def bucket_cost(times: dict[int, float], rows: list[int]) -> float:
     return sum(math.log(max(times.get(r, math.inf), 1e-12)) for r in rows)
 
 
-def fastest_invariant(
-    built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
-) -> str:
-    """The kernel of ``built`` (by name) every bucket of ``rows`` runs: the least :func:`bucket_cost`
-    (ties by name) that is row-invariant here (:func:`row_invariant`, checked in that order until
-    one passes). Raises ``RuntimeError`` when none is."""
-    cost = {n: bucket_cost(times.get(n, {}), rows) for n in built}
-    for name in sorted(built, key=lambda n: (cost[n], n)):
-        if row_invariant(built[name], k, dt, device):
-            return name
-    raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
-
-
 def _check_rows(k: int, dt: torch.dtype, device: torch.device) -> torch.Tensor:
     """The random rows [max(CHECK_ROWS) + SHIFT, k] the checks of this module call kernels on."""
     g = torch.Generator(device="cpu").manual_seed(1)
@@ -123,21 +112,52 @@ def same_values(a: Kernel, b: Kernel, k: int, dt: torch.dtype, device: torch.dev
 def per_bucket(
     built: dict[str, Kernel], times: dict[str, dict[int, float]], rows: list[int], k: int, dt, device
 ) -> list[str]:
-    """Each bucket's kernel (one per ``rows``) when deterministic: the fastest of the row-invariant
-    kernel every bucket could run (:func:`fastest_invariant`) and its twin (:attr:`Kernel.twin`, set
-    from :attr:`~worker.quant.kernels.Candidate.twin`: the same values by construction) where that is
-    faster at some bucket and gives its values bit for bit here (:func:`same_values`, checked once per
-    weight shape). Only declared twins: two kernels that merely agree on the checked rows (``F.linear``
-    and oneDNN's prepacked linear often do) may still part at a row count the check did not try.
-    Raises ``RuntimeError`` when no kernel is row-invariant."""
-    base = fastest_invariant(built, times, rows, k, dt, device)
-    ours = times.get(base, {})
-    twins = [n for n in built if n in (base, built[base].twin) or built[n].twin == base]
-    faster = [n for n in twins if n != base and any(times[n].get(r, math.inf) < ours.get(r, math.inf) for r in rows)]
-    same = [base] + [n for n in sorted(faster) if same_values(built[base], built[n], k, dt, device)]
-    if len(same) > 1:
-        log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
-    return [min(same, key=lambda n: (times.get(n, {}).get(r, math.inf), n != base)) for r in rows]
+    """Each bucket's kernel (one per ``rows``) when deterministic. A row-invariant kernel
+    (:func:`row_invariant`) may share the buckets with its *family*: the kernels of its twin class
+    (:attr:`Kernel.twin`, set from :attr:`~worker.quant.kernels.Candidate.twin`: the same values by
+    construction, as ggml's ``vec_dot``, its four-row form and llamafile's tinyBLAS on x86) that hold
+    no tensor it does not hold (another layout of the weight would hold its bytes twice) and give its
+    values bit for bit here (:func:`same_values`, checked once per weight shape). Each bucket runs
+    the family's fastest there, and the family with the least :func:`bucket_cost` of those times is
+    chosen (ties by name). Only declared twins: two kernels that merely agree on the checked rows
+    (``F.linear`` and oneDNN's prepacked linear often do) may still part at a row count the check
+    did not try. Raises ``RuntimeError`` when no kernel is row-invariant."""
+    twin_class = {n: built[n].twin or n for n in built}
+
+    def family(base: str) -> list[str]:
+        """``base`` first, then its twins holding no tensor it does not hold."""
+        held = built[base].storages()
+        twins = [n for n in built if n != base and twin_class[n] == twin_class[base] and built[n].storages() <= held]
+        return [base, *twins]
+
+    def plan(names: list[str]) -> tuple[float, list[str]]:
+        """The fastest of ``names`` at each bucket (ties: the first of them) and the cost of those times."""
+        picks = [min(names, key=lambda n: (times.get(n, {}).get(r, math.inf), n != names[0], n)) for r in rows]
+        return bucket_cost(
+            {r: times.get(p, {}).get(r, math.inf) for r, p in zip(rows, picks, strict=True)}, rows
+        ), picks
+
+    best: tuple[float, str, list[str]] | None = None
+    for base in sorted(built, key=lambda n: (plan(family(n))[0], n)):
+        if best is not None and plan(family(base))[0] >= best[0]:
+            break  # no later family can do better, even if every member of it passes
+        if not row_invariant(built[base], k, dt, device):
+            continue
+        ours = times.get(base, {})
+        faster = [
+            n
+            for n in family(base)
+            if n != base and any(times.get(n, {}).get(r, math.inf) < ours.get(r, math.inf) for r in rows)
+        ]
+        same = [base] + [n for n in sorted(faster) if same_values(built[base], built[n], k, dt, device)]
+        if len(same) > 1:
+            log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
+        cost, picks = plan(same)
+        if best is None or cost < best[0]:
+            best = (cost, base, picks)
+    if best is None:
+        raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
+    return best[2]
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:

@@ -68,6 +68,19 @@ class Kernel:
     native: tuple[torch.dtype, Callable[[torch.Tensor], torch.Tensor]] | None = None
     twin: str | None = None  # its candidate's twin (Candidate.twin), set when the table builds it
 
+    def storages(self) -> set[int]:
+        """The storages of :attr:`held` (:func:`storage_key`): what two kernels share."""
+        return {storage_key(t) for t in self.held}
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One key per storage (a plain weight and a view of it count once); opaque tensors (oneDNN's
+    packed layout) have no accessible storage and count as themselves."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return id(t)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -313,7 +326,9 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
 
 def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
-    (row-count invariant) and the blocks dequantized per call for ``F.linear``; for a float weight,
+    (row-count invariant), the same sums four weight rows at a time over the blocks re-laid out in
+    groups (``ggml4``: Q8_0 / Q4_0 / Q4_1, ``vec_dot``'s twin) and the blocks dequantized per call for
+    ``F.linear``; for a float weight,
     ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
     bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
     llamafile's tinyBLAS (ggml's prompt-processing GEMM) for float, Q8_0 and Q4_0 weights, likewise
@@ -333,6 +348,14 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel),
             invariant=True,
+        ),
+        Candidate(
+            "ggml4",
+            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            ggml_kernel.accepts_packed,
+            ggml_kernel.packed_builder(Kernel),
+            invariant=True,
+            twin="ggml",
         ),
         Candidate(
             f"tinyblas-{_short(dt)}",

@@ -21,10 +21,10 @@ from gguf import GGMLQuantizationType
 from worker.contract import quant_rules as rules
 from worker.contract.protocol import KernelChoice, KernelPick
 from worker.quant import ggml_kernel, invariance
-from worker.quant.autotune import Choice, Pick, buckets, invariant, storage_key, tune, weight_label
+from worker.quant.autotune import Choice, Pick, buckets, invariant, tune, weight_label
 from worker.quant.format import QuantizedWeight, quantize_int4, quantize_int8
 from worker.quant.gguf_blocks import GROUP, unpack
-from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, head_pool
+from worker.quant.kernels import Candidate, Kernel, Weight, candidates, check, head_pool, storage_key
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,13 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "ggml_float_tiles.h"  // F32 / BF16 weights at several rows: ggml's vec_dot, tiled
+#include "ggml_quant_rows.h"   // Q8_0 / Q4_0 / Q4_1 weights: ggml's vec_dot, four weight rows at a time
 #include "ggml_tinyblas.h"      // llamafile's sgemm, for ggml::gemm
 
 namespace {
@@ -99,8 +101,12 @@ ggml_type checked_call(const char* op, const at::Tensor& x, const at::Tensor& bl
   return t;
 }
 
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n) {
-  const ggml_type t = checked_call("ggml::linear", x_in, blocks, type, n);
+// `packed`: blocks in groups of four rows, each group's blocks interleaved (pack4)
+at::Tensor product(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type, int64_t n, bool packed) {
+  const ggml_type t = checked_call(packed ? "ggml::linear4" : "ggml::linear", x_in, blocks, type, n);
+  TORCH_CHECK(!packed || (quant_rows::for_type(t, 1) != nullptr && n % quant_rows::ROWS == 0), "ggml::linear4 takes ",
+              ggml_type_name(t), " weights of ", n, " rows only where this CPU runs the four-row product of Q8_0, ",
+              "Q4_0 or Q4_1 and the rows are whole groups of ", quant_rows::ROWS);
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0), k = x.size(1);
   const size_t w_bytes = ggml_row_size(t, k);
@@ -116,19 +122,35 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   float* out_f = bf16 ? nullptr : out.data_ptr<float>();
   c10::BFloat16* out_b = bf16 ? out.data_ptr<c10::BFloat16>() : nullptr;
+  auto store = [&](int64_t r, int64_t i, float s) {
+    if (bf16) {
+      out_b[r * n + i] = c10::BFloat16(s);
+    } else {
+      out_f[r * n + i] = s;
+    }
+  };
   if (rows > 1 && traits->vec_dot_type == t && tiles::serve(t, k)) {
-    auto store = [&](int64_t r, int64_t i, float s) {
-      if (bf16) {
-        out_b[r * n + i] = c10::BFloat16(s);
-      } else {
-        out_f[r * n + i] = s;
-      }
-    };
     if (t == GGML_TYPE_BF16) {
       tiles::linear<tiles::BF16>(w, w_bytes, n, act, a_bytes, rows, k, store);
     } else {
       tiles::linear<tiles::F32>(w, w_bytes, n, act, a_bytes, rows, k, store);
     }
+    return out;
+  }
+  if (packed) {  // groups of four weight rows, their blocks interleaved (read in order, as vec_dot reads a row)
+    constexpr int64_t R = quant_rows::ROWS, X = quant_rows::XMAX;
+    const int64_t blocks_per_row = k / ggml_blck_size(t);
+    at::parallel_for(0, n / R, 4, [&](int64_t lo, int64_t hi) {
+      float s[R * X];
+      for (int64_t g = lo; g < hi; ++g) {
+        for (int64_t r = 0; r < rows; r += X) {
+          const int x = static_cast<int>(std::min<int64_t>(X, rows - r));
+          quant_rows::for_type(t, x)(blocks_per_row, w + g * R * w_bytes, act + r * a_bytes, a_bytes, s);
+          for (int64_t j = 0; j < R; ++j)
+            for (int b = 0; b < x; ++b) store(r + b, g * R + j, s[j * x + b]);
+        }
+      }
+    });
     return out;
   }
   // a chunk of at least 16 output rows: below that the thread hand-off costs more than the dot products
@@ -138,15 +160,19 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t type
       for (int64_t r = 0; r < rows; ++r) {
         float s;
         vec_dot(static_cast<int>(k), &s, 0, wrow, 0, act + r * a_bytes, 0, 1);
-        if (bf16) {
-          out_b[r * n + i] = c10::BFloat16(s);
-        } else {
-          out_f[r * n + i] = s;
-        }
+        store(r, i, s);
       }
     }
   });
   return out;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t n) {
+  return product(x, blocks, type, n, false);
+}
+
+at::Tensor linear4(const at::Tensor& x, const at::Tensor& packed, int64_t type, int64_t n) {
+  return product(x, packed, type, n, true);
 }
 
 bool tinyblas_type(int64_t type) {
@@ -244,6 +270,7 @@ struct Init {
 
 TORCH_LIBRARY(ggml, m) {
   m.def("linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
+  m.def("linear4(Tensor x, Tensor packed, int type, int n) -> Tensor");
   m.def("gemm(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("quantize(Tensor w, int type) -> Tensor");
   m.def("dequantize(Tensor blocks, int type, int k) -> Tensor");
@@ -252,6 +279,7 @@ TORCH_LIBRARY(ggml, m) {
 
 TORCH_LIBRARY_IMPL(ggml, CPU, m) {
   m.impl("linear", &linear);
+  m.impl("linear4", &linear4);
   m.impl("gemm", &gemm);
   m.impl("quantize", &quantize);
   m.impl("dequantize", &dequantize);
