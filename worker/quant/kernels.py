@@ -333,7 +333,7 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
     bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
     llamafile's tinyBLAS (ggml's prompt-processing GEMM) for float, Q8_0 and Q4_0 weights, likewise
     checked per shape."""
-    tol = ggml_kernel.tolerance
+    blocks_tol = ggml_kernel.tolerance(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM)  # 8-bit activations
     return [
         Candidate(
             f"ggml-{_short(dt)}",
@@ -344,14 +344,14 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
         ),
         Candidate(
             "ggml",
-            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            blocks_tol,
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel),
             invariant=True,
         ),
         Candidate(
             "ggml4",
-            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            blocks_tol,
             ggml_kernel.accepts_packed,
             ggml_kernel.packed_builder(Kernel),
             invariant=True,
@@ -366,14 +366,14 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
         ),
         Candidate(
             "tinyblas",
-            tol(False, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            blocks_tol,
             lambda w, d, dev: not _is_float(w) and ggml_kernel.accepts_tinyblas(w, d, dev),
             ggml_kernel.tinyblas_builder(Kernel),
             twin="ggml",
         ),
         Candidate(
             f"ggml-dequant-{_short(dt)}",
-            tol(True, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
+            ggml_kernel.tolerance(True, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel, dequantized=True),
         ),

@@ -8,6 +8,11 @@
 // weight row with one activation row, so a row's result does not depend on how many rows share the call
 // (F32 and BF16 weights at several rows: the same sums in tiles, ggml_float_tiles.h).
 //
+// ggml::linear4(x [T, K] float32|bfloat16, packed [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype: the
+// same values for Q8_0, Q4_0 and Q4_1 weights, bit for bit, over blocks packed in groups of four rows
+// (worker/quant/ggml_kernel.py:pack4), four weight rows against up to four activation rows at a time
+// (ggml_quant_rows.h). Raises where N is not whole groups or this build has no four-row form of the type.
+//
 // ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
 // activations converted as for linear (F32 weights: float32 rows; BF16: bfloat16 rows; Q8_0 / Q4_0: Q8_0

@@ -56,6 +56,8 @@ inline float hsum_float_8(const __m256 x) {
 inline __m256 mul_sum_us8_pairs_float(const __m256i ax, const __m256i sy) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+#elif defined(__AVXVNNI__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), ax, sy));
 #else
   const __m256i dot = _mm256_maddubs_epi16(ax, sy);  // pairs: at most 2 * 128 * 127, no saturation
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
@@ -70,10 +72,11 @@ inline __m256i bytes_from_nibbles_32(const uint8_t* p) {
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// An activation block of Q8_0 / Q8_1: its quants, its scale and (Q8_1) its scaled sum.
+// An activation block of Q8_0 / Q8_1: its quants, its scale (in every lane) and (Q8_1) its scaled sum.
 struct Act {
   __m256i q;
-  float d, s;
+  __m256 d;
+  float s;
 };
 
 // A Q8_0 or Q4_0 weight block against Q8_0: ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0.
@@ -82,15 +85,15 @@ struct SignedBlocks {
   static constexpr size_t W_BYTES = Nibbles ? 18 : 34, A_BYTES = 34;
   struct W {
     __m256i x, ax;  // signed quants, their magnitudes
-    float d;
+    __m256 d;       // its scale in every lane
   };
   static W weight(const uint8_t* b) {
     const __m256i x = Nibbles ? _mm256_sub_epi8(bytes_from_nibbles_32(b + 2), _mm256_set1_epi8(8)) : load32(b + 2);
-    return {x, _mm256_sign_epi8(x, x), half(b)};
+    return {x, _mm256_sign_epi8(x, x), _mm256_set1_ps(half(b))};
   }
-  static Act act(const uint8_t* b) { return {load32(b + 2), half(b), 0.0f}; }
+  static Act act(const uint8_t* b) { return {load32(b + 2), _mm256_set1_ps(half(b)), 0.0f}; }
   static void pair(const W& w, const Act& a, __m256& acc, float&) {
-    const __m256 d = _mm256_set1_ps(w.d * a.d);
+    const __m256 d = _mm256_mul_ps(w.d, a.d);  // in every lane ggml's set1(d_x * d_y): one rounding, the same
     acc = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(w.ax, _mm256_sign_epi8(a.q, w.x)), acc);
   }
   static float finish(const __m256 acc, float) { return hsum_float_8(acc); }
@@ -102,14 +105,14 @@ struct MinBlocks {
   static constexpr size_t W_BYTES = 20, A_BYTES = 36;
   struct W {
     __m256i x;  // unsigned quants
-    float d, m;
+    __m256 d;   // its scale in every lane
+    float m;
   };
-  static W weight(const uint8_t* b) { return {bytes_from_nibbles_32(b + 4), half(b), half(b + 2)}; }
-  static Act act(const uint8_t* b) { return {load32(b + 4), half(b), half(b + 2)}; }
+  static W weight(const uint8_t* b) { return {bytes_from_nibbles_32(b + 4), _mm256_set1_ps(half(b)), half(b + 2)}; }
+  static Act act(const uint8_t* b) { return {load32(b + 4), _mm256_set1_ps(half(b)), half(b + 2)}; }
   static void pair(const W& w, const Act& a, __m256& acc, float& summs) {
     summs += w.m * a.s;  // contracted to one fused multiply-add, as ggml's C build contracts it
-    const __m256 d0d1 = _mm256_mul_ps(_mm256_set1_ps(w.d), _mm256_set1_ps(a.d));
-    acc = _mm256_fmadd_ps(d0d1, mul_sum_us8_pairs_float(w.x, a.q), acc);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(w.d, a.d), mul_sum_us8_pairs_float(w.x, a.q), acc);
   }
   static float finish(const __m256 acc, float summs) { return hsum_float_8(acc) + summs; }
 };
