@@ -49,20 +49,22 @@ def test_four_row_groups_give_vec_dots_values_bit_for_bit(qtype):
 def test_the_packed_candidate_holds_its_layout_only_and_gathers_rows_from_it():
     """The ggml4 kernel holds the packed blocks alone, and a tied embedding's rows read from them are
     the plain blocks' rows dequantized."""
-    w = quantized(weight(), "Q4_1")
+    w = quantized(weight(), "Q4_0")
     pool = {c.name: c for c in candidates(torch.bfloat16, CPU)}
     kernel = check(pool["ggml4"], w, torch.bfloat16, CPU)
     assert kernel is not None and len(kernel.held) == 1
     assert kernel.storages().isdisjoint({w.blocks.untyped_storage().data_ptr()})
     ids = torch.tensor([0, 3, 4, 71, 5])
-    want = ggml_kernel.dequantize(w.blocks.index_select(0, ids), int(T.Q4_1), K)
+    want = ggml_kernel.dequantize(w.blocks.index_select(0, ids), int(T.Q4_0), K)
     assert torch.equal(kernel.gather(ids), want)
 
 
 def test_the_packed_form_refuses_what_it_cannot_take():
     """Rows that are not whole groups of four, or a type without a four-row form: not accepted, and the
-    operator raises one line naming why rather than computing something else."""
+    operator raises one line naming why rather than computing something else. Q4_1, which the operator
+    computes, is not offered as a candidate (ggml_kernel.PACKED_TYPES says why)."""
     assert ggml_kernel.accepts_packed(quantized(weight(), "Q8_0"), torch.float32, CPU)
+    assert not ggml_kernel.accepts_packed(quantized(weight(), "Q4_1"), torch.float32, CPU)
     assert not ggml_kernel.accepts_packed(quantized(weight(n=70), "Q8_0"), torch.float32, CPU)
     assert not ggml_kernel.accepts_packed(quantized(weight(k=256), "Q4_K"), torch.float32, CPU)
     odd = ggml_kernel.quantize(weight(n=70), "Q8_0")

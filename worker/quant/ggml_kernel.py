@@ -196,8 +196,12 @@ def builder(kernel_class, dequantized: bool = False):
     return build
 
 
-# ggml types ggml::linear4 multiplies over weights packed in groups of PACK rows (pack4)
-PACKED_TYPES = (8, 2, 3)  # Q8_0, Q4_0, Q4_1
+# ggml types the ggml4 candidate offers ggml::linear4 for (pack4), Q8_0 and Q4_0. The operator computes Q4_1 too,
+# but not as a candidate: on Q4_1 it is faster than int4pack-bf16 at one row only, and where a table picked it
+# the int4-quantized SmolLM2 answered the README's question wrongly (8-bit activations, as llama.cpp's own
+# vec_dot; int4pack's bfloat16 ones said Paris): which of two kernels of other numerics wins on a machine's load
+# must not decide an answer (docs/design/engine.md).
+PACKED_TYPES = (8, 2)
 PACK = 4  # weight rows per group (ggml_quant_rows.h: ROWS)
 
 
@@ -232,8 +236,8 @@ def packed_supported() -> bool:
 
 
 def accepts_packed(w, dt: torch.dtype, device: torch.device) -> bool:
-    """What ``ggml::linear4`` takes: Q8_0, Q4_0 or Q4_1 blocks of a whole number of :data:`PACK`-row
-    groups, where this build runs it (:func:`packed_supported`)."""
+    """What the ``ggml4`` candidate takes: Q8_0 or Q4_0 blocks (:data:`PACKED_TYPES`) of a whole number of
+    :data:`PACK`-row groups, where this build runs ``ggml::linear4`` (:func:`packed_supported`)."""
     return accepts(w, dt, device) and w.ggml_type in PACKED_TYPES and w.shape[0] % PACK == 0 and packed_supported()
 
 

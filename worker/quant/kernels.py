@@ -327,7 +327,7 @@ def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
 def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
     (row-count invariant), the same sums four weight rows at a time over the blocks re-laid out in
-    groups (``ggml4``: Q8_0 / Q4_0 / Q4_1, ``vec_dot``'s twin) and the blocks dequantized per call for
+    groups (``ggml4``: Q8_0 / Q4_0, ``vec_dot``'s twin) and the blocks dequantized per call for
     ``F.linear``; for a float weight,
     ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
     bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
