@@ -9,11 +9,12 @@
 // loaded once for every activation row and each activation block once for the four weight rows. The
 // four rows' blocks are held interleaved (a group's first blocks, then its second blocks, ...; see
 // worker/quant/ggml_kernel.py:pack4), so a group is read front to back as vec_dot reads one row: four
-// rows read from four places at once stream from memory slower than one on the CPUs measured.
+// rows read in place from four addresses at once streamed from memory 2-3x slower than one on the Zen 4
+// box (docs/benchmarks/results.md, 2026-12-04 night).
 //
 // Each output is computed exactly as ggml's vec_dot computes it (the same integer products, the same
 // scale products, its own accumulator over the blocks in the same order, reduced the same way), so
-// every output is bit for bit ggml's whatever the rows beside it (tests/unit/test_ggml_kernel.py checks
+// every output is bit for bit ggml's whatever the rows beside it (tests/unit/test_ggml_packed.py checks
 // each type against ggml's own vec_dot). Compiled where this file is built for AVX2 with FMA and F16C
 // (ggml's own x86 form of these products); elsewhere for_type() is nullptr and the candidate using it
 // is not offered.
@@ -111,7 +112,7 @@ struct MinBlocks {
   static W weight(const uint8_t* b) { return {bytes_from_nibbles_32(b + 4), _mm256_set1_ps(half(b)), half(b + 2)}; }
   static Act act(const uint8_t* b) { return {load32(b + 4), _mm256_set1_ps(half(b)), half(b + 2)}; }
   static void pair(const W& w, const Act& a, __m256& acc, float& summs) {
-    summs += w.m * a.s;  // contracted to one fused multiply-add, as ggml's C build contracts it
+    summs += w.m * a.s;  // ggml's `summs += m * s`, compiled alike (its build multiplies, then adds)
     acc = _mm256_fmadd_ps(_mm256_mul_ps(w.d, a.d), mul_sum_us8_pairs_float(w.x, a.q), acc);
   }
   static float finish(const __m256 acc, float summs) { return hsum_float_8(acc) + summs; }
