@@ -137,9 +137,11 @@ def per_bucket(
             {r: times.get(p, {}).get(r, math.inf) for r, p in zip(rows, picks, strict=True)}, rows
         ), picks
 
+    # each family's cost were every member of it to pass the checks: a bound on what it can do
+    bound = {n: plan(family(n))[0] for n in built}
     best: tuple[float, str, list[str]] | None = None
-    for base in sorted(built, key=lambda n: (plan(family(n))[0], n)):
-        if best is not None and plan(family(base))[0] >= best[0]:
+    for base in sorted(built, key=lambda n: (bound[n], n)):
+        if best is not None and bound[base] >= best[0]:
             break  # no later family can do better, even if every member of it passes
         if not row_invariant(built[base], k, dt, device):
             continue

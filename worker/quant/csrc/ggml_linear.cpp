@@ -145,12 +145,15 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& blocks, int64_t typ
   if (packed) {  // groups of four weight rows, their blocks interleaved (read in order, as vec_dot reads a row)
     constexpr int64_t R = quant_rows::ROWS, X = quant_rows::XMAX;
     const int64_t blocks_per_row = k / ggml_blck_size(t);
+    // the tile of X activation rows, and of the rows left after the last whole X (resolved once, not per tile)
+    const quant_rows::Fn full = quant_rows::for_type(t, X);
+    const quant_rows::Fn last = quant_rows::for_type(t, rows % X == 0 ? X : static_cast<int>(rows % X));
     at::parallel_for(0, n / R, 4, [&](int64_t lo, int64_t hi) {
       float s[R * X];
       for (int64_t g = lo; g < hi; ++g) {
         for (int64_t r = 0; r < rows; r += X) {
           const int x = static_cast<int>(std::min<int64_t>(X, rows - r));
-          quant_rows::for_type(t, x)(blocks_per_row, w + g * R * w_bytes, act + r * a_bytes, a_bytes, s);
+          (x == X ? full : last)(blocks_per_row, w + g * R * w_bytes, act + r * a_bytes, a_bytes, s);
           for (int64_t j = 0; j < R; ++j)
             for (int b = 0; b < x; ++b) store(r + b, g * R + j, s[j * x + b]);
         }
