@@ -18,6 +18,13 @@ non-matmul share by CPU time is ``1 - linears / step``, the figure docs/benchmar
 and the rate the weights are read at (the bytes held over each time). The fused
 operators are not profiler events: under ``--capture`` only the CPU-time share counts them.
 
+That share subtracts two large, separately timed figures; on a 2-core VM their noise moved it between
+12 % and 23 % for the same build. Under ``--capture`` it also prints the share measured directly: the
+captured step against the same step with every linear returning a fixed tensor (rounds alternating),
+so what is left is the step's time outside its matmuls, not a difference of two noisy times. The two
+differ by what the linears lose to running inside the step (their weights' cache lines evicted by the
+rest, the second thread woken) against running back to back alone.
+
 ``--threads 2`` runs torch (and the kernels in its thread pool) on two threads, as a worker on a
 2-core machine does: a kernel that leaves the second thread idle shows there and not on one thread.
 The CPU time is then the calling thread's only: work the second thread takes lowers it, and spinning at
@@ -27,6 +34,7 @@ a barrier while the other thread waits for a core (a loaded machine) raises it.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import torch
@@ -111,6 +119,12 @@ def main() -> None:
         f"by CPU time: step {step_cpu * 1e3:.2f} ms, its linears alone {mat_cpu * 1e3:.2f} ms, "
         f"non-matmul share {1 - mat_cpu / step_cpu:.1%}"
     )
+    if a.capture:
+        step_cpu, bare = outside_matmuls(cap.fused, a.context, a.steps, a.rounds * 4)
+        print(
+            f"by CPU time, directly: the captured step {step_cpu * 1e3:.2f} ms, with every linear returning a "
+            f"fixed output {bare * 1e3:.2f} ms: non-matmul share {bare / step_cpu:.1%}"
+        )
     read = weights_read(runner.model, a.quantization)
     print(
         f"a step reads {read / 1e6:.0f} MB of weights: {read / mat_cpu / 1e9:.1f} GB/s by the linears alone, "
@@ -147,6 +161,50 @@ def linears_alone(model, steps: int, clock) -> float:
         for fn, x in calls:
             fn(x)
     return (clock() - start) / steps
+
+
+@torch.inference_mode()
+def outside_matmuls(fused, context: int, steps: int, rounds: int) -> tuple[float, float]:
+    """Seconds of this thread's CPU time per captured batch-1 decode step, and per the same step with
+    every linear (the layers' four, the LM head) replaced by a function returning a tensor of its
+    output's shape and dtype: what is left is the step without its matmuls (norms, RoPE, attention,
+    SiLU·up, residual adds, the inputs, Python). Rounds of the two alternate and each takes its
+    fastest, so a slow stretch of the machine does not fall on one of them only."""
+    from worker.step.decode import step_inputs
+
+    model, rows = fused.model, 1
+    inputs = step_inputs([(list(range(-(-context // BLOCK))), context - 1, 1)], BLOCK)
+    hidden, inter, attn = model.config.hidden_size, model.config.intermediate_size, model.heads * model.head_dim
+    fixed = []
+    for n1, qa, qkv, qb, oa, o, ob, n2, ga, gate_up, da, down, *rest in fused.layers(rows):
+        outs = [
+            fn(torch.zeros(rows, k, dtype=d))
+            for fn, k, d in ((qkv, hidden, qa), (o, attn, oa), (gate_up, hidden, ga), (down, inter, da))
+        ]
+        q_, o_, g_, d_ = (lambda x, out=out: out for out in outs)
+        fixed.append((n1, qa, q_, qb, oa, o_, ob, n2, ga, g_, da, d_, *rest))
+    logits = model.head(torch.zeros(rows, hidden))
+
+    def head(x):  # the final norm stays: it is not a matmul
+        torch.nn.functional.rms_norm(x, (x.shape[-1],), model.norm, model.eps)
+        return logits
+
+    bare = copy.copy(fused)  # the same operators and cache over a copy of the model whose head is fixed
+    bare.model = copy.copy(model)
+    bare.model.head = head
+    bare.layers = lambda n: fixed
+
+    def one_round(step) -> float:
+        start = time.thread_time()
+        for _ in range(steps):
+            step.forward(*inputs)
+        return (time.thread_time() - start) / steps
+
+    best_step = best_bare = float("inf")
+    for _ in range(rounds):
+        best_step = min(best_step, one_round(fused))
+        best_bare = min(best_bare, one_round(bare))
+    return best_step, best_bare
 
 
 def weights_read(model, quantization: str) -> int:

@@ -52,9 +52,15 @@ def test_fused_operators_match_torch(ops, dtype):
     x, w = torch.randn(3, 64, generator=g), torch.rand(64, generator=g) + 0.5
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.02}
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5, dtype), rms_norm_cpu(x, w, 1e-5).to(dtype), **tol)
-    gu = torch.randn(3, 2 * 32, generator=g).to(dtype)
+    residual, delta = torch.randn(3, 64, generator=g), torch.randn(3, 64, generator=g).to(dtype)
+    added = residual + delta
+    normed = ops.add_rms_norm(residual, delta, w, 1e-5, dtype)  # in place, then the norm: the same bits
+    assert torch.equal(residual, added) and torch.equal(normed, ops.rms_norm(added, w, 1e-5, dtype))
+    # SiLU·up calls the exp torch's own SiLU kernel calls (SLEEF's, by vectors, the tail by std::exp):
+    # 40 values a row, so one full vector of 16 or 8 and a tail
+    gu = (4 * torch.randn(3, 2 * 40, generator=g)).to(dtype)
     gate, up = gu.chunk(2, -1)
-    torch.testing.assert_close(ops.silu_mul(gu, dtype, dtype), F.silu(gate) * up, **tol)
+    assert torch.equal(ops.silu_mul(gu, dtype, dtype), F.silu(gate) * up)
     # RoPE + cache write, then attention over block tables, against SDPA over the same keys
     H, KVH, D, block = 4, 2, 8, 4
     cos, sin = torch.randn(32, D, generator=g), torch.randn(32, D, generator=g)
@@ -234,3 +240,44 @@ def test_a_batch_invariant_cuda_graph_forward_gives_the_eager_steps_bits(loaded,
     finally:
         model.invariant = False
     assert torch.equal(got, eager)
+
+
+def test_the_captured_step_adds_attention_biases_where_the_eager_step_does(ops):
+    """A Llama with ``attention_bias`` (q/k/v and o_proj biases, random): under batch invariance the
+    captured decode step's logits are bit for bit the eager step's, o_proj's bias added after its
+    output into the residual, then the MLP's norm (the fused residual add takes the bias as a
+    second add, not the output plus the bias)."""
+    from transformers import LlamaConfig
+
+    from worker.attention import KVCache, build_batch
+    from worker.llama import LlamaModel, random_weights
+    from worker.step.decode import FusedDecode
+
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=300,
+        max_position_embeddings=64,
+        attention_bias=True,
+    )
+    cpu, g = torch.device("cpu"), torch.Generator().manual_seed(1)
+    weights = random_weights(config, cpu, torch.float32)
+    for i in range(config.num_hidden_layers):
+        for name, width in (("q", 64), ("k", 32), ("v", 32), ("o", 64)):
+            weights[f"model.layers.{i}.self_attn.{name}_proj.bias"] = torch.randn(width, generator=g) * 0.5
+    model = LlamaModel(config, weights, cpu, torch.float32, 64)
+    assert all(layer.o_bias is not None and layer.qkv_bias is not None for layer in model.layers)
+    model.invariant = True
+    cache = KVCache(2, 4, 16, 2, 16, torch.float32, cpu)
+    prompt, table = list(range(3, 23)), [0, 1]
+    model.forward(torch.tensor(prompt), torch.arange(20), build_batch(16, cpu, [], [(table, 0, 20)]), cache, None)
+    eager = model.forward(
+        torch.tensor([7]), torch.tensor([20]), build_batch(16, cpu, [(table, 21)], []), cache, torch.tensor([0])
+    )
+    captured = FusedDecode(model, cache, ops).forward_rows([(table, 20, 7)])
+    assert torch.equal(captured, eager)
+    model.layers[0].o_bias = None  # the bias counts: without it the logits move
+    assert not torch.equal(FusedDecode(model, cache, ops).forward_rows([(table, 20, 7)]), eager)

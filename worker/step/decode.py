@@ -4,10 +4,11 @@ per batch size.
 
 Eager, one layer of a batch-1 decode step is ~40 dispatched tensor operations (RMSNorm's six, RoPE's
 four, casts, views, SDPA's set-up for one query row, SiLU·up's) and the Python between them; on a
-small model that dispatch is a large part of the step (profiled: the dated benchmark results). Here a layer is eight calls:
-RMSNorm writing the linear's input dtype, the fused q/k/v linear, RoPE writing k and v into the
-cache and returning q, attention over the row's block table, o_proj added into the float32 residual,
-RMSNorm, gate/up, SiLU·up writing down_proj's input dtype, down_proj added. The linears are opaque
+small model that dispatch is a large part of the step (profiled: the dated benchmark results). Here a layer is nine calls:
+the fused q/k/v linear, RoPE writing k and v into the cache and returning q, attention over the
+row's block table, o_proj, its output added into the float32 residual and the MLP's RMSNorm in one
+call, gate/up, SiLU·up writing down_proj's input dtype, down_proj, and its residual add with the
+next layer's attention RMSNorm in one call (written in that linear's input dtype). The linears are opaque
 calls: the kernel table's own callables (:mod:`worker.quant.linear`), the form without casts
 (``native``) where the model computes in float32, as the eager step uses them. The kernel each
 linear runs, and that form, are resolved once per batch size (:meth:`FusedDecode.layers`): the
@@ -22,6 +23,7 @@ from the eager step's in their last bits; greedy tokens are the same:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -80,7 +82,8 @@ class FusedDecode:
 
     def layers(self, rows: int) -> list[tuple]:
         """Per layer, what a step of ``rows`` rows runs: (attention norm, q/k/v's input dtype and fn,
-        its bias, o's, o's bias, MLP norm, gate/up's, down's, the KV cache), resolved once per size."""
+        its bias, o's, o's bias, MLP norm, gate/up's, down's, the KV cache, and the next layer's
+        (attention norm, q/k/v's input dtype) or None for the last), resolved once per size."""
         got = self._layers.get(rows)
         if got is None:
             got = []
@@ -90,6 +93,9 @@ class FusedDecode:
                     qa, qf = self.model.dtype, layer.qkv
                 got.append((layer.attn_norm, qa, qf, layer.qkv_bias, oa, of, layer.o_bias, layer.mlp_norm))
                 got[-1] += (ga, gf, da, df, kv)
+            # each layer also carries the next one's attention norm and its output dtype (None for
+            # the last): its residual add and that norm are one call
+            got = [(*g, (n[0], n[1])) for g, n in itertools.pairwise(got)] + [(*got[-1], None)]
             self._layers[rows] = got
         return got
 
@@ -112,19 +118,27 @@ class FusedDecode:
         read each other's as the eager pass does. Returns float32 logits [len(keep) or T, V]."""
         m, ops = self.model, self.ops
         H, KVH, eps, dt, bs, scale = m.heads, m.kv_heads, m.eps, m.dtype, self.block_size, m.scale
-        rope, attend, norm, silu_mul = ops.rope_cache, ops.paged_attention, ops.rms_norm, ops.silu_mul
+        rope, attend, silu_mul, add_norm = ops.rope_cache, ops.paged_attention, ops.silu_mul, ops.add_rms_norm
         cos, sin = m.cos, m.sin_signed
         own = ids.new_empty(0) if seq is None else seq  # paged attention's seq: empty, row b reads table b
         x = m.embed(ids)  # [B, hidden] float32, a fresh tensor: the residual adds go in place
-        for n1, qa, qkv, qkv_bias, oa, o, o_bias, n2, ga, gate_up, da, down, kv in self.layers(ids.shape[0]):
-            t = qkv(norm(x, n1, eps, qa))
+        layers = self.layers(ids.shape[0])
+        h = ops.rms_norm(x, layers[0][0], eps, layers[0][1])
+        for _, _, qkv, qkv_bias, oa, o, o_bias, n2, ga, gate_up, da, down, kv, after in layers:
+            t = qkv(h)
             if qkv_bias is not None:
                 t = t + qkv_bias
             q = rope(t, cos, sin, positions, kv, slots, H, KVH, dt)
-            x.add_(o(attend(q, kv, tables, own, lens, bs, scale, oa)))
-            if o_bias is not None:
-                x.add_(o_bias)
-            x.add_(down(silu_mul(gate_up(norm(x, n2, eps, ga)), dt, da)))
+            a = o(attend(q, kv, tables, own, lens, bs, scale, oa))
+            if o_bias is not None:  # the bias added after o's output, as eagerly: two sums
+                x.add_(a)
+                a = o_bias.expand_as(x)
+            h = add_norm(x, a, n2, eps, ga)
+            d = down(silu_mul(gate_up(h), dt, da))
+            if after is None:  # the last layer: the head normalises x itself
+                x.add_(d)
+            else:  # the next layer's attention norm, with this layer's residual add
+                h = add_norm(x, d, after[0], eps, after[1])
         return m.head(x if keep is None else x.index_select(0, keep))
 
     def forward_rows(self, rows: list[tuple[list[int], int, int]]) -> torch.Tensor:

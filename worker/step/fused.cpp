@@ -7,8 +7,19 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cmath>
+#include <immintrin.h>
+#include <vector>
 
 #include "attention.h"  // paged::attention, and the dtype dispatch (by_float) and widening the operators share
+
+// SLEEF's vector expf, exported by libtorch_cpu (torch's Vectorized<float>::exp calls it)
+extern "C" {
+#if defined(__AVX512F__)
+__m512 Sleef_expf16_u10(__m512);
+#elif defined(__AVX2__)
+__m256 Sleef_expf8_u10(__m256);
+#endif
+}
 
 namespace {
 
@@ -40,6 +51,24 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Sc
   return out;
 }
 
+// The residual add and the next RMSNorm in one call: x [T, K] float32 += delta [T, K] (any float
+// dtype, widened: the float32 sum torch's x += delta computes), in place, then rms_norm(x, w, eps,
+// out_dtype). The same values as the two operations; one call instead of two.
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& w, double eps,
+                        at::ScalarType out_dtype) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat);
+  TORCH_CHECK(delta.sizes() == x.sizes(), "add_rms_norm: delta ", delta.sizes(), " for x ", x.sizes());
+  auto d = delta.contiguous();
+  float* px = x.data_ptr<float>();
+  const int64_t n = x.numel();
+  by_float(d.scalar_type(), [&](auto* tag) {
+    using D = std::remove_pointer_t<decltype(tag)>;
+    const D* pd = static_cast<const D*>(d.data_ptr());
+    for (int64_t i = 0; i < n; ++i) px[i] = px[i] + widen(pd[i]);
+  });
+  return rms_norm(x, w, eps, out_dtype);
+}
+
 // Rotates q and k of qkv [T, (H + 2 KVH) * D] (any float dtype) by the rows `positions` of cos and
 // sin_signed [P, D] (float32; sin's first half negated: rotate_half(x) * sin == roll(x, D/2) * sin'),
 // each product and the sum rounded to `round` (the compute dtype, as the eager step's operations
@@ -58,11 +87,12 @@ void rope_rows(const I* pq, C* pkv, C* pq_out, const float* cos, const float* si
     for (int64_t h = 0; h < H + KVH; ++h) {
       const I* v = row + h * D;
       C* dst = h < H ? pq_out + (t * H + h) * D : kv + (h - H) * D;
-      for (int64_t j = 0; j < D; ++j) {
-        const float a = rnd(widen(v[j]) * rnd(c[j]));
-        const float b = rnd(widen(v[(j + half) % D]) * rnd(s[j]));
-        st(dst, j, rnd(a + b));
-      }
+      // rotate_half's partner of value j is j + D/2 (first half) or j - D/2 (second): two loops
+      // instead of one with a modulo, so the compiler vectorises them (the same operations)
+      for (int64_t j = 0; j < half; ++j)
+        st(dst, j, rnd(rnd(widen(v[j]) * rnd(c[j])) + rnd(widen(v[j + half]) * rnd(s[j]))));
+      for (int64_t j = half; j < D; ++j)
+        st(dst, j, rnd(rnd(widen(v[j]) * rnd(c[j])) + rnd(widen(v[j - half]) * rnd(s[j]))));
     }
     const I* vals = row + (H + KVH) * D;
     for (int64_t j = 0; j < KVH * D; ++j) st(kv + KVH * D, j, widen(vals[j]));
@@ -92,12 +122,30 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   return q;
 }
 
-// gate_up [T, 2I] -> silu(gate) * up [T, I] in out_dtype: computed in float, SiLU and the product
-// each rounded to `round` (the dtype the eager step computes them in).
+// exp(-g) for n values of `g` into `e`: SLEEF's expf (1-ulp), the function torch's own SiLU kernel
+// calls on this CPU (Vectorized<float>::exp: the 16-lane form with AVX-512, the 8-lane one with
+// AVX2; libtorch_cpu exports both), so a lane's value is what torch computes for it; a row's tail
+// past the last full vector takes std::exp, as torch's kernel does.
+void exp_neg_row(const float* g, float* e, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(e + i, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + i))));
+#elif defined(__AVX2__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(e + i, Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + i))));
+#endif
+  for (; i < n; ++i) e[i] = std::exp(-g[i]);
+}
+
+// gate_up [T, 2I] -> silu(gate) * up [T, I] in out_dtype: computed in float, SiLU (gate / (1 +
+// exp(-gate)), torch's formula) and the product each rounded to `round` (the dtype the eager step
+// computes them in).
 at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarType out_dtype) {
   auto gu = gate_up.contiguous();
   const int64_t T = gu.size(0), I = gu.size(1) / 2;
   auto out = at::empty({T, I}, gu.options().dtype(out_dtype));
+  std::vector<float> g(I), e(I);
   by_float(gu.scalar_type(), [&](auto* itag) {
     using In = std::remove_pointer_t<decltype(itag)>;
     by_float(out_dtype, [&](auto* otag) {
@@ -107,11 +155,13 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
         auto rnd = [](float v) { return static_cast<float>(static_cast<R>(v)); };
         const In* p = static_cast<const In*>(gu.data_ptr());
         O* po = static_cast<O*>(out.data_ptr());
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t i = 0; i < I; ++i) {
-            const float g = widen(p[t * 2 * I + i]);
-            st(po, t * I + i, rnd(rnd(g / (1.f + std::exp(-g))) * widen(p[t * 2 * I + I + i])));
-          }
+        for (int64_t t = 0; t < T; ++t) {
+          const In* gate = p + t * 2 * I;
+          const In* up = gate + I;
+          for (int64_t i = 0; i < I; ++i) g[i] = widen(gate[i]);
+          exp_neg_row(g.data(), e.data(), I);
+          for (int64_t i = 0; i < I; ++i) st(po, t * I + i, rnd(rnd(g[i] / (1.f + e[i])) * widen(up[i])));
+        }
       });
     });
   });
@@ -122,6 +172,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, written in out_dtype");
+  m.def("add_rms_norm", &add_rms_norm, "x += delta in place, then RMSNorm of x in out_dtype");
   m.def("rope_cache", &rope_cache, "RoPE on q and k, k and v written to the cache; returns q");
   m.def("silu_mul", &silu_mul, "SiLU(gate) * up");
   m.def("paged_attention", &paged::attention, "batch-invariant attention of any rows over their block tables");

@@ -73,29 +73,65 @@ inline __m256i bytes_from_nibbles_32(const uint8_t* p) {
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// An activation block of Q8_0 / Q8_1: its quants, its scale (in every lane) and (Q8_1) its scaled sum.
+// An activation block of Q8_0 / Q8_1: its quants (for SignedBlocks with VNNI, plus 128 as unsigned bytes),
+// its scale (in every lane) and (Q8_1) its scaled sum.
 struct Act {
   __m256i q;
   __m256 d;
   float s;
 };
 
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define LLAMADEPLOY_QUANT_ROWS_OFFSET 1
+// acc + the sums of four products of unsigned bytes `u` by signed bytes `s` per 32-bit lane, exact
+inline __m256i dpbusd(const __m256i acc, const __m256i u, const __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#endif
+}
+#endif
+
 // A Q8_0 or Q4_0 weight block against Q8_0: ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0.
+//
+// vec_dot's integer step makes each of 8 lanes the sum of four products w * a, exactly (the sign
+// trick: |w| times a signed as w). Where the CPU has VNNI's dpbusd (unsigned by signed bytes, added
+// to an accumulator) the same lane sums take one instruction per pair instead of two: the activation
+// is read as the unsigned a + 128 (its quants are within [-127, 127]) and the lane's accumulator
+// starts at -128 times the sum of its four weights, computed once per weight block:
+// sum(w * (a + 128)) - 128 * sum(w) = sum(w * a), every term an exact 32-bit integer. The lanes then go
+// on as vec_dot's do (converted, scaled, summed), so the outputs are its values bit for bit.
 template <bool Nibbles>
 struct SignedBlocks {
   static constexpr size_t W_BYTES = Nibbles ? 18 : 34, A_BYTES = 34;
   struct W {
-    __m256i x, ax;  // signed quants, their magnitudes
+    __m256i x, ax;  // signed quants; their magnitudes (the sign trick), or -128 * each lane's sum (VNNI)
     __m256 d;       // its scale in every lane
   };
   static W weight(const uint8_t* b) {
     const __m256i x = Nibbles ? _mm256_sub_epi8(bytes_from_nibbles_32(b + 2), _mm256_set1_epi8(8)) : load32(b + 2);
+#ifdef LLAMADEPLOY_QUANT_ROWS_OFFSET
+    const __m256i sum128 = dpbusd(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), x);
+    return {x, _mm256_sub_epi32(_mm256_setzero_si256(), sum128), _mm256_set1_ps(half(b))};
+#else
     return {x, _mm256_sign_epi8(x, x), _mm256_set1_ps(half(b))};
+#endif
   }
-  static Act act(const uint8_t* b) { return {load32(b + 2), _mm256_set1_ps(half(b)), 0.0f}; }
+  static Act act(const uint8_t* b) {
+#ifdef LLAMADEPLOY_QUANT_ROWS_OFFSET  // a + 128 as unsigned bytes: a XOR 0x80
+    return {_mm256_xor_si256(load32(b + 2), _mm256_set1_epi8(static_cast<char>(0x80))), _mm256_set1_ps(half(b)), 0.0f};
+#else
+    return {load32(b + 2), _mm256_set1_ps(half(b)), 0.0f};
+#endif
+  }
   static void pair(const W& w, const Act& a, __m256& acc, float&) {
     const __m256 d = _mm256_mul_ps(w.d, a.d);  // in every lane ggml's set1(d_x * d_y): one rounding, the same
+#ifdef LLAMADEPLOY_QUANT_ROWS_OFFSET
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dpbusd(w.ax, a.q, w.x)), acc);
+#else
     acc = _mm256_fmadd_ps(d, mul_sum_us8_pairs_float(w.ax, _mm256_sign_epi8(a.q, w.x)), acc);
+#endif
   }
   static float finish(const __m256 acc, float) { return hsum_float_8(acc); }
 };
