@@ -7,17 +7,21 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cmath>
-#include <immintrin.h>
 #include <vector>
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "attention.h"  // paged::attention, and the dtype dispatch (by_float) and widening the operators share
 
-// SLEEF's vector expf, exported by libtorch_cpu (torch's Vectorized<float>::exp calls it)
+// SLEEF's vector expf, exported by libtorch_cpu (torch's Vectorized<float>::exp calls it). Weak: a
+// torch that does not export it leaves the pointer null and SiLU·up takes std::exp (the module still
+// loads).
 extern "C" {
 #if defined(__AVX512F__)
-__m512 Sleef_expf16_u10(__m512);
+__m512 Sleef_expf16_u10(__m512) __attribute__((weak));
 #elif defined(__AVX2__)
-__m256 Sleef_expf8_u10(__m256);
+__m256 Sleef_expf8_u10(__m256) __attribute__((weak));
 #endif
 }
 
@@ -129,11 +133,13 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
 void exp_neg_row(const float* g, float* e, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(e + i, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + i))));
+  if (Sleef_expf16_u10 != nullptr)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(e + i, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_loadu_ps(g + i))));
 #elif defined(__AVX2__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(e + i, Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + i))));
+  if (Sleef_expf8_u10 != nullptr)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(e + i, Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(g + i))));
 #endif
   for (; i < n; ++i) e[i] = std::exp(-g[i]);
 }
