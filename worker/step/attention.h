@@ -6,9 +6,11 @@
 // the block table tables[seq[t]], and its output is a function of its query, those keys and values
 // and nothing else: every sum is written out here in one order that depends on the key position and
 // the head size only, never on the step's rows, the table's width, the chunking or the threads (a
-// thread computes a whole (row, KV head) pair). The keys of a row are one split read in position
-// order (the fixed-split recipe with one split: a row is never divided between threads, so no
-// partial results are combined); the keys of a KV head are read once for the group's query heads.
+// thread computes whole rows of a KV head). The keys of a row are one split read in position order
+// (the fixed-split recipe with one split: a row is never divided between threads, so no partial
+// results are combined); the keys of a KV head are read once for the group's query heads, and for
+// up to kMaxRows consecutive rows of one table (a prefill chunk's), which share them: what is shared
+// is the load, never a sum.
 //   * a score q . k sums D products in 16 lanes (lane l: the products at l, l + 16, ... in order),
 //     then the lanes in a fixed tree (hsum);
 //   * the softmax's maximum is taken over the row's scores (exact in any order);
@@ -78,18 +80,33 @@ inline v16 load16(const float* p) {
   return v;
 }
 
-// The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1.
+// The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1. The halves are
+// taken in registers (a shuffle): through memory, a 512-bit store read back as 256 bits waits on
+// store forwarding at every score.
 inline float hsum(v16 v) {
-  v8 lo, hi;
-  std::memcpy(&lo, &v, sizeof lo);
-  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-  const v8 a = lo + hi;
-  v4 c, d;
-  std::memcpy(&c, &a, sizeof c);
-  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
-  const v4 b = c + d;
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   const float e0 = b[0] + b[2], e1 = b[1] + b[3];
   return e0 + e1;
+}
+
+// hsum of 16 vectors at once: out[j] = hsum(v[j]), each lane's sum the same tree of the same adds
+// (lane l + l + 8, then + 4, + 2, + 1), with 15 vector adds instead of 16 scalar trees. Each step
+// pairs two vectors; one shuffle takes the lower lanes of each group of both, the other the upper.
+inline v16 hsum16(v16* v) {
+  v16 w[8], x[4], y[2];
+  for (int i = 0; i < 8; ++i)  // distance 8: w[i] = a(v[2i]) | a(v[2i + 1])
+    w[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(v[2 * i], v[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)  // distance 4 within each group of 8
+    x[i] = __builtin_shufflevector(w[2 * i], w[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(w[2 * i], w[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)  // distance 2 within each group of 4
+    y[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  // distance 1: lane j = e0 + e1 of v[j]
+  return __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
 // Up to 16 values of a cache row from `src` (n of them; the other lanes zero), widened to float.
@@ -133,21 +150,126 @@ struct Scratch {
 
 inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
-// The G query heads of KV head `kvh` of one row (queries in s.q) over its first `len` keys, read
-// in position order through `table`: s.out [G, chunks] = softmax(scores) . values, unnormalised,
-// and the softmax's sums in `total` [G]. Each score sums its D products in 16 lanes (lane l: the
-// products at l, l + 16, ...), then the lanes by hsum; each sum over keys runs in position order.
-// CH: the lane groups of a row (D / 16) when known at compile time (its key and value vectors then
-// stay in registers), 0 for any D; the arithmetic is the same either way.
+constexpr int64_t kMaxRows = 8;  // rows of one block table attended together (their keys read once)
+
+// The softmax of G heads' scores (head g's at sc + g * stride, `len` of them), in place: each score
+// minus its head's maximum, exponentiated (exp_neg); total[g] their sum in position order. Four
+// heads' sums run interleaved, each its own chain in its own order.
+inline void softmax_heads(float* sc, int64_t stride, int64_t len, int64_t G, float* total) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* r = sc + g * stride;
+    float top = r[0];
+    for (int64_t p = 1; p < len; ++p) top = r[p] > top ? r[p] : top;
+    for (int64_t p = 0; p < len; ++p) r[p] = exp_neg(r[p] - top);
+  }
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t n = std::min<int64_t>(4, G - g0);
+    const float* r = sc + g0 * stride;
+    float t[4] = {0.f, 0.f, 0.f, 0.f};
+    if (n == 4) {
+      for (int64_t p = 0; p < len; ++p)
+        t[0] += r[p], t[1] += r[stride + p], t[2] += r[2 * stride + p], t[3] += r[3 * stride + p];
+    } else if (n == 3) {
+      for (int64_t p = 0; p < len; ++p) t[0] += r[p], t[1] += r[stride + p], t[2] += r[2 * stride + p];
+    } else if (n == 2) {
+      for (int64_t p = 0; p < len; ++p) t[0] += r[p], t[1] += r[stride + p];
+    } else {
+      for (int64_t p = 0; p < len; ++p) t[0] += r[p];
+    }
+    for (int64_t g = 0; g < n; ++g) total[g0 + g] = t[g];
+  }
+}
+
+// The cache row of position p of a block table.
+template <typename C>
+inline const C* at_position(const C* kv, const int64_t* table, int64_t p, int64_t block, int64_t row) {
+  return kv + (table[p / block] * block + p % block) * row;
+}
+
+// R rows (1 <= R <= kMaxRows) of one block table, row r attending to its first lens[r] keys: their
+// G query heads of KV head `kvh` each (queries in s.q, R * G vectors of CH lane groups, D = 16 CH)
+// give s.out [R * G] softmax(scores) . values, unnormalised, and total [R * G] the softmax's sums.
+// Keys, then values, are read 16 positions at a time, widened once for every row and head. Each
+// score sums its D products in 16 lanes (lane l: the products at l, l + 16, ...), then the lanes in
+// hsum's tree (hsum16: 16 scores at once, the same adds); each sum over keys runs in position order.
+// So a vector's outputs are the same whatever R and whichever rows share its group.
 template <typename C, int64_t CH>
-void attend_group(const C* kv, const int64_t* table, int64_t len, int64_t block, int64_t KVH, int64_t kvh,
-                  int64_t G, int64_t D, Scratch& s, float* total) {
-  const int64_t row = 2 * KVH * D, chunks = CH ? CH : (D + kLanes - 1) / kLanes;
+void attend_rows(const C* kv, const int64_t* table, const int64_t* lens, int64_t R, int64_t block, int64_t KVH,
+                 int64_t kvh, int64_t G, Scratch& s, float* total) {
+  constexpr int64_t D = CH * kLanes;
+  const int64_t row = 2 * KVH * D, V = R * G;
+  int64_t L = 0;
+  for (int64_t r = 0; r < R; ++r) L = std::max(L, lens[r]);
+  float* sc = s.scores.data();  // [V, L]
+  v16 kb[kLanes][CH], acc[kLanes];
+  for (int64_t p0 = 0; p0 < L; p0 += kLanes) {
+    const int64_t n = std::min(kLanes, L - p0);
+    for (int64_t j = 0; j < n; ++j) {
+      const C* k = at_position(kv, table, p0 + j, block, row) + kvh * D;
+      for (int64_t c = 0; c < CH; ++c) kb[j][c] = widen16(k + c * kLanes, kLanes);
+    }
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t nv = std::min(kLanes, lens[v / G] - p0);
+      if (nv <= 0) continue;
+      v16 qv[CH];
+      for (int64_t c = 0; c < CH; ++c) qv[c] = load16(s.q.data() + v * D + c * kLanes);
+      for (int64_t j = 0; j < nv; ++j) {
+        v16 a = qv[0] * kb[j][0];
+        for (int64_t c = 1; c < CH; ++c) a += qv[c] * kb[j][c];
+        acc[j] = a;
+      }
+      for (int64_t j = nv; j < kLanes; ++j) acc[j] = v16{};
+      const v16 scores = hsum16(acc);
+      std::memcpy(sc + v * L + p0, &scores, nv * sizeof(float));
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) softmax_heads(sc + r * G * L, L, lens[r], G, total + r * G);
+  if (R == 1 && G <= kMaxGroup) {  // one row: its heads' sums in locals (registers) over all its keys
+    v16 out[kMaxGroup][CH] = {};
+    for (int64_t p = 0; p < L; ++p) {
+      const C* x = at_position(kv, table, p, block, row) + (KVH + kvh) * D;
+      for (int64_t c = 0; c < CH; ++c) kb[0][c] = widen16(x + c * kLanes, kLanes);
+      for (int64_t g = 0; g < G; ++g) {
+        const float w = sc[g * L + p];
+        for (int64_t c = 0; c < CH; ++c) out[g][c] = out[g][c] + w * kb[0][c];
+      }
+    }
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t c = 0; c < CH; ++c) store16(s.out.data() + (g * CH + c) * kLanes, out[g][c]);
+    return;
+  }
+  std::fill(s.out.begin(), s.out.begin() + V * D, 0.f);
+  for (int64_t p0 = 0; p0 < L; p0 += kLanes) {
+    const int64_t n = std::min(kLanes, L - p0);
+    for (int64_t j = 0; j < n; ++j) {
+      const C* x = at_position(kv, table, p0 + j, block, row) + (KVH + kvh) * D;
+      for (int64_t c = 0; c < CH; ++c) kb[j][c] = widen16(x + c * kLanes, kLanes);
+    }
+    for (int64_t v = 0; v < V; ++v) {
+      const int64_t nv = std::min(kLanes, lens[v / G] - p0);
+      if (nv <= 0) continue;
+      float* o = s.out.data() + v * D;
+      const float* w = sc + v * L + p0;
+      v16 a[CH];
+      for (int64_t c = 0; c < CH; ++c) a[c] = load16(o + c * kLanes);
+      for (int64_t j = 0; j < nv; ++j)
+        for (int64_t c = 0; c < CH; ++c) a[c] = a[c] + w[j] * kb[j][c];
+      for (int64_t c = 0; c < CH; ++c) store16(o + c * kLanes, a[c]);
+    }
+  }
+}
+
+// attend_rows for one row of any head size D (the lane groups' count known only at run time, the
+// last group zero past D): the same arithmetic, key by key.
+template <typename C>
+void attend_one(const C* kv, const int64_t* table, int64_t len, int64_t block, int64_t KVH, int64_t kvh, int64_t G,
+                int64_t D, Scratch& s, float* total) {
+  const int64_t row = 2 * KVH * D, chunks = (D + kLanes - 1) / kLanes;
   float* sc = s.scores.data();
   v16 x[kMaxChunks];
   for (int64_t p = 0; p < len; ++p) {
-    const C* k = kv + (table[p / block] * block + p % block) * row + kvh * D;
-    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(k + c * kLanes, CH ? kLanes : std::min(kLanes, D - c * kLanes));
+    const C* k = at_position(kv, table, p, block, row) + kvh * D;
+    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(k + c * kLanes, std::min(kLanes, D - c * kLanes));
     for (int64_t g = 0; g < G; ++g) {
       const float* q = s.q.data() + g * chunks * kLanes;
       v16 acc = load16(q) * x[0];
@@ -155,35 +277,11 @@ void attend_group(const C* kv, const int64_t* table, int64_t len, int64_t block,
       sc[g * len + p] = hsum(acc);
     }
   }
-  for (int64_t g = 0; g < G; ++g) {
-    float* r = sc + g * len;
-    float top = r[0];
-    for (int64_t p = 1; p < len; ++p) top = r[p] > top ? r[p] : top;
-    for (int64_t p = 0; p < len; ++p) r[p] = exp_neg(r[p] - top);
-    float t = 0.f;
-    for (int64_t p = 0; p < len; ++p) t += r[p];
-    total[g] = t;
-  }
-  if constexpr (CH > 0) {
-    if (G <= kMaxGroup) {  // the group's sums in locals (registers), not stored back at every key
-      v16 acc[kMaxGroup][CH ? CH : 1] = {};
-      for (int64_t p = 0; p < len; ++p) {
-        const C* v = kv + (table[p / block] * block + p % block) * row + (KVH + kvh) * D;
-        for (int64_t c = 0; c < CH; ++c) x[c] = widen16(v + c * kLanes, kLanes);
-        for (int64_t g = 0; g < G; ++g) {
-          const float w = sc[g * len + p];
-          for (int64_t c = 0; c < CH; ++c) acc[g][c] = acc[g][c] + w * x[c];
-        }
-      }
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t c = 0; c < CH; ++c) store16(s.out.data() + (g * CH + c) * kLanes, acc[g][c]);
-      return;
-    }
-  }
-  std::fill(s.out.begin(), s.out.end(), 0.f);
+  softmax_heads(sc, len, len, G, total);
+  std::fill(s.out.begin(), s.out.begin() + G * chunks * kLanes, 0.f);
   for (int64_t p = 0; p < len; ++p) {
-    const C* v = kv + (table[p / block] * block + p % block) * row + (KVH + kvh) * D;
-    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(v + c * kLanes, CH ? kLanes : std::min(kLanes, D - c * kLanes));
+    const C* v = at_position(kv, table, p, block, row) + (KVH + kvh) * D;
+    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(v + c * kLanes, std::min(kLanes, D - c * kLanes));
     for (int64_t g = 0; g < G; ++g) {
       float* o = s.out.data() + g * chunks * kLanes;
       const float w = sc[g * len + p];
@@ -227,7 +325,19 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& kv, const at:
   const int64_t qs = qf.stride(0);
   const float fscale = static_cast<float>(scale);
   const float* pq = qf.data_ptr<float>();
-  const int64_t per_item = longest * G * D;  // about the work of one (row, KV head)
+  // Rows in groups of up to kMaxRows consecutive rows of one table (a prefill chunk's), whose keys are
+  // then read once for the group; a row's arithmetic does not depend on its group (attend_rows).
+  const int64_t CH = D == 64 ? 4 : D == 128 ? 8 : 0;  // attend_rows' compiled head sizes
+  std::vector<int64_t> starts;
+  int64_t widest = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    const bool same = !starts.empty() && CH && t - starts.back() < kMaxRows && (ps ? ps[t] == ps[t - 1] : false);
+    if (!same) starts.push_back(t);
+    widest = std::max(widest, t + 1 - starts.back());
+  }
+  starts.push_back(T);
+  const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
+  const int64_t per_item = longest * G * D * widest;  // about the work of one (group, KV head)
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(per_item, 1));
   by_float(kv.scalar_type(), [&](auto* ctag) {
     using C = std::remove_pointer_t<decltype(ctag)>;
@@ -235,28 +345,28 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& kv, const at:
       using O = std::remove_pointer_t<decltype(otag)>;
       const C* pkv = static_cast<const C*>(kv.data_ptr());
       O* po = static_cast<O*>(out.data_ptr());
-      at::parallel_for(0, T * KVH, grain, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, groups * KVH, grain, [&](int64_t begin, int64_t end) {
         const int64_t chunks = (D + kLanes - 1) / kLanes;
-        Scratch s(G, chunks, longest);
-        std::vector<float> total(G), lanes(chunks * kLanes);
+        Scratch s(widest * G, chunks, longest);
+        std::vector<float> total(widest * G), lanes(chunks * kLanes);
         for (int64_t i = begin; i < end; ++i) {
-          const int64_t t = i / KVH, kvh = i % KVH;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* src = pq + t * qs + (kvh * G + g) * D;
+          const int64_t t0 = starts[i / KVH], R = starts[i / KVH + 1] - t0, kvh = i % KVH;
+          for (int64_t v = 0; v < R * G; ++v) {
+            const float* src = pq + (t0 + v / G) * qs + (kvh * G + v % G) * D;
             for (int64_t e = 0; e < chunks * kLanes; ++e) lanes[e] = e < D ? src[e] * fscale : 0.f;
-            std::memcpy(s.q.data() + g * chunks * kLanes, lanes.data(), lanes.size() * sizeof(float));
+            std::memcpy(s.q.data() + v * chunks * kLanes, lanes.data(), lanes.size() * sizeof(float));
           }
-          const int64_t* table = pt + (ps ? ps[t] : t) * W;
-          if (D == 64)
-            attend_group<C, 4>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
-          else if (D == 128)
-            attend_group<C, 8>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
+          const int64_t* table = pt + (ps ? ps[t0] : t0) * W;
+          if (CH == 4)
+            attend_rows<C, 4>(pkv, table, pl + t0, R, block, KVH, kvh, G, s, total.data());
+          else if (CH == 8)
+            attend_rows<C, 8>(pkv, table, pl + t0, R, block, KVH, kvh, G, s, total.data());
           else
-            attend_group<C, 0>(pkv, table, pl[t], block, KVH, kvh, G, D, s, total.data());
-          O* dst = po + t * H * D + kvh * G * D;
-          for (int64_t g = 0; g < G; ++g) {
-            std::memcpy(lanes.data(), s.out.data() + g * chunks * kLanes, lanes.size() * sizeof(float));
-            for (int64_t e = 0; e < D; ++e) dst[g * D + e] = static_cast<O>(lanes[e] / total[g]);
+            attend_one<C>(pkv, table, pl[t0], block, KVH, kvh, G, D, s, total.data());
+          for (int64_t v = 0; v < R * G; ++v) {
+            O* dst = po + (t0 + v / G) * H * D + (kvh * G + v % G) * D;
+            std::memcpy(lanes.data(), s.out.data() + v * chunks * kLanes, lanes.size() * sizeof(float));
+            for (int64_t e = 0; e < D; ++e) dst[e] = static_cast<O>(lanes[e] / total[v]);
           }
         }
       });
