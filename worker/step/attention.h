@@ -80,12 +80,31 @@ inline v16 load16(const float* p) {
   return v;
 }
 
+// GCC 12+ and Clang take lanes out of a vector with __builtin_shufflevector; an older GCC (11, say)
+// keeps the form through memory below: the same adds, slower.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector) && !defined(LLAMADEPLOY_NO_SHUFFLE)
+#define LLAMADEPLOY_SHUFFLE 1
+#endif
+#endif
+
 // The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1. The halves are
 // taken in registers (a shuffle): through memory, a 512-bit store read back as 256 bits waits on
 // store forwarding at every score.
 inline float hsum(v16 v) {
+#ifdef LLAMADEPLOY_SHUFFLE
   const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+#else
+  v8 lo, hi;
+  std::memcpy(&lo, &v, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+  const v8 a = lo + hi;
+  v4 c, d;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
+  const v4 b = c + d;
+#endif
   const float e0 = b[0] + b[2], e1 = b[1] + b[3];
   return e0 + e1;
 }
@@ -94,6 +113,7 @@ inline float hsum(v16 v) {
 // (lane l + l + 8, then + 4, + 2, + 1), with 15 vector adds instead of 16 scalar trees. Each step
 // pairs two vectors; one shuffle takes the lower lanes of each group of both, the other the upper.
 inline v16 hsum16(v16* v) {
+#ifdef LLAMADEPLOY_SHUFFLE
   v16 w[8], x[4], y[2];
   for (int i = 0; i < 8; ++i)  // distance 8: w[i] = a(v[2i]) | a(v[2i + 1])
     w[i] = __builtin_shufflevector(v[2 * i], v[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
@@ -107,6 +127,11 @@ inline v16 hsum16(v16* v) {
   // distance 1: lane j = e0 + e1 of v[j]
   return __builtin_shufflevector(y[0], y[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
          __builtin_shufflevector(y[0], y[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+  float out[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) out[j] = hsum(v[j]);
+  return load16(out);
+#endif
 }
 
 // Up to 16 values of a cache row from `src` (n of them; the other lanes zero), widened to float.
