@@ -80,22 +80,17 @@ inline v16 load16(const float* p) {
   return v;
 }
 
-// GCC 12+ and Clang take lanes out of a vector with __builtin_shufflevector; an older GCC (11, say)
-// keeps the form through memory below: the same adds, slower.
+// GCC 12+ and Clang take lanes out of a vector with __builtin_shufflevector (hsum16 in registers); an
+// older GCC (11, say) sums through memory, hsum by hsum: the same adds, slower.
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector) && !defined(LLAMADEPLOY_NO_SHUFFLE)
 #define LLAMADEPLOY_SHUFFLE 1
 #endif
 #endif
 
-// The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1. The halves are
-// taken in registers (a shuffle): through memory, a 512-bit store read back as 256 bits waits on
-// store forwarding at every score.
+// The lanes of `v` summed in a fixed tree: lane l += lane l + 8, then + 4, + 2, + 1 (hsum16 sums 16
+// vectors this way at once; this form is its fallback).
 inline float hsum(v16 v) {
-#ifdef LLAMADEPLOY_SHUFFLE
-  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-#else
   v8 lo, hi;
   std::memcpy(&lo, &v, sizeof lo);
   std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
@@ -104,7 +99,6 @@ inline float hsum(v16 v) {
   std::memcpy(&c, &a, sizeof c);
   std::memcpy(&d, reinterpret_cast<const char*>(&a) + sizeof c, sizeof d);
   const v4 b = c + d;
-#endif
   const float e0 = b[0] + b[2], e1 = b[1] + b[3];
   return e0 + e1;
 }
@@ -177,9 +171,19 @@ inline void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
 constexpr int64_t kMaxRows = 8;  // rows of one block table attended together (their keys read once)
 
+// total[g] = the sum of r[g * stride + p] over p < len, in position order, for N heads at once:
+// N independent chains, each in its own order.
+template <int N>
+inline void sum_heads(const float* r, int64_t stride, int64_t len, float* total) {
+  float t[N] = {};
+  for (int64_t p = 0; p < len; ++p)
+    for (int g = 0; g < N; ++g) t[g] += r[g * stride + p];
+  for (int g = 0; g < N; ++g) total[g] = t[g];
+}
+
 // The softmax of G heads' scores (head g's at sc + g * stride, `len` of them), in place: each score
-// minus its head's maximum, exponentiated (exp_neg); total[g] their sum in position order. Four
-// heads' sums run interleaved, each its own chain in its own order.
+// minus its head's maximum, exponentiated (exp_neg); total[g] their sum in position order (four
+// heads' sums at a time: separate chains).
 inline void softmax_heads(float* sc, int64_t stride, int64_t len, int64_t G, float* total) {
   for (int64_t g = 0; g < G; ++g) {
     float* r = sc + g * stride;
@@ -187,21 +191,14 @@ inline void softmax_heads(float* sc, int64_t stride, int64_t len, int64_t G, flo
     for (int64_t p = 1; p < len; ++p) top = r[p] > top ? r[p] : top;
     for (int64_t p = 0; p < len; ++p) r[p] = exp_neg(r[p] - top);
   }
-  for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    const int64_t n = std::min<int64_t>(4, G - g0);
-    const float* r = sc + g0 * stride;
-    float t[4] = {0.f, 0.f, 0.f, 0.f};
-    if (n == 4) {
-      for (int64_t p = 0; p < len; ++p)
-        t[0] += r[p], t[1] += r[stride + p], t[2] += r[2 * stride + p], t[3] += r[3 * stride + p];
-    } else if (n == 3) {
-      for (int64_t p = 0; p < len; ++p) t[0] += r[p], t[1] += r[stride + p], t[2] += r[2 * stride + p];
-    } else if (n == 2) {
-      for (int64_t p = 0; p < len; ++p) t[0] += r[p], t[1] += r[stride + p];
-    } else {
-      for (int64_t p = 0; p < len; ++p) t[0] += r[p];
+  for (int64_t g = 0; g < G; g += 4) {
+    const float* r = sc + g * stride;
+    switch (std::min<int64_t>(4, G - g)) {
+      case 4: sum_heads<4>(r, stride, len, total + g); break;
+      case 3: sum_heads<3>(r, stride, len, total + g); break;
+      case 2: sum_heads<2>(r, stride, len, total + g); break;
+      default: sum_heads<1>(r, stride, len, total + g);
     }
-    for (int64_t g = 0; g < n; ++g) total[g0 + g] = t[g];
   }
 }
 
@@ -212,35 +209,42 @@ inline const C* at_position(const C* kv, const int64_t* table, int64_t p, int64_
 }
 
 // R rows (1 <= R <= kMaxRows) of one block table, row r attending to its first lens[r] keys: their
-// G query heads of KV head `kvh` each (queries in s.q, R * G vectors of CH lane groups, D = 16 CH)
-// give s.out [R * G] softmax(scores) . values, unnormalised, and total [R * G] the softmax's sums.
-// Keys, then values, are read 16 positions at a time, widened once for every row and head. Each
-// score sums its D products in 16 lanes (lane l: the products at l, l + 16, ...), then the lanes in
-// hsum's tree (hsum16: 16 scores at once, the same adds); each sum over keys runs in position order.
-// So a vector's outputs are the same whatever R and whichever rows share its group.
+// G query heads of KV head `kvh` each (queries in s.q, R * G vectors of `chunks` lane groups, zero
+// past D) give s.out [R * G] softmax(scores) . values, unnormalised, and total [R * G] the softmax's
+// sums. Keys, then values, are read 16 positions at a time, widened once for every row and head.
+// Each score sums its D products in 16 lanes (lane l: the products at l, l + 16, ...), then the
+// lanes in hsum's tree (hsum16: 16 scores at once, the same adds); each sum over keys runs in
+// position order. So a vector's outputs are the same whatever R and whichever rows share its group.
+// CH: the lane groups (D / 16) when known at compile time (the vectors then stay in registers), 0
+// for any D; the arithmetic is the same either way.
 template <typename C, int64_t CH>
 void attend_rows(const C* kv, const int64_t* table, const int64_t* lens, int64_t R, int64_t block, int64_t KVH,
-                 int64_t kvh, int64_t G, Scratch& s, float* total) {
-  constexpr int64_t D = CH * kLanes;
+                 int64_t kvh, int64_t G, int64_t D, Scratch& s, float* total) {
+  constexpr int64_t NC = CH ? CH : kMaxChunks;  // the arrays' lane groups
+  const int64_t chunks = CH ? CH : (D + kLanes - 1) / kLanes, width = chunks * kLanes;
   const int64_t row = 2 * KVH * D, V = R * G;
+  // lane group c of a cache row: its 16 values, or (any D) those left before D
+  const auto take = [&](const C* src, int64_t c) {
+    return widen16(src + c * kLanes, CH ? kLanes : std::min(kLanes, D - c * kLanes));
+  };
   int64_t L = 0;
   for (int64_t r = 0; r < R; ++r) L = std::max(L, lens[r]);
   float* sc = s.scores.data();  // [V, L]
-  v16 kb[kLanes][CH], acc[kLanes];
+  v16 kb[kLanes][NC], acc[kLanes];
   for (int64_t p0 = 0; p0 < L; p0 += kLanes) {
     const int64_t n = std::min(kLanes, L - p0);
     for (int64_t j = 0; j < n; ++j) {
       const C* k = at_position(kv, table, p0 + j, block, row) + kvh * D;
-      for (int64_t c = 0; c < CH; ++c) kb[j][c] = widen16(k + c * kLanes, kLanes);
+      for (int64_t c = 0; c < chunks; ++c) kb[j][c] = take(k, c);
     }
     for (int64_t v = 0; v < V; ++v) {
       const int64_t nv = std::min(kLanes, lens[v / G] - p0);
       if (nv <= 0) continue;
-      v16 qv[CH];
-      for (int64_t c = 0; c < CH; ++c) qv[c] = load16(s.q.data() + v * D + c * kLanes);
+      v16 qv[NC];
+      for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(s.q.data() + v * width + c * kLanes);
       for (int64_t j = 0; j < nv; ++j) {
         v16 a = qv[0] * kb[j][0];
-        for (int64_t c = 1; c < CH; ++c) a += qv[c] * kb[j][c];
+        for (int64_t c = 1; c < chunks; ++c) a += qv[c] * kb[j][c];
         acc[j] = a;
       }
       for (int64_t j = nv; j < kLanes; ++j) acc[j] = v16{};
@@ -249,68 +253,39 @@ void attend_rows(const C* kv, const int64_t* table, const int64_t* lens, int64_t
     }
   }
   for (int64_t r = 0; r < R; ++r) softmax_heads(sc + r * G * L, L, lens[r], G, total + r * G);
-  if (R == 1 && G <= kMaxGroup) {  // one row: its heads' sums in locals (registers) over all its keys
-    v16 out[kMaxGroup][CH] = {};
-    for (int64_t p = 0; p < L; ++p) {
-      const C* x = at_position(kv, table, p, block, row) + (KVH + kvh) * D;
-      for (int64_t c = 0; c < CH; ++c) kb[0][c] = widen16(x + c * kLanes, kLanes);
-      for (int64_t g = 0; g < G; ++g) {
-        const float w = sc[g * L + p];
-        for (int64_t c = 0; c < CH; ++c) out[g][c] = out[g][c] + w * kb[0][c];
+  if constexpr (CH > 0) {
+    if (R == 1 && G <= kMaxGroup) {  // one row: its heads' sums in locals (registers) over all its keys
+      v16 out[kMaxGroup][CH] = {};
+      for (int64_t p = 0; p < L; ++p) {
+        const C* x = at_position(kv, table, p, block, row) + (KVH + kvh) * D;
+        for (int64_t c = 0; c < CH; ++c) kb[0][c] = take(x, c);
+        for (int64_t g = 0; g < G; ++g) {
+          const float w = sc[g * L + p];
+          for (int64_t c = 0; c < CH; ++c) out[g][c] = out[g][c] + w * kb[0][c];
+        }
       }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t c = 0; c < CH; ++c) store16(s.out.data() + (g * CH + c) * kLanes, out[g][c]);
+      return;
     }
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t c = 0; c < CH; ++c) store16(s.out.data() + (g * CH + c) * kLanes, out[g][c]);
-    return;
   }
-  std::fill(s.out.begin(), s.out.begin() + V * D, 0.f);
+  std::fill(s.out.begin(), s.out.begin() + V * width, 0.f);
   for (int64_t p0 = 0; p0 < L; p0 += kLanes) {
     const int64_t n = std::min(kLanes, L - p0);
     for (int64_t j = 0; j < n; ++j) {
       const C* x = at_position(kv, table, p0 + j, block, row) + (KVH + kvh) * D;
-      for (int64_t c = 0; c < CH; ++c) kb[j][c] = widen16(x + c * kLanes, kLanes);
+      for (int64_t c = 0; c < chunks; ++c) kb[j][c] = take(x, c);
     }
     for (int64_t v = 0; v < V; ++v) {
       const int64_t nv = std::min(kLanes, lens[v / G] - p0);
       if (nv <= 0) continue;
-      float* o = s.out.data() + v * D;
+      float* o = s.out.data() + v * width;
       const float* w = sc + v * L + p0;
-      v16 a[CH];
-      for (int64_t c = 0; c < CH; ++c) a[c] = load16(o + c * kLanes);
+      v16 a[NC];
+      for (int64_t c = 0; c < chunks; ++c) a[c] = load16(o + c * kLanes);
       for (int64_t j = 0; j < nv; ++j)
-        for (int64_t c = 0; c < CH; ++c) a[c] = a[c] + w[j] * kb[j][c];
-      for (int64_t c = 0; c < CH; ++c) store16(o + c * kLanes, a[c]);
-    }
-  }
-}
-
-// attend_rows for one row of any head size D (the lane groups' count known only at run time, the
-// last group zero past D): the same arithmetic, key by key.
-template <typename C>
-void attend_one(const C* kv, const int64_t* table, int64_t len, int64_t block, int64_t KVH, int64_t kvh, int64_t G,
-                int64_t D, Scratch& s, float* total) {
-  const int64_t row = 2 * KVH * D, chunks = (D + kLanes - 1) / kLanes;
-  float* sc = s.scores.data();
-  v16 x[kMaxChunks];
-  for (int64_t p = 0; p < len; ++p) {
-    const C* k = at_position(kv, table, p, block, row) + kvh * D;
-    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(k + c * kLanes, std::min(kLanes, D - c * kLanes));
-    for (int64_t g = 0; g < G; ++g) {
-      const float* q = s.q.data() + g * chunks * kLanes;
-      v16 acc = load16(q) * x[0];
-      for (int64_t c = 1; c < chunks; ++c) acc += load16(q + c * kLanes) * x[c];
-      sc[g * len + p] = hsum(acc);
-    }
-  }
-  softmax_heads(sc, len, len, G, total);
-  std::fill(s.out.begin(), s.out.begin() + G * chunks * kLanes, 0.f);
-  for (int64_t p = 0; p < len; ++p) {
-    const C* v = at_position(kv, table, p, block, row) + (KVH + kvh) * D;
-    for (int64_t c = 0; c < chunks; ++c) x[c] = widen16(v + c * kLanes, std::min(kLanes, D - c * kLanes));
-    for (int64_t g = 0; g < G; ++g) {
-      float* o = s.out.data() + g * chunks * kLanes;
-      const float w = sc[g * len + p];
-      for (int64_t c = 0; c < chunks; ++c) store16(o + c * kLanes, load16(o + c * kLanes) + w * x[c]);
+        for (int64_t c = 0; c < chunks; ++c) a[c] = a[c] + w[j] * kb[j][c];
+      for (int64_t c = 0; c < chunks; ++c) store16(o + c * kLanes, a[c]);
     }
   }
 }
@@ -352,11 +327,10 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& kv, const at:
   const float* pq = qf.data_ptr<float>();
   // Rows in groups of up to kMaxRows consecutive rows of one table (a prefill chunk's), whose keys are
   // then read once for the group; a row's arithmetic does not depend on its group (attend_rows).
-  const int64_t CH = D == 64 ? 4 : D == 128 ? 8 : 0;  // attend_rows' compiled head sizes
   std::vector<int64_t> starts;
   int64_t widest = 1;
   for (int64_t t = 0; t < T; ++t) {
-    const bool same = !starts.empty() && CH && t - starts.back() < kMaxRows && (ps ? ps[t] == ps[t - 1] : false);
+    const bool same = !starts.empty() && t - starts.back() < kMaxRows && ps && ps[t] == ps[t - 1];
     if (!same) starts.push_back(t);
     widest = std::max(widest, t + 1 - starts.back());
   }
@@ -382,12 +356,12 @@ inline at::Tensor attention(const at::Tensor& q, const at::Tensor& kv, const at:
             std::memcpy(s.q.data() + v * chunks * kLanes, lanes.data(), lanes.size() * sizeof(float));
           }
           const int64_t* table = pt + (ps ? ps[t0] : t0) * W;
-          if (CH == 4)
-            attend_rows<C, 4>(pkv, table, pl + t0, R, block, KVH, kvh, G, s, total.data());
-          else if (CH == 8)
-            attend_rows<C, 8>(pkv, table, pl + t0, R, block, KVH, kvh, G, s, total.data());
+          if (D == 64)
+            attend_rows<C, 4>(pkv, table, pl + t0, R, block, KVH, kvh, G, D, s, total.data());
+          else if (D == 128)
+            attend_rows<C, 8>(pkv, table, pl + t0, R, block, KVH, kvh, G, D, s, total.data());
           else
-            attend_one<C>(pkv, table, pl[t0], block, KVH, kvh, G, D, s, total.data());
+            attend_rows<C, 0>(pkv, table, pl + t0, R, block, KVH, kvh, G, D, s, total.data());
           for (int64_t v = 0; v < R * G; ++v) {
             O* dst = po + (t0 + v / G) * H * D + (kvh * G + v % G) * D;
             std::memcpy(lanes.data(), s.out.data() + v * chunks * kLanes, lanes.size() * sizeof(float));
