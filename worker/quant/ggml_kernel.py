@@ -38,7 +38,7 @@ LLAMA_CPP_PYTHON = "0.3.36"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "ggml_linear.cpp"
 # included by SOURCE: part of the build's key (llamafile's sgemm.cpp, which ggml_tinyblas.h includes, comes
 # with the pinned ggml version, part of ggml_dir's key)
-HEADERS = [SOURCE.with_name(h) for h in ("ggml_float_tiles.h", "ggml_quant_rows.h", "ggml_tinyblas.h")]
+HEADERS = [SOURCE.with_name(h) for h in ("ggml_float_tiles.h", "ggml_quant_rows.h", "ggml_rows16.h", "ggml_tinyblas.h")]
 NAME = "ggml_ops"
 # the operator's compiler flags, part of its build key: without -fopenmp ATen's parallel_for (an inline
 # template) compiles to a serial loop, and the operator would run on one thread whatever torch's count;
@@ -127,6 +127,10 @@ def _register_fakes() -> None:
         return x.new_empty((x.shape[0], n))
 
     @torch.library.register_fake("ggml::linear4")
+    def _(x, packed, type, n):
+        return x.new_empty((x.shape[0], n))
+
+    @torch.library.register_fake("ggml::linear16")
     def _(x, packed, type, n):
         return x.new_empty((x.shape[0], n))
 
@@ -253,6 +257,74 @@ def packed_builder(kernel_class):
         linear4 = torch.ops.ggml.linear4
         gather = lambda ids: dequantize(unpacked_rows(packed, t, ids), t, k)  # noqa: E731
         return kernel_class("ggml4", lambda x: linear4(x, packed, t, n), (packed,), gather=gather)
+
+    return build
+
+
+# ggml types the ggml16 candidate offers ggml::linear16 for (pack16): Q8_0
+ROWS16_TYPES = (8,)
+PACK16 = 16  # weight rows per group (ggml_rows16.h: ROWS)
+_SLICES = 8  # 4-quant slices of a block of 32 (ggml_rows16.h: SLICES)
+
+
+def pack16(blocks: torch.Tensor, ggml_type: int, n: int) -> torch.Tensor:
+    """Q8_0 rows of blocks [N, row_bytes] in groups of :data:`PACK16` rows, as ``ggml::linear16`` reads
+    them (``ggml_rows16.h``): per group and block, the 16 rows' fp16 scales, then 8 slices of the 16
+    rows' next 4 quants each stored as ``q + 128`` (``q XOR 0x80``); [N, row_bytes], the same size.
+    N must be a multiple of :data:`PACK16`."""
+    size = TYPES[ggml_type][2]
+    nb = blocks.shape[1] // size
+    b = blocks.view(n // PACK16, PACK16, nb, size)
+    scales = b[..., :2].permute(0, 2, 1, 3).reshape(n // PACK16, nb, 2 * PACK16)
+    quants = b[..., 2:].reshape(n // PACK16, PACK16, nb, _SLICES, 4).permute(0, 2, 3, 1, 4)
+    quants = quants.reshape(n // PACK16, nb, PACK16 * 32) ^ 0x80
+    return torch.cat([scales, quants], dim=2).reshape(n, nb * size).contiguous()
+
+
+def unpacked16_rows(packed: torch.Tensor, ggml_type: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` [T] of a :func:`pack16` layout as plain Q8_0 blocks [T, row_bytes]."""
+    n, rb = packed.shape
+    size = TYPES[ggml_type][2]
+    nb = rb // size
+    groups = packed.view(n // PACK16, nb, 2 * PACK16 + PACK16 * 32)[ids // PACK16]  # [T, nb, 544]
+    lane = ids % PACK16
+    take = torch.arange(len(ids))
+    scales = groups[..., : 2 * PACK16].view(len(ids), nb, PACK16, 2)[take, :, lane]  # [T, nb, 2]
+    quants = groups[..., 2 * PACK16 :].reshape(len(ids), nb, _SLICES, PACK16, 4)[take, :, :, lane]  # [T, nb, 8, 4]
+    return torch.cat([scales, quants.reshape(len(ids), nb, 32) ^ 0x80], dim=2).reshape(len(ids), rb)
+
+
+def rows16_supported() -> bool:
+    """Whether ``ggml::linear16`` runs on this build (compiled where the CPU has AVX-512 VNNI). Needs
+    :func:`load`."""
+    if "rows16" not in _state:
+        try:
+            blocks = quantize(torch.zeros(PACK16, 32), "Q8_0")
+            torch.ops.ggml.linear16(torch.zeros(1, 32), blocks, TYPE_OF["Q8_0"], PACK16)
+            _state["rows16"] = True
+        except RuntimeError:
+            _state["rows16"] = False
+    return _state["rows16"]
+
+
+def accepts_rows16(w, dt: torch.dtype, device: torch.device) -> bool:
+    """What the ``ggml16`` candidate takes: Q8_0 blocks (:data:`ROWS16_TYPES`) of a whole number of
+    :data:`PACK16`-row groups, where this build runs ``ggml::linear16`` (:func:`rows16_supported`)."""
+    return accepts(w, dt, device) and w.ggml_type in ROWS16_TYPES and w.shape[0] % PACK16 == 0 and rows16_supported()
+
+
+def rows16_builder(kernel_class):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: Q8_0 weights sixteen rows at a time,
+    one vector lane each (``ggml::linear16``, ``worker/quant/csrc/ggml_rows16.h``), over the blocks
+    re-laid out by :func:`pack16`. Holds the packed blocks only (a tied embedding reads its rows from
+    them)."""
+
+    def build(w, dt: torch.dtype):
+        t, (n, k) = w.ggml_type, w.shape
+        packed = pack16(w.blocks.contiguous(), t, n)
+        linear16 = torch.ops.ggml.linear16
+        gather = lambda ids: dequantize(unpacked16_rows(packed, t, ids), t, k)  # noqa: E731
+        return kernel_class("ggml16", lambda x: linear16(x, packed, t, n), (packed,), gather=gather)
 
     return build
 

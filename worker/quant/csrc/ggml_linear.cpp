@@ -13,6 +13,13 @@
 // (worker/quant/ggml_kernel.py:pack4), four weight rows against up to four activation rows at a time
 // (ggml_quant_rows.h). Raises where N is not whole groups or this build has no four-row form of the type.
 //
+// ggml::linear16(x [T, K] float32|bfloat16, packed [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
+// Q8_0 weights in groups of sixteen rows (worker/quant/ggml_kernel.py:pack16), each group's block the
+// sixteen rows' lanes of one vector (ggml_rows16.h); activations quantized as for linear. Not vec_dot's
+// values bit for bit (each block's sum is exact, then scaled: acc = fma(sum, d_w * d_a, acc) in block
+// order), but each output's value whatever the row count. Raises where this build has no AVX-512 VNNI
+// form, the type is not Q8_0 or N is not whole groups.
+//
 // ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
 // activations converted as for linear (F32 weights: float32 rows; BF16: bfloat16 rows; Q8_0 / Q4_0: Q8_0
@@ -33,12 +40,14 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "ggml_float_tiles.h"  // F32 / BF16 weights at several rows: ggml's vec_dot, tiled
 #include "ggml_quant_rows.h"   // Q8_0 / Q4_0 / Q4_1 weights: ggml's vec_dot, four weight rows at a time
+#include "ggml_rows16.h"       // Q8_0 weights sixteen rows at a time, one lane each (AVX-512 VNNI)
 #include "ggml_tinyblas.h"      // llamafile's sgemm, for ggml::gemm
 
 namespace {
@@ -175,6 +184,55 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& blocks, int64_t typ
   return out;
 }
 
+at::Tensor linear16(const at::Tensor& x_in, const at::Tensor& packed, int64_t type, int64_t n) {
+  const ggml_type t = checked_call("ggml::linear16", x_in, packed, type, n);
+  TORCH_CHECK(rows16::built && t == GGML_TYPE_Q8_0 && n % rows16::ROWS == 0, "ggml::linear16 takes Q8_0 weights ",
+              "of whole groups of ", rows16::ROWS, " rows where this CPU has AVX-512 VNNI, not ", ggml_type_name(t),
+              " weights of ", n, " rows", rows16::built ? "" : " (this build has no AVX-512 VNNI)");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), nb = k / ggml_blck_size(t);
+  const std::vector<uint8_t> act = quantize_rows(x, ggml_get_type_traits_cpu(t));
+  const size_t a_bytes = ggml_row_size(GGML_TYPE_Q8_0, k);
+  std::vector<rows16::ActBlock> info(rows * nb);  // each activation block's scale and -128 * its quants' sum
+  at::parallel_for(0, rows, 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        const uint8_t* b = act.data() + r * a_bytes + ib * rows16::A_BYTES;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) sum += static_cast<int8_t>(b[2 + i]);
+        ggml_fp16_t d;
+        std::memcpy(&d, b, sizeof d);
+        info[r * nb + ib] = {ggml_fp16_to_fp32(d), -128 * sum};
+      }
+    }
+  });
+  at::Tensor out = at::empty({rows, n}, x.options());
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const size_t group_bytes = static_cast<size_t>(nb) * rows16::GROUP_BLOCK;
+  constexpr int64_t R = rows16::ROWS, X = rows16::XMAX;
+  const rows16::Fn full = rows16::tile_of(X);
+  const rows16::Fn last = rows16::tile_of(rows % X == 0 ? X : static_cast<int>(rows % X));
+  at::parallel_for(0, n / R, 1, [&](int64_t lo, int64_t hi) {
+    alignas(64) float s[R * X];
+    for (int64_t g = lo; g < hi; ++g) {
+      for (int64_t r = 0; r < rows; r += X) {
+        const int xr = static_cast<int>(std::min<int64_t>(X, rows - r));
+        (xr == X ? full : last)(nb, w + g * group_bytes, act.data() + r * a_bytes, a_bytes, info.data() + r * nb, s);
+        for (int b = 0; b < xr; ++b) {
+          if (bf16) {
+            c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + (r + b) * n + g * R;
+            for (int64_t j = 0; j < R; ++j) o[j] = c10::BFloat16(s[b * R + j]);
+          } else {
+            std::memcpy(out.data_ptr<float>() + (r + b) * n + g * R, s + b * R, R * sizeof(float));
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t n) {
   return product(x, blocks, type, n, false);
 }
@@ -279,6 +337,7 @@ struct Init {
 TORCH_LIBRARY(ggml, m) {
   m.def("linear(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("linear4(Tensor x, Tensor packed, int type, int n) -> Tensor");
+  m.def("linear16(Tensor x, Tensor packed, int type, int n) -> Tensor");
   m.def("gemm(Tensor x, Tensor blocks, int type, int n) -> Tensor");
   m.def("quantize(Tensor w, int type) -> Tensor");
   m.def("dequantize(Tensor blocks, int type, int k) -> Tensor");
@@ -288,6 +347,7 @@ TORCH_LIBRARY(ggml, m) {
 TORCH_LIBRARY_IMPL(ggml, CPU, m) {
   m.impl("linear", &linear);
   m.impl("linear4", &linear4);
+  m.impl("linear16", &linear16);
   m.impl("gemm", &gemm);
   m.impl("quantize", &quantize);
   m.impl("dequantize", &dequantize);
