@@ -7,6 +7,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -30,7 +32,39 @@ namespace {
 using paged::by_float;
 using paged::widen;
 
-template <typename T> inline void st(T* p, int64_t i, float v) { p[i] = static_cast<T>(v); }
+// v's bits rounded to bfloat16 (in the high half): c10's round_to_nearest_even (NaN to its quiet NaN
+// 0x7FC0), written without a branch so that a loop of it vectorizes (c10::BFloat16's constructor
+// does not)
+inline uint32_t bf16_bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return v != v ? UINT32_C(0x7FC00000) : (u + UINT32_C(0x7FFF) + ((u >> 16) & 1)) & UINT32_C(0xFFFF0000);
+}
+
+// v rounded to bfloat16 and widened back
+inline float round_bf16(float v) {
+  const uint32_t u = bf16_bits(v);
+  float out;
+  std::memcpy(&out, &u, sizeof out);
+  return out;
+}
+
+template <typename T> inline void st(T* p, int64_t i, float v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    p[i] = c10::BFloat16(static_cast<uint16_t>(bf16_bits(v) >> 16), c10::BFloat16::from_bits());
+  } else {
+    p[i] = static_cast<T>(v);
+  }
+}
+
+// v rounded to R and widened back to float
+template <typename R> inline float round_to(float v) {
+  if constexpr (std::is_same_v<R, c10::BFloat16>) {
+    return round_bf16(v);
+  } else {
+    return static_cast<float>(static_cast<R>(v));
+  }
+}
 
 // x [T, K] float32 -> x * rsqrt(mean(x^2) + eps) * w in out_dtype, per row.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::ScalarType out_dtype) {
@@ -158,7 +192,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up, at::ScalarType round, at::ScalarT
       using O = std::remove_pointer_t<decltype(otag)>;
       by_float(round, [&](auto* rtag) {
         using R = std::remove_pointer_t<decltype(rtag)>;
-        auto rnd = [](float v) { return static_cast<float>(static_cast<R>(v)); };
+        auto rnd = [](float v) { return round_to<R>(v); };
         const In* p = static_cast<const In*>(gu.data_ptr());
         O* po = static_cast<O*>(out.data_ptr());
         for (int64_t t = 0; t < T; ++t) {
