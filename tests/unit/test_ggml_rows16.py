@@ -62,7 +62,7 @@ def test_the_layout_round_trips_and_the_candidate_gathers_rows_from_it():
     w = quantized(weight(), "Q8_0")
     packed = ggml_kernel.pack16(w.blocks, Q8, N)
     ids = torch.tensor([0, 15, 16, 79, 33, 33])
-    assert torch.equal(ggml_kernel.unpacked16_rows(packed, Q8, ids), w.blocks.index_select(0, ids))
+    assert torch.equal(ggml_kernel.unpacked16_rows(packed, ids), w.blocks.index_select(0, ids))
     pool = {c.name: c for c in candidates(torch.bfloat16, CPU)}
     kernel = check(pool["ggml16"], w, torch.bfloat16, CPU)
     assert kernel is not None and len(kernel.held) == 1

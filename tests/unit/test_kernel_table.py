@@ -120,6 +120,30 @@ def test_the_deterministic_table_weighs_each_bucket_by_ratio():
     assert picks == ["dequant"] * len(SERVING_BUCKETS)
 
 
+def test_a_near_tie_by_the_product_goes_to_the_kernel_fastest_at_one_row():
+    """Two families whose products of times differ by less than invariance.TIE are a tie, decided by
+    the one-row bucket (a lone client's decode), whichever of them the product favours by a little;
+    beyond TIE the product decides. The times are those measured for a 3072x576 bfloat16 weight
+    (tinyBLAS and oneDNN, ms), where the product's ratio moved across 1 from one tuning to the next."""
+    tiny = dict(zip(SERVING_BUCKETS, [0.169, 0.151, 0.257, 0.302, 0.577, 0.982, 1.742, 3.120], strict=True))
+    onednn = dict(zip(SERVING_BUCKETS, [0.328, 0.244, 0.258, 0.343, 0.473, 0.741, 1.236, 2.213], strict=True))
+    product = math.exp(invariance.bucket_cost(tiny, SERVING_BUCKETS) - invariance.bucket_cost(onednn, SERVING_BUCKETS))
+
+    def at(times: dict, r: int) -> float:  # a call of r rows takes its bucket's time (the checks call others)
+        return times[min((b for b in SERVING_BUCKETS if b >= r), default=SERVING_BUCKETS[-1])]
+
+    def costs(slower: float) -> dict:  # tinyBLAS's times from 16 rows on times ``slower``
+        return {"onednn": lambda r: at(onednn, r), "tinyblas": lambda r: at(tiny, r) * (slower if r >= 16 else 1.0)}
+
+    # tinyBLAS's product 0.90x oneDNN's, then 1.05x (its prefill a little slower): a tie both times
+    for slower in (1.0, 1.04):
+        assert 0.85 < product * slower**4 < invariance.TIE
+        assert _deterministic_pick(FakeClock(), costs(slower)) == ["tinyblas"] * len(SERVING_BUCKETS)
+    # 1.3x oneDNN's product: no tie, the product decides
+    assert product * 1.1**4 > 1.3
+    assert _deterministic_pick(FakeClock(), costs(1.1)) == ["onednn"] * len(SERVING_BUCKETS)
+
+
 def test_a_deterministic_table_hands_a_bucket_to_a_twin_giving_the_same_values_bit_for_bit():
     """ggml's vec_dot and llamafile's tinyBLAS compute the same Q8_0 sums over the same blocks (declared
     twins): each bucket runs the faster, and a row's values still do not depend on its bucket. A

@@ -265,6 +265,7 @@ def packed_builder(kernel_class):
 ROWS16_TYPES = (8,)
 PACK16 = 16  # weight rows per group (ggml_rows16.h: ROWS)
 _SLICES = 8  # 4-quant slices of a block of 32 (ggml_rows16.h: SLICES)
+_GROUP_BLOCK = 2 * PACK16 + PACK16 * 32  # a group's block: 16 fp16 scales, then 16 rows' 32 quants (GROUP_BLOCK)
 
 
 def pack16(blocks: torch.Tensor, ggml_type: int, n: int) -> torch.Tensor:
@@ -281,17 +282,31 @@ def pack16(blocks: torch.Tensor, ggml_type: int, n: int) -> torch.Tensor:
     return torch.cat([scales, quants], dim=2).reshape(n, nb * size).contiguous()
 
 
-def unpacked16_rows(packed: torch.Tensor, ggml_type: int, ids: torch.Tensor) -> torch.Tensor:
-    """Rows ``ids`` [T] of a :func:`pack16` layout as plain Q8_0 blocks [T, row_bytes]."""
-    n, rb = packed.shape
-    size = TYPES[ggml_type][2]
-    nb = rb // size
-    groups = packed.view(n // PACK16, nb, 2 * PACK16 + PACK16 * 32)[ids // PACK16]  # [T, nb, 544]
-    lane = ids % PACK16
-    take = torch.arange(len(ids))
-    scales = groups[..., : 2 * PACK16].view(len(ids), nb, PACK16, 2)[take, :, lane]  # [T, nb, 2]
-    quants = groups[..., 2 * PACK16 :].reshape(len(ids), nb, _SLICES, PACK16, 4)[take, :, :, lane]  # [T, nb, 8, 4]
-    return torch.cat([scales, quants.reshape(len(ids), nb, 32) ^ 0x80], dim=2).reshape(len(ids), rb)
+def rows16_positions(row_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where a :func:`pack16` group holds each byte of its rows: ``offsets`` [16, row_bytes] (lane j's
+    plain row byte b lies at the group's start + ``offsets[j, b]``) and ``flip`` [row_bytes] uint8
+    (0x80 on the quants, stored as ``q + 128``; 0 on the scales)."""
+    nb = row_bytes // 34
+    block, byte = torch.arange(nb)[:, None] * _GROUP_BLOCK, torch.arange(34)[None, :]
+    quant = (byte - 2).clamp_min(0)
+    lanes = []
+    for j in range(PACK16):
+        scale_at = block + 2 * j + byte
+        quant_at = block + 2 * PACK16 + quant // 4 * PACK16 * 4 + j * 4 + quant % 4
+        lanes.append(torch.where(byte < 2, scale_at, quant_at).reshape(-1))
+    flip = torch.where(torch.arange(34) < 2, 0, 0x80).to(torch.uint8).repeat(nb)
+    return torch.stack(lanes), flip
+
+
+def unpacked16_rows(
+    packed: torch.Tensor, ids: torch.Tensor, positions: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.Tensor:
+    """Rows ``ids`` [T] of a :func:`pack16` layout of Q8_0 blocks as plain blocks [T, row_bytes]: one
+    gather of bytes (``positions``: :func:`rows16_positions` of the row length, computed when None)."""
+    rb = packed.shape[1]
+    offsets, flip = rows16_positions(rb) if positions is None else positions
+    at = (ids // PACK16 * (PACK16 * rb))[:, None] + offsets[ids % PACK16]
+    return packed.view(-1)[at] ^ flip
 
 
 def rows16_supported() -> bool:
@@ -322,8 +337,8 @@ def rows16_builder(kernel_class):
     def build(w, dt: torch.dtype):
         t, (n, k) = w.ggml_type, w.shape
         packed = pack16(w.blocks.contiguous(), t, n)
-        linear16 = torch.ops.ggml.linear16
-        gather = lambda ids: dequantize(unpacked16_rows(packed, t, ids), t, k)  # noqa: E731
+        linear16, positions = torch.ops.ggml.linear16, rows16_positions(packed.shape[1])
+        gather = lambda ids: dequantize(unpacked16_rows(packed, ids, positions), t, k)  # noqa: E731
         return kernel_class("ggml16", lambda x: linear16(x, packed, t, n), (packed,), gather=gather)
 
     return build

@@ -43,6 +43,12 @@ CHECK_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 100, 128, 256)  # decode b
 ALONE = 256  # rows also computed alone: a bfloat16 output hides most order changes, so many are compared
 SHIFT = 9  # calls starting this many rows in
 SPLIT_K = 512  # column chunk of onednn-split
+# Two families whose products of times over the buckets differ by less than this factor are a tie,
+# decided by the smallest bucket (per_bucket): on the 2-core Zen 4 box, four tunings of one bfloat16
+# weight put two kernels' product ratio anywhere in 0.90-1.07 (one 2x faster at one row, 1.4x slower
+# at 128), so the rule alone picked by the machine's noise, and a lone client's decode paid 2x there.
+# Narrow, so that a real difference still goes by the product (a kernel 1.15x worse by it loses).
+TIE = 1.1
 
 
 def row_invariant(kernel: Kernel, k: int, dt: torch.dtype, device: torch.device) -> bool:
@@ -119,7 +125,9 @@ def per_bucket(
     no tensor it does not hold (another layout of the weight would hold its bytes twice) and give its
     values bit for bit here (:func:`same_values`, checked once per weight shape). Each bucket runs
     the family's fastest there, and the family with the least :func:`bucket_cost` of those times is
-    chosen (ties by name). Only declared twins: two kernels that merely agree on the checked rows
+    chosen; families whose products of times are within :data:`TIE` of the least are a tie, and of
+    them the one fastest at the smallest bucket (a lone client's decode) is chosen (then by cost,
+    then by name). Only declared twins: two kernels that merely agree on the checked rows
     (``F.linear`` and oneDNN's prepacked linear often do) may still part at a row count the check
     did not try. Raises ``RuntimeError`` when no kernel is row-invariant."""
     twin_class = {n: built[n].twin or n for n in built}
@@ -139,10 +147,11 @@ def per_bucket(
 
     # each family's cost were every member of it to pass the checks: a bound on what it can do
     bound = {n: plan(family(n))[0] for n in built}
-    best: tuple[float, str, list[str]] | None = None
+    near = math.log(TIE)
+    found: list[tuple[float, str, list[str]]] = []
     for base in sorted(built, key=lambda n: (bound[n], n)):
-        if best is not None and bound[base] >= best[0]:
-            break  # no later family can do better, even if every member of it passes
+        if found and bound[base] >= min(c for c, _, _ in found) + near:
+            break  # no later family can do better or tie, even if every member of it passes
         if not row_invariant(built[base], k, dt, device):
             continue
         ours = times.get(base, {})
@@ -155,11 +164,13 @@ def per_bucket(
         if len(same) > 1:
             log.info("kernels %s give %s's values bit for bit for K=%d: mixed per bucket", same[1:], base, k)
         cost, picks = plan(same)
-        if best is None or cost < best[0]:
-            best = (cost, base, picks)
-    if best is None:
+        found.append((cost, base, picks))
+    if not found:
         raise RuntimeError(f"no row-invariant kernel for a weight with K={k} here (workers.deterministic)")
-    return best[2]
+    least = min(c for c, _, _ in found)
+    tied = [f for f in found if f[0] <= least + near]
+    first = rows[0]
+    return min(tied, key=lambda f: (times.get(f[2][0], {}).get(first, math.inf), f[0], f[1]))[2]
 
 
 def candidates(dt: torch.dtype, device: torch.device) -> list[Candidate]:
