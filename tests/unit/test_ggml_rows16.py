@@ -1,8 +1,10 @@
 """Q8_0 weights sixteen rows at a time, one vector lane each (``torch.ops.ggml.linear16`` over blocks laid
 out by :func:`worker.quant.ggml_kernel.pack16`, worker/quant/csrc/ggml_rows16.h): the same products as
 ggml's ``vec_dot`` within float rounding, each output bit for bit the same whatever the rows beside it,
-the layout's round trip, and what it refuses. Needs the operator built by ``scripts/setup.sh`` on a CPU
-with AVX-512 VNNI (elsewhere the candidate is not offered, which the last tests check)."""
+the layout's round trip, and what it refuses; and its bfloat16 form for float weights
+(:func:`~worker.quant.ggml_kernel.pack16_float`), whose tied embedding reads the packed rows. Needs the
+operator built by ``scripts/setup.sh`` on a CPU with AVX-512 VNNI / AVX512_BF16 (elsewhere the
+candidates are not offered, which the tests skipped on this CPU check)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 from tests.helpers.ggml_weights import quantized
 from worker.quant import ggml_kernel
 from worker.quant.kernels import candidates, check
+from worker.quant.linear import Linears
 
 pytestmark = pytest.mark.skipif(
     not ggml_kernel.load(), reason=f"the ggml operator is not built here ({ggml_kernel.library_path()} absent)"
@@ -24,6 +27,9 @@ N, K = 80, 512
 Q8 = int(T.Q8_0)
 VNNI = ggml_kernel.load() and ggml_kernel.rows16_supported()
 needs_vnni = pytest.mark.skipif(not VNNI, reason="ggml::linear16 is built where the CPU has AVX-512 VNNI")
+BF16 = ggml_kernel.load() and ggml_kernel.rows16_bf16_supported()
+needs_bf16 = pytest.mark.skipif(not BF16, reason="ggml::linear16's BF16 form is built where the CPU has AVX512_BF16")
+BF = ggml_kernel.FLOAT_TYPE_OF[torch.bfloat16]
 
 
 def weight(n: int = N, k: int = K, seed: int = 5) -> torch.Tensor:
@@ -102,3 +108,62 @@ def test_the_fake_implementation_traces():
     blocks = ggml_kernel.pack16(ggml_kernel.quantize(weight(), "Q8_0"), Q8, N)
     args = (torch.randn(3, K), blocks, Q8, N)
     torch.library.opcheck(torch.ops.ggml.linear16.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_bf16
+def test_the_bfloat16_form_sums_in_float32_and_each_row_alike_at_every_row_count():
+    """Against float64 products of the bfloat16-rounded rows and weight: within 1e-6 of the sum of the
+    products' magnitudes (float32 sums; tinyBLAS's are as close). Every row count gives each row's
+    output bit for bit as that row alone does; float32 rows come back as float32 sums (off bfloat16's
+    grid: an LM head's logits), bfloat16 rows as bfloat16."""
+    w = weight(k=K).to(torch.bfloat16)
+    raw = ggml_kernel.pack16_float(w)
+    assert raw.dtype == torch.uint8 and raw.shape == (N, K * 2)
+    for rows in (1, 2, 7, 8, 9, 17, 64):
+        x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
+        got = torch.ops.ggml.linear16(x, raw, BF, N)
+        want = x.to(torch.bfloat16).double() @ w.double().T
+        bound = x.to(torch.bfloat16).double().abs() @ w.double().abs().T
+        assert got.dtype == torch.float32 and float(((got.double() - want).abs() / bound.amax()).amax()) < 1e-6
+        assert (got != got.bfloat16().float()).float().mean() > 0.5
+        for dt in (torch.float32, torch.bfloat16):
+            many = torch.ops.ggml.linear16(x.to(dt), raw, BF, N)
+            alone = torch.cat([torch.ops.ggml.linear16(x[i : i + 1].to(dt), raw, BF, N) for i in range(rows)])
+            assert many.dtype == dt and torch.equal(many, alone), (rows, dt)
+
+
+@needs_bf16
+def test_a_tied_bfloat16_head_on_the_sixteen_row_form_holds_the_table_once():
+    """The LM head of a bfloat16 model on ggml16-bf16 holds the packed weight only; the tied embedding
+    reads its rows from it (the table's own values), and the head returns float32 logits."""
+    w = weight(n=96, k=64).to(torch.bfloat16)
+    linears = Linears(CPU, torch.bfloat16, "none", max_rows=2, max_logit_rows=2, timer=lambda: 0.0)
+    linears.pool = {"ggml16-bf16": linears.pool["ggml16-bf16"]}
+    head = linears.head(w)
+    embed = linears.embedding(w)
+    ids = torch.tensor([0, 15, 16, 95, 16])
+    assert torch.equal(embed(ids), w[ids].float())
+    assert linears.weight_bytes == w.numel() * 2  # the packed bfloat16 weight, once
+    logits = head(torch.randn(2, 64))
+    assert logits.dtype == torch.float32 and logits.shape == (2, 96)
+
+
+@needs_bf16
+def test_the_bfloat16_form_refuses_what_it_cannot_take():
+    """Rows that are not whole groups of sixteen, a row length not a multiple of 4, or a float32 compute
+    dtype: not accepted, and the operator raises one line naming why."""
+    assert ggml_kernel.accepts_rows16_float(weight(), torch.bfloat16, CPU)
+    assert not ggml_kernel.accepts_rows16_float(weight(), torch.float32, CPU)
+    assert not ggml_kernel.accepts_rows16_float(weight(n=72), torch.bfloat16, CPU)
+    assert not ggml_kernel.accepts_rows16_float(weight(k=510), torch.bfloat16, CPU)
+    odd = weight(n=72).to(torch.bfloat16).view(torch.uint8)
+    with pytest.raises(RuntimeError, match="whole groups of 16"):
+        torch.ops.ggml.linear16(torch.randn(1, K), odd, BF, 72)
+
+
+@pytest.mark.skipif(BF16, reason="this CPU has AVX512_BF16: the bfloat16 form is offered")
+def test_without_avx512_bf16_the_bfloat16_form_is_not_offered():
+    """A build without AVX512_BF16 raises naming it, and the candidate accepts no weight."""
+    assert not ggml_kernel.accepts_rows16_float(weight(), torch.bfloat16, CPU)
+    with pytest.raises(RuntimeError, match="AVX512_BF16"):
+        torch.ops.ggml.linear16(torch.randn(1, K), weight().to(torch.bfloat16).view(torch.uint8), BF, N)

@@ -309,6 +309,15 @@ def unpacked16_rows(
     return packed.view(-1)[at] ^ flip
 
 
+def pack16_float(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 weight [N, K] in groups of :data:`PACK16` rows, as ``ggml::linear16`` reads a BF16
+    weight (``ggml_rows16.h``): per group and pair of columns, the 16 rows' two values; [N, K * 2]
+    bytes. N must be a multiple of :data:`PACK16`, K of 4."""
+    n, k = weight.shape
+    groups = weight.view(n // PACK16, PACK16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return groups.view(torch.uint8).view(n, k * 2)
+
+
 def rows16_supported() -> bool:
     """Whether ``ggml::linear16`` runs on this build (compiled where the CPU has AVX-512 VNNI). Needs
     :func:`load`."""
@@ -320,6 +329,48 @@ def rows16_supported() -> bool:
         except RuntimeError:
             _state["rows16"] = False
     return _state["rows16"]
+
+
+def rows16_bf16_supported() -> bool:
+    """Whether ``ggml::linear16`` runs BF16 weights on this build (compiled where the CPU has
+    AVX512_BF16). Needs :func:`load`."""
+    if "rows16-bf16" not in _state:
+        try:
+            raw = pack16_float(torch.zeros(PACK16, 32, dtype=torch.bfloat16))
+            torch.ops.ggml.linear16(torch.zeros(1, 32), raw, FLOAT_TYPE_OF[torch.bfloat16], PACK16)
+            _state["rows16-bf16"] = True
+        except RuntimeError:
+            _state["rows16-bf16"] = False
+    return _state["rows16-bf16"]
+
+
+def accepts_rows16_float(w, dt: torch.dtype, device: torch.device) -> bool:
+    """What the ``ggml16-bf16`` candidate takes: a float weight [N, K] multiplied in bfloat16, N whole
+    :data:`PACK16`-row groups and K a multiple of 4, where this build runs ``ggml::linear16`` on BF16
+    weights (:func:`rows16_bf16_supported`)."""
+    if not (accepts_float(w, dt, device) and dt == torch.bfloat16):
+        return False
+    n, k = w.shape
+    return n % PACK16 == 0 and k % 4 == 0 and rows16_bf16_supported()
+
+
+def rows16_float_builder(kernel_class):
+    """``build(w, dt)`` for :class:`worker.quant.kernels.Candidate`: a float weight cast to bfloat16,
+    sixteen rows at a time in a vector's lanes (``ggml::linear16``, ``ggml_rows16.h``), over the
+    weight re-laid out by :func:`pack16_float` (held instead of the plain weight). Its ``native`` form
+    takes float32 rows (rounded to bfloat16 inside) and returns the float32 sums (an LM head's
+    logits); a tied embedding reads its rows from the packed weight."""
+
+    def build(w: torch.Tensor, dt: torch.dtype):
+        n, k = w.shape
+        raw = pack16_float(w.detach().to(torch.bfloat16).contiguous())
+        t, linear16 = FLOAT_TYPE_OF[torch.bfloat16], torch.ops.ggml.linear16
+        fn = lambda x: linear16(x, raw, t, n)  # noqa: E731
+        groups = raw.view(torch.bfloat16).view(n // PACK16, k // 2, PACK16, 2)
+        gather = lambda ids: groups[ids // PACK16, :, ids % PACK16].reshape(len(ids), k).float()  # noqa: E731
+        return kernel_class("ggml16-bf16", fn, (raw,), native=(torch.float32, fn), gather=gather)
+
+    return build
 
 
 def accepts_rows16(w, dt: torch.dtype, device: torch.device) -> bool:

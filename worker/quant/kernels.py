@@ -328,7 +328,8 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
     """llama.cpp's kernels over a weight's ggml blocks (:mod:`worker.quant.ggml_kernel`): ``vec_dot``
     (row-count invariant), the same sums four weight rows at a time over the blocks re-laid out in
     groups (``ggml4``: Q8_0 / Q4_0, ``vec_dot``'s twin), Q8_0 sixteen weight rows at a time in a
-    vector's lanes (``ggml16``: row-count invariant, its own sums) and the blocks dequantized per call for
+    vector's lanes (``ggml16``: row-count invariant, its own sums; ``ggml16-bf16`` the same for a float
+    weight in bfloat16, where the CPU has AVX512_BF16) and the blocks dequantized per call for
     ``F.linear``; for a float weight,
     ggml's float ``vec_dot`` in the compute dtype (its several-row tiles compute ggml's sums bit for
     bit where they run; not declared invariant, so a deterministic table checks it like BLAS); and
@@ -364,6 +365,14 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             ggml_kernel.accepts_rows16,
             ggml_kernel.rows16_builder(Kernel),
             invariant=True,
+        ),
+        Candidate(
+            "ggml16-bf16",
+            _tol(dt),
+            ggml_kernel.accepts_rows16_float,
+            ggml_kernel.rows16_float_builder(Kernel),
+            invariant=True,
+            wide_logits=True,
         ),
         Candidate(
             f"tinyblas-{_short(dt)}",

@@ -121,7 +121,7 @@ class Linears:
         extra = invariance.candidates(dtype, device) if deterministic else []
         self.pool = {c.name: c for c in candidates(dtype, device) + extra}
         self.rows8: dict[int, QuantizedWeight] = {}  # float table's storage -> its int8 rows
-        self.gathers: dict[int, Callable] = {}  # quantized weight's storage -> rows read from a kernel's layout
+        self.gathers: dict[int, Callable] = {}  # a weight's storage -> rows read from a kernel's layout
         self.choices: dict[tuple, Choice] = {}
         self.counts: dict[tuple, int] = {}  # weights per choice
         self.held: dict[int, int] = {}  # storage key -> bytes: the weight memory
@@ -233,8 +233,8 @@ class Linears:
                 kernels = {name: self._named(name, w) for name in choice.kernels()}
         self.counts[key] = self.counts.get(key, 0) + 1
         for kernel in kernels.values():
-            if kernel.gather is not None and isinstance(w, QuantizedWeight):
-                self.gathers.setdefault(storage_key(w.q), kernel.gather)
+            if kernel.gather is not None:
+                self.gathers.setdefault(storage_key(w.q if isinstance(w, QuantizedWeight) else w), kernel.gather)
             for t in kernel.held:
                 self.held.setdefault(storage_key(t), t.numel() * t.element_size())
         return self.dispatch(choice.picks, kernels)

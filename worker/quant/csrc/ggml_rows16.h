@@ -98,4 +98,55 @@ constexpr bool built = false;
 
 #endif
 
+// BF16 weights, sixteen rows at a time, where the CPU has AVX512_BF16 (ggml::linear16 with a BF16 type).
+//
+// The same idea for a float weight: a group holds, for each pair of columns, the 16 rows' two values
+// (64 bytes: worker/quant/ggml_kernel.py:pack16_float), and one vdpbf16ps adds both products of each
+// row into its own lane against the activation's pair broadcast to every lane, so no output is summed
+// across lanes at the end, as tinyBLAS's and ggml's bfloat16 dot products must. Each output is two
+// float32 accumulators, the even and the odd column pairs in order, added once at the end: the same
+// operations for a row whatever the rows beside it (row-invariant by construction).
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+
+// out[r * ROWS + j] = the dot product of weight row j of the group at w ([K / 2][16][2] bfloat16) and
+// bfloat16 activation row r at a + r * k (k values, a multiple of 4)
+template <int X>
+void tile_bf16(int64_t k, const uint16_t* w, const uint16_t* a, float* out) {
+  __m512 even[X], odd[X];
+#pragma GCC unroll 8
+  for (int r = 0; r < X; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k / 2; p += 2) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + p * 2 * ROWS);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + (p + 1) * 2 * ROWS);
+#pragma GCC unroll 8
+    for (int r = 0; r < X; ++r) {
+      int32_t x0, x1;
+      std::memcpy(&x0, a + r * k + 2 * p, 4);
+      std::memcpy(&x1, a + r * k + 2 * p + 2, 4);
+      even[r] = _mm512_dpbf16_ps(even[r], w0, (__m512bh)_mm512_set1_epi32(x0));
+      odd[r] = _mm512_dpbf16_ps(odd[r], w1, (__m512bh)_mm512_set1_epi32(x1));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < X; ++r) _mm512_storeu_ps(out + r * ROWS, _mm512_add_ps(even[r], odd[r]));
+}
+
+using FnBF16 = void (*)(int64_t, const uint16_t*, const uint16_t*, float*);
+
+inline FnBF16 tile_bf16_of(int x) {
+  static const FnBF16 table[XMAX] = {tile_bf16<1>, tile_bf16<2>, tile_bf16<3>, tile_bf16<4>,
+                                     tile_bf16<5>, tile_bf16<6>, tile_bf16<7>, tile_bf16<8>};
+  return table[x - 1];
+}
+
+constexpr bool built_bf16 = true;
+
+#else
+
+using FnBF16 = void (*)(int64_t, const uint16_t*, const uint16_t*, float*);
+inline FnBF16 tile_bf16_of(int) { return nullptr; }
+constexpr bool built_bf16 = false;
+
+#endif
+
 }  // namespace rows16
