@@ -17,8 +17,10 @@
 // Q8_0 weights in groups of sixteen rows (worker/quant/ggml_kernel.py:pack16), each group's block the
 // sixteen rows' lanes of one vector (ggml_rows16.h); activations quantized as for linear. Not vec_dot's
 // values bit for bit (each block's sum is exact, then scaled: acc = fma(sum, d_w * d_a, acc) in block
-// order), but each output's value whatever the row count. Raises where this build has no AVX-512 VNNI
-// form, the type is not Q8_0 or N is not whole groups.
+// order), but each output's value whatever the row count. BF16 weights likewise (pack16_float: each
+// pair of columns' 16 rows in one vector), against x rounded to bfloat16, the sums in float32. Raises
+// where this build has no AVX-512 VNNI (Q8_0) or AVX512_BF16 (BF16) form, for another type, or where N
+// is not whole groups.
 //
 // ggml::gemm(x [T, K] float32|bfloat16, blocks [N, row_bytes] uint8, type, n) -> [T, N] in x's dtype:
 // the same product by llamafile's tinyBLAS (ggml_tinyblas.h) for F32, BF16, Q8_0 and Q4_0 weights, the
