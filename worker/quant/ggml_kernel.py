@@ -229,14 +229,24 @@ def unpacked_rows(packed: torch.Tensor, ggml_type: int, ids: torch.Tensor) -> to
 def packed_supported() -> bool:
     """Whether ``ggml::linear4`` runs on this build (compiled for AVX2 with FMA and F16C, ggml's x86 form
     of the dot products it reproduces). Needs :func:`load`."""
-    if "packed" not in _state:
+    return _runs("packed", lambda: torch.ops.ggml.linear4(torch.zeros(1, 32), _zeros(PACK), TYPE_OF["Q8_0"], PACK))
+
+
+def _zeros(n: int) -> torch.Tensor:
+    """Q8_0 blocks of a zero weight [n, 32]."""
+    return quantize(torch.zeros(n, 32), "Q8_0")
+
+
+def _runs(form: str, probe) -> bool:
+    """Whether ``probe()`` runs without the operator raising (a form this build was not compiled
+    for), asked once per ``form``."""
+    if form not in _state:
         try:
-            blocks = quantize(torch.zeros(PACK, 32), "Q8_0")
-            torch.ops.ggml.linear4(torch.zeros(1, 32), blocks, TYPE_OF["Q8_0"], PACK)
-            _state["packed"] = True
+            probe()
+            _state[form] = True
         except RuntimeError:
-            _state["packed"] = False
-    return _state["packed"]
+            _state[form] = False
+    return _state[form]
 
 
 def accepts_packed(w, dt: torch.dtype, device: torch.device) -> bool:
@@ -321,27 +331,16 @@ def pack16_float(weight: torch.Tensor) -> torch.Tensor:
 def rows16_supported() -> bool:
     """Whether ``ggml::linear16`` runs on this build (compiled where the CPU has AVX-512 VNNI). Needs
     :func:`load`."""
-    if "rows16" not in _state:
-        try:
-            blocks = quantize(torch.zeros(PACK16, 32), "Q8_0")
-            torch.ops.ggml.linear16(torch.zeros(1, 32), blocks, TYPE_OF["Q8_0"], PACK16)
-            _state["rows16"] = True
-        except RuntimeError:
-            _state["rows16"] = False
-    return _state["rows16"]
+    return _runs("rows16", lambda: torch.ops.ggml.linear16(torch.zeros(1, 32), _zeros(PACK16), TYPE_OF["Q8_0"], PACK16))
 
 
 def rows16_bf16_supported() -> bool:
     """Whether ``ggml::linear16`` runs BF16 weights on this build (compiled where the CPU has
     AVX512_BF16). Needs :func:`load`."""
-    if "rows16-bf16" not in _state:
-        try:
-            raw = pack16_float(torch.zeros(PACK16, 32, dtype=torch.bfloat16))
-            torch.ops.ggml.linear16(torch.zeros(1, 32), raw, FLOAT_TYPE_OF[torch.bfloat16], PACK16)
-            _state["rows16-bf16"] = True
-        except RuntimeError:
-            _state["rows16-bf16"] = False
-    return _state["rows16-bf16"]
+    raw = pack16_float(torch.zeros(PACK16, 32, dtype=torch.bfloat16))
+    return _runs(
+        "rows16-bf16", lambda: torch.ops.ggml.linear16(torch.zeros(1, 32), raw, FLOAT_TYPE_OF[torch.bfloat16], PACK16)
+    )
 
 
 def accepts_rows16_float(w, dt: torch.dtype, device: torch.device) -> bool:

@@ -186,28 +186,20 @@ at::Tensor product(const at::Tensor& x_in, const at::Tensor& blocks, int64_t typ
   return out;
 }
 
-// linear16 of BF16 weights: x's rows rounded to bfloat16 (as x.to(torch.bfloat16) rounds them), the
-// sums in float32, returned in x's dtype
-at::Tensor linear16_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
-  const int64_t k = x_in.size(1);
-  TORCH_CHECK(rows16::built_bf16 && n % rows16::ROWS == 0 && k % 4 == 0, "ggml::linear16 takes BF16 weights of ",
-              "whole groups of ", rows16::ROWS, " rows and rows of a multiple of 4 values where this CPU has ",
-              "AVX512_BF16, not ", n, " rows of ", k, rows16::built_bf16 ? "" : " (this build has no AVX512_BF16)");
-  const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
-  const int64_t rows = x.size(0);
-  at::Tensor out = at::empty({rows, n}, x_in.options());
-  const bool bf16 = x_in.scalar_type() == at::kBFloat16;
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<uint8_t>());
-  const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+// The [rows, n] output of a sixteen-row form (ggml_rows16.h) in the dtype of `options`:
+// tile(g, r, x, s) writes the x activation rows from r against weight group g into s ([x][16] floats);
+// the groups are shared over torch's threads, up to XMAX activation rows a tile.
+template <typename Tile>
+at::Tensor rows16_out(int64_t rows, int64_t n, const at::TensorOptions& options, const Tile& tile) {
+  at::Tensor out = at::empty({rows, n}, options);
+  const bool bf16 = out.scalar_type() == at::kBFloat16;
   constexpr int64_t R = rows16::ROWS, X = rows16::XMAX;
-  const rows16::FnBF16 full = rows16::tile_bf16_of(X);
-  const rows16::FnBF16 last = rows16::tile_bf16_of(rows % X == 0 ? X : static_cast<int>(rows % X));
   at::parallel_for(0, n / R, 1, [&](int64_t lo, int64_t hi) {
     alignas(64) float s[R * X];
     for (int64_t g = lo; g < hi; ++g) {
       for (int64_t r = 0; r < rows; r += X) {
         const int xr = static_cast<int>(std::min<int64_t>(X, rows - r));
-        (xr == X ? full : last)(k, w + g * R * k, a + r * k, s);
+        tile(g, r, xr, s);
         for (int b = 0; b < xr; ++b) {
           if (bf16) {
             c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + (r + b) * n + g * R;
@@ -220,6 +212,24 @@ at::Tensor linear16_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64
     }
   });
   return out;
+}
+
+// linear16 of BF16 weights: x's rows rounded to bfloat16 (as x.to(torch.bfloat16) rounds them), the
+// sums in float32, returned in x's dtype
+at::Tensor linear16_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64_t n) {
+  const int64_t k = x_in.size(1);
+  TORCH_CHECK(rows16::built_bf16 && n % rows16::ROWS == 0 && k % 4 == 0, "ggml::linear16 takes BF16 weights of ",
+              "whole groups of ", rows16::ROWS, " rows and rows of a multiple of 4 values where this CPU has ",
+              "AVX512_BF16, not ", n, " rows of ", k, rows16::built_bf16 ? "" : " (this build has no AVX512_BF16)");
+  const at::Tensor x = x_in.to(at::kBFloat16).contiguous();
+  const int64_t rows = x.size(0);
+  const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<uint8_t>());
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+  const rows16::FnBF16 full = rows16::tile_bf16_of(rows16::XMAX);
+  const rows16::FnBF16 last = rows16::tile_bf16_of(rows % rows16::XMAX == 0 ? rows16::XMAX : static_cast<int>(rows % rows16::XMAX));
+  return rows16_out(rows, n, x_in.options(), [&](int64_t g, int64_t r, int xr, float* s) {
+    (xr == rows16::XMAX ? full : last)(k, w + g * rows16::ROWS * k, a + r * k, s);
+  });
 }
 
 at::Tensor linear16(const at::Tensor& x_in, const at::Tensor& packed, int64_t type, int64_t n) {
@@ -245,31 +255,14 @@ at::Tensor linear16(const at::Tensor& x_in, const at::Tensor& packed, int64_t ty
       }
     }
   });
-  at::Tensor out = at::empty({rows, n}, x.options());
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const size_t group_bytes = static_cast<size_t>(nb) * rows16::GROUP_BLOCK;
-  constexpr int64_t R = rows16::ROWS, X = rows16::XMAX;
-  const rows16::Fn full = rows16::tile_of(X);
-  const rows16::Fn last = rows16::tile_of(rows % X == 0 ? X : static_cast<int>(rows % X));
-  at::parallel_for(0, n / R, 1, [&](int64_t lo, int64_t hi) {
-    alignas(64) float s[R * X];
-    for (int64_t g = lo; g < hi; ++g) {
-      for (int64_t r = 0; r < rows; r += X) {
-        const int xr = static_cast<int>(std::min<int64_t>(X, rows - r));
-        (xr == X ? full : last)(nb, w + g * group_bytes, act.data() + r * a_bytes, a_bytes, info.data() + r * nb, s);
-        for (int b = 0; b < xr; ++b) {
-          if (bf16) {
-            c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + (r + b) * n + g * R;
-            for (int64_t j = 0; j < R; ++j) o[j] = c10::BFloat16(s[b * R + j]);
-          } else {
-            std::memcpy(out.data_ptr<float>() + (r + b) * n + g * R, s + b * R, R * sizeof(float));
-          }
-        }
-      }
-    }
+  const rows16::Fn full = rows16::tile_of(rows16::XMAX);
+  const rows16::Fn last = rows16::tile_of(rows % rows16::XMAX == 0 ? rows16::XMAX : static_cast<int>(rows % rows16::XMAX));
+  return rows16_out(rows, n, x.options(), [&](int64_t g, int64_t r, int xr, float* s) {
+    (xr == rows16::XMAX ? full : last)(nb, w + g * group_bytes, act.data() + r * a_bytes, a_bytes,
+                                       info.data() + r * nb, s);
   });
-  return out;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type, int64_t n) {
