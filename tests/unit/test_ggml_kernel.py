@@ -212,12 +212,18 @@ def test_the_float_candidate_passes_the_deterministic_tables_check(dt):
 
 
 def test_a_bfloat16_head_runs_ggml_for_float32_logits():
-    """In a bfloat16 model the LM head runs ``ggml-bf16`` or ``tinyblas-bf16`` where they are eligible (:func:`head_pool`): its
+    """In a bfloat16 model the LM head runs ``ggml-bf16``, ``ggml16-bf16`` (where the CPU has AVX512_BF16) or
+    ``tinyblas-bf16`` where they are eligible (:func:`head_pool`): its
     ``native`` form returns the float32 sums that its bfloat16 output rounds, so logits 0.09 apart near
     25 stay apart. A float32 model's head, and a quantized head, keep every full-precision candidate."""
     w = torch.randn(64, 576, generator=torch.Generator().manual_seed(5)) * 0.05
     bf16 = candidates(torch.bfloat16, CPU)
-    assert [c.name for c in head_pool(bf16, w.bfloat16(), torch.bfloat16, CPU)] == ["ggml-bf16", "tinyblas-bf16"]
+    sixteen = ["ggml16-bf16"] if ggml_kernel.rows16_bf16_supported() else []
+    assert [c.name for c in head_pool(bf16, w.bfloat16(), torch.bfloat16, CPU)] == [
+        "ggml-bf16",
+        *sixteen,
+        "tinyblas-bf16",
+    ]
     f32 = candidates(torch.float32, CPU)
     assert {"ggml-f32", "plain-f32"} <= {c.name for c in head_pool(f32, w, torch.float32, CPU)}
     every = [c.name for c in bf16 if full_precision(c, torch.bfloat16)]

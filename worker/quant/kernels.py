@@ -359,21 +359,7 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             invariant=True,
             twin="ggml",
         ),
-        Candidate(
-            "ggml16",
-            blocks_tol,
-            ggml_kernel.accepts_rows16,
-            ggml_kernel.rows16_builder(Kernel),
-            invariant=True,
-        ),
-        Candidate(
-            "ggml16-bf16",
-            _tol(dt),
-            ggml_kernel.accepts_rows16_float,
-            ggml_kernel.rows16_float_builder(Kernel),
-            invariant=True,
-            wide_logits=True,
-        ),
+        *_ggml16(dt, blocks_tol),
         Candidate(
             f"tinyblas-{_short(dt)}",
             _tol(dt),
@@ -393,6 +379,23 @@ def _ggml(dt: torch.dtype) -> list[Candidate]:
             ggml_kernel.tolerance(True, dt, TOL_FLOAT32, TOL_HALF, TOL_BF16_SUM),
             ggml_kernel.accepts,
             ggml_kernel.builder(Kernel, dequantized=True),
+        ),
+    ]
+
+
+def _ggml16(dt: torch.dtype, blocks_tol: float) -> list[Candidate]:
+    """The sixteen-row forms (``ggml_rows16.h``): Q8_0 blocks (``ggml16``, AVX-512 VNNI) and a float
+    weight in bfloat16 (``ggml16-bf16``, AVX512_BF16), each row-invariant by construction with sums of
+    its own (no twin)."""
+    return [
+        Candidate("ggml16", blocks_tol, ggml_kernel.accepts_rows16, ggml_kernel.rows16_builder(Kernel), invariant=True),
+        Candidate(
+            "ggml16-bf16",
+            _tol(dt),
+            ggml_kernel.accepts_rows16_float,
+            ggml_kernel.rows16_float_builder(Kernel),
+            invariant=True,
+            wide_logits=True,
         ),
     ]
 
