@@ -296,15 +296,16 @@ def rows16_positions(row_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Where a :func:`pack16` group holds each byte of its rows: ``offsets`` [16, row_bytes] (lane j's
     plain row byte b lies at the group's start + ``offsets[j, b]``) and ``flip`` [row_bytes] uint8
     (0x80 on the quants, stored as ``q + 128``; 0 on the scales)."""
-    nb = row_bytes // 34
-    block, byte = torch.arange(nb)[:, None] * _GROUP_BLOCK, torch.arange(34)[None, :]
+    size = TYPES[TYPE_OF["Q8_0"]][2]
+    nb = row_bytes // size
+    block, byte = torch.arange(nb)[:, None] * _GROUP_BLOCK, torch.arange(size)[None, :]
     quant = (byte - 2).clamp_min(0)
     lanes = []
     for j in range(PACK16):
         scale_at = block + 2 * j + byte
         quant_at = block + 2 * PACK16 + quant // 4 * PACK16 * 4 + j * 4 + quant % 4
         lanes.append(torch.where(byte < 2, scale_at, quant_at).reshape(-1))
-    flip = torch.where(torch.arange(34) < 2, 0, 0x80).to(torch.uint8).repeat(nb)
+    flip = torch.where(torch.arange(size) < 2, 0, 0x80).to(torch.uint8).repeat(nb)
     return torch.stack(lanes), flip
 
 

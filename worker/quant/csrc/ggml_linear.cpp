@@ -225,10 +225,8 @@ at::Tensor linear16_bf16(const at::Tensor& x_in, const at::Tensor& packed, int64
   const int64_t rows = x.size(0);
   const uint16_t* w = reinterpret_cast<const uint16_t*>(packed.data_ptr<uint8_t>());
   const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-  const rows16::FnBF16 full = rows16::tile_bf16_of(rows16::XMAX);
-  const rows16::FnBF16 last = rows16::tile_bf16_of(rows % rows16::XMAX == 0 ? rows16::XMAX : static_cast<int>(rows % rows16::XMAX));
   return rows16_out(rows, n, x_in.options(), [&](int64_t g, int64_t r, int xr, float* s) {
-    (xr == rows16::XMAX ? full : last)(k, w + g * rows16::ROWS * k, a + r * k, s);
+    rows16::tile_bf16_of(xr)(k, w + g * rows16::ROWS * k, a + r * k, s);
   });
 }
 
@@ -257,11 +255,8 @@ at::Tensor linear16(const at::Tensor& x_in, const at::Tensor& packed, int64_t ty
   });
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const size_t group_bytes = static_cast<size_t>(nb) * rows16::GROUP_BLOCK;
-  const rows16::Fn full = rows16::tile_of(rows16::XMAX);
-  const rows16::Fn last = rows16::tile_of(rows % rows16::XMAX == 0 ? rows16::XMAX : static_cast<int>(rows % rows16::XMAX));
   return rows16_out(rows, n, x.options(), [&](int64_t g, int64_t r, int xr, float* s) {
-    (xr == rows16::XMAX ? full : last)(nb, w + g * group_bytes, act.data() + r * a_bytes, a_bytes,
-                                       info.data() + r * nb, s);
+    rows16::tile_of(xr)(nb, w + g * group_bytes, act.data() + r * a_bytes, a_bytes, info.data() + r * nb, s);
   });
 }
 
